@@ -1,0 +1,51 @@
+# RocketQ developer targets. Everything runs from the project virtualenv in .venv, which
+# `make setup` creates from scratch, so these work on a machine that has never seen the project.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo check lint fmt typecheck test test-unit bench gen-protos verify-protos clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install RocketQ with its dev tools
+
+demo: setup  ## write a small demo store and inspect it with the store tool
+	$(PY) -m tools.demo_store demo-store
+	$(VENV)/bin/rocketq store dump demo-store --limit 5
+	$(VENV)/bin/rocketq store verify demo-store
+
+check: setup verify-protos lint test  ## what CI runs: protos in step, lint clean, every test
+
+lint: setup  ## ruff lint + format check, mypy on hand-written code
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+fmt: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: setup  ## every tier: unit, integration, e2e, robustness
+	$(PY) -m pytest -q
+
+test-unit: setup
+	$(PY) -m pytest -q -m unit
+
+bench: setup  ## storage benchmarks; figures are printed, never asserted
+	$(PY) -m tools.bench.store_bench
+
+gen-protos: setup  ## regenerate rocketq/_api from proto/
+	$(PY) tools/gen_protos.py
+
+verify-protos: setup  ## fail if rocketq/_api differs from what proto/ generates
+	$(PY) tools/gen_protos.py --check
+
+clean:
+	rm -rf $(VENV) demo-store .pytest_cache .mypy_cache .ruff_cache .hypothesis

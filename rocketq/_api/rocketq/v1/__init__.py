@@ -1,0 +1,1 @@
+"""Generated package; see rocketq/_api/__init__.py. DO NOT EDIT."""

@@ -1,0 +1,20 @@
+"""Entry point of the ``rocketq`` command: a click group that collects the subcommands."""
+
+from __future__ import annotations
+
+import click
+
+from rocketq.cli.store_cmd import store
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rocketq")
+def cli() -> None:
+    """RocketQ: a message queue that does what Apache RocketMQ does."""
+
+
+cli.add_command(store)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,1 @@
+"""Server-side plumbing shared by every RocketQ service: clock, failpoints, config, logging."""

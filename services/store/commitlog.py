@@ -1,0 +1,278 @@
+"""The CommitLog: every message of every topic, appended to one sequence of mapped files.
+
+Record layout: see :mod:`rocketq.codec` (RocketMQ's v1 record, SPEC §11.1). Files are 1 GiB by
+default and named by their start offset; a record never spans two files — when the next record
+(plus the 8 bytes a blank record needs) does not fit, the rest of the file is filled with a BLANK
+record and the record goes to the next file (SPEC §4.5).
+
+Invariants, all kept by having exactly one writer (the event loop):
+
+* physical offsets are dense: each record starts where the previous one (or the blank) ended;
+* queue offsets are dense per ``(topic, queue_id)``: the commitlog assigns them while appending,
+  in the same step as the physical offset, so the two can never disagree;
+* a batch is validated whole before anything is assigned, so a rejected batch leaves no trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocketq import codec
+from rocketq.codec import BLANK_MAGIC, END_FILE_MIN_BLANK_BYTES, MESSAGE_MAGIC, HostAddress
+from services.common import failpoints
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.store.mapped_file import MappedFile, MappedFileQueue
+from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
+
+DEFAULT_COMMITLOG_FILE_BYTES = 1024 * 1024 * 1024
+_BLANK_HEAD = codec._SIZE_MAGIC  # TOTALSIZE + MAGIC of a blank record
+
+
+@dataclass(slots=True)
+class MessageToStore:
+    """A message as the broker hands it to the store; the store fills in the rest."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: bytes
+    """Already encoded with :func:`rocketq.codec.encode_properties`."""
+    tags_code: int = 0
+    keys: str = ""
+    uniq_key: str = ""
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: HostAddress = codec.LOCALHOST
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class AppendResult:
+    """Where one message landed."""
+
+    physical_offset: PhysicalOffset
+    size_bytes: int
+    queue_offset: QueueOffset
+    store_timestamp_ms: int
+    offset_msg_id: str
+
+
+class MessageTooLarge(ValueError):
+    """A single record cannot fit in one commitlog file."""
+
+
+class CommitLog:
+    """Append, read and truncate the commitlog. Knows nothing of consume queues or indexes."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        file_size_bytes: int = DEFAULT_COMMITLOG_FILE_BYTES,
+        store_host: HostAddress = codec.LOCALHOST,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.files = MappedFileQueue(directory, file_size_bytes)
+        self.file_size_bytes = file_size_bytes
+        self.store_host = store_host
+        self.clock = clock
+        self.queue_offsets: dict[tuple[str, int], int] = {}
+        """Next queue offset of every (topic, queue id); rebuilt by recovery."""
+        self.last_store_timestamp_ms = 0
+        self._topic_bytes: dict[str, bytes] = {}
+
+    # -- append ----------------------------------------------------------------------------
+    def append_batch(
+        self, messages: Sequence[MessageToStore]
+    ) -> tuple[list[AppendResult], list[DispatchRequest]]:
+        """Append ``messages`` in order; return where each landed and what to dispatch.
+
+        The caller (the store) dispatches and flushes; this only writes bytes into the page
+        cache. Raises :class:`MessageTooLarge` (nothing written) if a record cannot fit a file.
+        """
+        encoded_topics = [self._encode_topic(m.topic) for m in messages]
+        limit = self.file_size_bytes - END_FILE_MIN_BLANK_BYTES
+        for m, tb in zip(messages, encoded_topics, strict=True):
+            size = codec.record_size(
+                len(m.body), len(tb), len(m.properties), m.born_host.is_v6, self.store_host.is_v6
+            )
+            if size > limit:
+                raise MessageTooLarge(
+                    f"a {size}-byte record cannot fit a {self.file_size_bytes}-byte commitlog file"
+                )
+        now = self.clock.now_ms()
+        if now < self.last_store_timestamp_ms:
+            now = self.last_store_timestamp_ms  # store times never go backwards in the log
+        self.last_store_timestamp_ms = now
+        results: list[AppendResult] = []
+        requests: list[DispatchRequest] = []
+        mf = self.files.writable_file(self.files.max_offset())
+        pending: list[bytes] = []
+        pending_bytes = 0
+        offsets = self.queue_offsets
+        host = self.store_host
+        for m, tb in zip(messages, encoded_topics, strict=True):
+            born, store_v6 = m.born_host, host.is_v6
+            st = codec._record_struct(born.is_v6, store_v6, len(m.body), len(tb), len(m.properties))
+            size = st.size
+            if size + END_FILE_MIN_BLANK_BYTES > mf.free_bytes - pending_bytes:
+                self._seal(mf, pending, pending_bytes)
+                mf = self.files.writable_file()
+                pending, pending_bytes = [], 0
+            phys = mf.file_from_offset + mf.wrote_position + pending_bytes
+            key = (m.topic, m.queue_id)
+            qoff = offsets.get(key, 0)
+            offsets[key] = qoff + 1
+            sys_flag = m.sys_flag & ~(codec.SysFlag.BORNHOST_V6 | codec.SysFlag.STOREHOST_V6)
+            if born.is_v6:
+                sys_flag |= codec.SysFlag.BORNHOST_V6
+            if store_v6:
+                sys_flag |= codec.SysFlag.STOREHOST_V6
+            pending.append(
+                st.pack(
+                    size,
+                    MESSAGE_MAGIC,
+                    codec.body_crc(m.body),
+                    m.queue_id,
+                    m.flag,
+                    qoff,
+                    phys,
+                    sys_flag,
+                    m.born_timestamp_ms,
+                    born.ip,
+                    born.port,
+                    now,
+                    host.ip,
+                    host.port,
+                    m.reconsume_times,
+                    m.prepared_transaction_offset,
+                    len(m.body),
+                    m.body,
+                    len(tb),
+                    tb,
+                    len(m.properties),
+                    m.properties,
+                )
+            )
+            pending_bytes += size
+            results.append(
+                AppendResult(
+                    PhysicalOffset(phys),
+                    size,
+                    QueueOffset(qoff),
+                    now,
+                    codec.encode_offset_msg_id(host, phys),
+                )
+            )
+            requests.append(
+                DispatchRequest(
+                    m.topic,
+                    m.queue_id,
+                    PhysicalOffset(phys),
+                    size,
+                    m.tags_code,
+                    now,
+                    QueueOffset(qoff),
+                    m.keys,
+                    m.uniq_key,
+                    sys_flag,
+                    m.prepared_transaction_offset,
+                )
+            )
+        if pending:
+            mf.append(b"".join(pending))
+        failpoints.inject("commitlog_after_append")
+        return results, requests
+
+    def _seal(self, mf: MappedFile, pending: list[bytes], pending_bytes: int) -> None:
+        """Write what is pending, then fill the file's tail with a BLANK record."""
+        if pending:
+            mf.append(b"".join(pending))
+        remaining = mf.free_bytes
+        blank = bytearray(remaining)
+        _BLANK_HEAD.pack_into(blank, 0, remaining, BLANK_MAGIC)
+        mf.append(blank)
+
+    def _encode_topic(self, topic: str) -> bytes:
+        tb = self._topic_bytes.get(topic)
+        if tb is None:
+            tb = topic.encode()
+            if len(tb) > codec.TOPIC_MAX_BYTES:
+                raise ValueError(f"topic {topic[:40]!r}… is {len(tb)} bytes; limit 127")
+            if len(self._topic_bytes) < 100_000:
+                self._topic_bytes[topic] = tb
+        return tb
+
+    def append_raw(self, physical_offset: int, data: bytes | memoryview) -> None:
+        """Write replicated bytes at exactly ``physical_offset`` (a slave's path; checked)."""
+        if physical_offset != self.max_offset:
+            raise ValueError(
+                f"raw append at {physical_offset} but the commitlog ends at {self.max_offset}"
+            )
+        view = memoryview(data)
+        while view:
+            mf = self.files.writable_file(physical_offset)
+            n = min(len(view), mf.free_bytes)
+            mf.append(view[:n])
+            view = view[n:]
+
+    # -- read ------------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.files.min_offset()
+
+    @property
+    def max_offset(self) -> int:
+        return self.files.max_offset()
+
+    def read(self, physical_offset: int, size: int) -> memoryview | None:
+        """The ``size`` bytes at ``physical_offset``, or None if they are not (all) on disk."""
+        mf = self.files.find(physical_offset)
+        if mf is None:
+            return None
+        pos = physical_offset - mf.file_from_offset
+        view = mf.read(pos, size)
+        return view if len(view) == size else None
+
+    def read_record(self, physical_offset: int, *, check_crc: bool = True) -> codec.Record | None:
+        """Decode the record at ``physical_offset``; None if absent, CorruptRecord if damaged."""
+        head = self.read(physical_offset, 8)
+        if head is None:
+            return None
+        size, _magic = codec.peek_size_magic(head)
+        if size <= 0 or size > self.file_size_bytes:
+            raise codec.CorruptRecord(f"at {physical_offset}: implausible TOTALSIZE {size}")
+        data = self.read(physical_offset, size)
+        if data is None:
+            return None
+        return codec.decode_record(data, check_crc=check_crc)
+
+    def read_store_timestamp(self, physical_offset: int, size: int) -> int | None:
+        """STORETIMESTAMP of the record at ``physical_offset`` without decoding the rest."""
+        data = self.read(physical_offset, size)
+        if data is None or len(data) < codec.OFFSET_SYSFLAG + 4:
+            return None
+        sys_flag = int.from_bytes(data[codec.OFFSET_SYSFLAG : codec.OFFSET_SYSFLAG + 4], "big")
+        at = codec.store_timestamp_offset(sys_flag)
+        if at + 8 > len(data):
+            return None
+        return int.from_bytes(data[at : at + 8], "big", signed=True)
+
+    def next_file_start(self, physical_offset: int) -> int:
+        """Start of the file after the one holding ``physical_offset``."""
+        return physical_offset + self.file_size_bytes - physical_offset % self.file_size_bytes
+
+    # -- durability / lifecycle ------------------------------------------------------------
+    def flush(self) -> int:
+        return self.files.flush()
+
+    def truncate(self, physical_offset: int) -> None:
+        """Drop everything from ``physical_offset`` on (recovery, slave truncation)."""
+        self.files.truncate(physical_offset)
+
+    def close(self) -> None:
+        self.files.close()

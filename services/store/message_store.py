@@ -1,0 +1,404 @@
+"""MessageStore: the facade that wires commitlog, consume queues, index, flush and retention.
+
+It is deliberately thin — each concern lives in its own module — and it is the only object the
+broker's handlers talk to. Every method runs on the event loop; only fsyncs leave it.
+
+Lifecycle: ``open()`` maps files and recovers (synchronous, before serving), ``start()`` starts
+the flush and retention tasks, ``shutdown()`` flushes everything, writes the checkpoint and
+removes the ``abort`` marker — the next start then knows the shutdown was clean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import fcntl
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rocketq import codec
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.store.checkpoint import Checkpoint
+from services.store.commitlog import AppendResult, CommitLog, MessageToStore
+from services.store.config import StoreConfig
+from services.store.consume_queue import CQ_UNIT, CQ_UNIT_BYTES, PRE_BLANK_SIZE
+from services.store.consume_queue_store import ConsumeQueueStore
+from services.store.dispatch import Dispatcher
+from services.store.flush import FlushDiskType, FlushService
+from services.store.index_file import IndexService
+from services.store.recovery import RecoveryReport, recover_commitlog, recover_logics
+from services.store.retention import DiskUsage, RetentionService, disk_used_ratio
+from services.store.types import PhysicalOffset, QueueOffset
+
+log = logging.getLogger(__name__)
+
+
+class PutStatus(enum.Enum):
+    """Outcome of a put, as the broker maps it to SendStatus / gRPC codes."""
+
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+
+
+class StoreError(RuntimeError):
+    """The store cannot take this write; the message says why and what to do."""
+
+
+class StoreFullError(StoreError):
+    """Disk use is at or above diskSpaceWarningLevelRatio; appends are refused."""
+
+
+class StoreClosedError(StoreError):
+    """The store is not open (starting, or shutting down)."""
+
+
+@dataclass(slots=True)
+class PutResult:
+    status: PutStatus
+    results: list[AppendResult]
+
+
+class GetStatus(enum.Enum):
+    """``GetMessageStatus`` of SPEC §6.7."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@dataclass(slots=True)
+class GetResult:
+    status: GetStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    records: list[bytes] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)
+    suggest_pull_from_slave: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(len(r) for r in self.records)
+
+
+TagsFilter = Callable[[int], bool]
+"""Given a unit's tags code, True if the message may match (hash-level check)."""
+RecordFilter = Callable[[memoryview], bool]
+"""Given the stored record, True if it matches (property-level check, e.g. SQL92)."""
+
+MAX_PULL_BYTES_IN_MEMORY = 256 * 1024
+MAX_PULL_MSGS_ON_DISK = 8
+MAX_PULL_BYTES_ON_DISK = 64 * 1024
+
+
+class MessageStore:
+    """One broker's store."""
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        disk_usage: DiskUsage = disk_used_ratio,
+        memory_bytes: int | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.commitlog = CommitLog(
+            config.commitlog_dir,
+            file_size_bytes=config.commitlog_file_bytes,
+            store_host=config.store_host,
+            clock=clock,
+        )
+        self.queues = ConsumeQueueStore(config.consume_queue_dir, config.consume_queue_units_per_file)
+        self.index: IndexService | None = (
+            IndexService(
+                config.index_dir,
+                slot_num=config.index_slot_num,
+                index_num=config.index_num,
+                clock=clock,
+            )
+            if config.message_index_enable
+            else None
+        )
+        self.dispatcher = Dispatcher(self.queues, self.index)
+        self.checkpoint = Checkpoint()
+        self.flusher = FlushService(
+            flush_disk_type=config.flush_disk_type,
+            flush_commitlog=self._flush_commitlog,
+            flush_logics=self._flush_logics,
+            flush_interval_commitlog_ms=config.flush_interval_commitlog_ms,
+            flush_interval_consume_queue_ms=config.flush_interval_consume_queue_ms,
+            sync_flush_timeout_ms=config.sync_flush_timeout_ms,
+        )
+        self.retention = RetentionService(
+            config, self.commitlog, self.queues, self.index, clock, disk_usage
+        )
+        self.memory_bytes = memory_bytes or _physical_memory_bytes()
+        self.access_message_in_memory_max_ratio = 40
+        self.recovery: RecoveryReport | None = None
+        self._lock_fd: int | None = None
+        self._open = False
+        self._retention_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def open(self) -> RecoveryReport:
+        """Lock the directory, map every file and recover. Call before serving."""
+        cfg = self.config
+        cfg.store_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(cfg.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise StoreError(
+                f"{cfg.store_dir} is in use by another process (its lock file is held); "
+                "stop that broker or choose another store directory"
+            ) from None
+        report = RecoveryReport(abnormal=cfg.abort_path.exists())
+        self.checkpoint = Checkpoint.load(cfg.checkpoint_path)
+        report.problems.extend(self.commitlog.files.load())
+        report.problems.extend(self.queues.load())
+        if self.index is not None:
+            self.index.load()
+            report.problems.extend(getattr(self.index, "problems", []))
+        recover_commitlog(self.commitlog, report.abnormal, self.checkpoint, report)
+        recover_logics(self.commitlog, self.queues, self.dispatcher, report)
+        cfg.abort_path.touch()
+        _fsync_dir(cfg.store_dir)
+        for problem in report.problems:
+            log.warning("store recovery: %s", problem)
+        self.recovery = report
+        self._open = True
+        return report
+
+    async def start(self) -> None:
+        """Start flushing and retention (needs a running event loop)."""
+        if not self._open:
+            self.open()
+        self.flusher.start(self.commitlog.max_offset)
+        self._retention_task = asyncio.create_task(self._retention_loop(), name="retention")
+
+    async def shutdown(self) -> None:
+        """Flush everything, write the checkpoint, remove ``abort``: a clean stop."""
+        if not self._open:
+            return
+        self._open = False
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention_task
+        if self.flusher._tasks:
+            await self.flusher.stop()
+        else:
+            self._flush_commitlog()
+            self._flush_logics()
+        self.close_files()
+        self.config.abort_path.unlink(missing_ok=True)
+        _fsync_dir(self.config.store_dir)
+
+    def close_files(self) -> None:
+        """Unmap everything and release the lock (no flush; ``shutdown`` flushes first)."""
+        self._open = False
+        self.commitlog.close()
+        self.queues.close()
+        if self.index is not None:
+            self.index.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.clean_resource_interval_ms / 1000)
+            try:
+                self.retention.run_once()
+            except Exception:  # retention must never take the broker down
+                log.exception("retention run failed")
+
+    # -- flush callbacks (worker threads) --------------------------------------------------
+    def _flush_commitlog(self) -> int:
+        ts = self.commitlog.last_store_timestamp_ms
+        flushed = self.commitlog.flush()
+        self.checkpoint.physic_msg_timestamp_ms = ts
+        self.checkpoint.master_flushed_offset = flushed
+        return flushed
+
+    def _flush_logics(self) -> None:
+        ts = self.commitlog.last_store_timestamp_ms
+        self.queues.flush()
+        if self.index is not None:
+            self.index.flush()
+        self.checkpoint.logics_msg_timestamp_ms = ts
+        self.checkpoint.index_msg_timestamp_ms = ts
+        self.checkpoint.save(self.config.checkpoint_path)
+
+    # -- writes ----------------------------------------------------------------------------
+    def append(self, messages: Sequence[MessageToStore]) -> list[AppendResult]:
+        """Append and dispatch; durable per the flush policy only after :meth:`put`'s wait."""
+        if not self._open:
+            raise StoreClosedError("the store is not open; the broker is starting or stopping")
+        if not self.retention.writable:
+            raise StoreFullError(
+                f"disk use is at or above {self.config.disk_space_warning_level_ratio}% on "
+                f"{self.config.store_dir}; writes are refused until retention frees space "
+                "(lower fileReservedTime or add disk)"
+            )
+        results, requests = self.commitlog.append_batch(messages)
+        self.dispatcher.dispatch(requests)
+        return results
+
+    async def put(self, messages: Sequence[MessageToStore]) -> PutResult:
+        """Append, dispatch and — under SYNC_FLUSH — wait for the covering fsync."""
+        results = self.append(messages)
+        status = PutStatus.PUT_OK
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH and results:
+            last = results[-1]
+            if not await self.flusher.wait_flushed(last.physical_offset + last.size_bytes):
+                status = PutStatus.FLUSH_DISK_TIMEOUT
+        return PutResult(status, results)
+
+    # -- reads -----------------------------------------------------------------------------
+    def min_offset(self, topic: str, queue_id: int) -> QueueOffset:
+        cq = self.queues.find(topic, queue_id)
+        return cq.min_offset if cq else QueueOffset(0)
+
+    def max_offset(self, topic: str, queue_id: int) -> QueueOffset:
+        cq = self.queues.find(topic, queue_id)
+        return cq.max_offset if cq else QueueOffset(0)
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> QueueOffset:
+        cq = self.queues.find(topic, queue_id)
+        if cq is None:
+            return QueueOffset(0)
+        return cq.offset_by_time(timestamp_ms, self.commitlog.read_store_timestamp)
+
+    def read_record(self, physical_offset: int) -> codec.Record | None:
+        """The record at a physical offset (view by offset message id)."""
+        if physical_offset < self.commitlog.min_offset:
+            return None
+        return self.commitlog.read_record(physical_offset)
+
+    def query_by_key(
+        self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
+    ) -> list[codec.Record]:
+        """Messages of ``topic`` whose key (or unique id) is ``key``, stored in the range."""
+        if self.index is None:
+            return []
+        out: list[codec.Record] = []
+        for phys in self.index.query(topic, key, max_num, begin_ms, end_ms):
+            try:
+                rec = self.read_record(phys)
+            except codec.CorruptRecord:
+                continue
+            # The index is a hash index: confirm the key really matches.
+            if rec is not None and rec.topic == topic and (
+                key in rec.keys.split(" ") or rec.uniq_key == key
+            ):
+                out.append(rec)
+        return out
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int,
+        *,
+        tags_filter: TagsFilter | None = None,
+        record_filter: RecordFilter | None = None,
+    ) -> GetResult:
+        """Read up to ``max_msgs`` records from ``offset``, with SPEC §6.7's statuses."""
+        cq = self.queues.find(topic, queue_id)
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        min_off, max_off = int(cq.min_offset), int(cq.max_offset)
+        if max_off == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, min_off, max_off)
+        if offset < min_off:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, min_off, min_off, max_off)
+        if offset == max_off:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
+        if offset > max_off:
+            nxt = 0 if min_off == 0 else max_off
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, nxt, min_off, max_off)
+        units = cq.units_from(offset, max(16000 // CQ_UNIT_BYTES, max_msgs * 20))
+        if not units:
+            nxt = offset + cq.units_per_file - offset % cq.units_per_file
+            return GetResult(GetStatus.OFFSET_FOUND_NULL, nxt, min_off, max_off)
+        return self._scan_units(units, offset, max_msgs, min_off, max_off, tags_filter, record_filter)
+
+    def _scan_units(
+        self,
+        units: memoryview,
+        offset: int,
+        max_msgs: int,
+        min_off: int,
+        max_off: int,
+        tags_filter: TagsFilter | None,
+        record_filter: RecordFilter | None,
+    ) -> GetResult:
+        result = GetResult(GetStatus.NO_MATCHED_MESSAGE, offset, min_off, max_off)
+        max_py = self.commitlog.max_offset
+        memory_limit = self.memory_bytes * self.access_message_in_memory_max_ratio // 100
+        next_file_start = 0
+        total = 0
+        consumed = 0
+        last_py = 0
+        for i, (phys, size, tags) in enumerate(CQ_UNIT.iter_unpack(units)):
+            consumed = i + 1
+            if size == PRE_BLANK_SIZE or phys < next_file_start:
+                continue
+            in_disk = max_py - phys > memory_limit
+            count = len(result.records)
+            if count and (
+                count >= max_msgs
+                or (in_disk and (total + size > MAX_PULL_BYTES_ON_DISK or count >= MAX_PULL_MSGS_ON_DISK))
+                or (not in_disk and total + size > MAX_PULL_BYTES_IN_MEMORY)
+            ):
+                consumed = i
+                break
+            if tags_filter is not None and not tags_filter(tags):
+                continue
+            data = self.commitlog.read(phys, size)
+            if data is None:
+                if not result.records:
+                    result.status = GetStatus.MESSAGE_WAS_REMOVING
+                next_file_start = self.commitlog.next_file_start(phys)
+                continue
+            if record_filter is not None and not record_filter(data):
+                continue
+            result.records.append(bytes(data))
+            result.queue_offsets.append(offset + i)
+            result.status = GetStatus.FOUND
+            total += size
+            last_py = phys
+        result.next_begin_offset = offset + consumed
+        if last_py:
+            result.suggest_pull_from_slave = max_py - last_py > memory_limit
+        return result
+
+
+def _physical_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * 1024**3
+
+
+def _fsync_dir(path: os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,44 @@
+"""Names for the three kinds of offset the store juggles, and the record that dispatch consumes.
+
+STYLE.md habit 6: a *physical* offset is a byte position in the commitlog (global across its
+files); a *queue* offset is the logical index of a unit in one consume queue; a *file start*
+offset is the name of one mapped file. Mixing them is the classic off-by-one trap, so each has
+its own ``NewType`` and every variable says which it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+PhysicalOffset = NewType("PhysicalOffset", int)
+"""Byte position in the commitlog, counted from the start of its first-ever file."""
+
+QueueOffset = NewType("QueueOffset", int)
+"""Logical position of a unit in one consume queue (0, 1, 2, … — not bytes)."""
+
+FileStartOffset = NewType("FileStartOffset", int)
+"""The offset a mapped file starts at; also its 20-digit file name."""
+
+
+@dataclass(slots=True)
+class DispatchRequest:
+    """Everything dispatch needs to index one stored record, without re-reading it.
+
+    Built by the commitlog right after an append (from the values it just wrote) and by
+    recovery when it re-reads records from disk.
+    """
+
+    topic: str
+    queue_id: int
+    commitlog_offset: PhysicalOffset
+    msg_size: int
+    tags_code: int
+    store_timestamp_ms: int
+    queue_offset: QueueOffset
+    keys: str
+    """The KEYS property: zero or more business keys separated by single spaces."""
+    uniq_key: str
+    """The client-generated unique message id (UNIQ_KEY property), or ``""``."""
+    sys_flag: int = 0
+    prepared_transaction_offset: int = 0

@@ -1,0 +1,1 @@
+"""Developer tools: benchmarks, demo data, store helpers. Not installed with the library."""

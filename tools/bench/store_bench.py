@@ -1,0 +1,211 @@
+"""Storage-engine benchmark: prints figures, asserts nothing (``make bench``).
+
+    python -m tools.bench.store_bench [--dir DIR] [--messages N] [--quick]
+
+Measures, in-process on this machine, with RocketMQ's default file sizes:
+
+* raw disk rate of the volume (``dd … conv=fdatasync``), so store MB/s reads as a ratio of it;
+* append + dispatch of 1 KiB messages (each with a unique key that is indexed) in batches of
+  1, 32 and 256 under ASYNC_FLUSH;
+* SYNC_FLUSH group commit with 1 and 64 concurrent writers (single-message and 32-message puts);
+* consume-queue read rate (get_messages, 32 per call);
+* index query latency (query_by_key for random unique keys).
+
+Where the time goes: ``--profile`` runs the batch-256 case under cProfile and prints the top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import pstats
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from rocketq import codec
+from services.store.commitlog import MessageToStore
+from services.store.config import StoreConfig
+from services.store.flush import FlushDiskType
+from services.store.message_store import MessageStore
+
+BODY = os.urandom(1024)
+TOPIC = "BenchTopic"
+QUEUES = 8
+
+
+def make_messages(n: int, queue_id: int = 0) -> list[MessageToStore]:
+    out = []
+    now = int(time.time() * 1000)
+    props_base = {codec.Prop.TAGS: "TagA", codec.Prop.WAIT_STORE_MSG_OK: "true"}
+    tags_code = codec.tags_hash("TagA")
+    for _ in range(n):
+        uniq = uuid.uuid4().hex.upper()
+        props = {**props_base, codec.Prop.UNIQ_KEY: uniq}
+        out.append(
+            MessageToStore(
+                topic=TOPIC,
+                queue_id=queue_id,
+                body=BODY,
+                properties=codec.encode_properties(props),
+                tags_code=tags_code,
+                uniq_key=uniq,
+                born_timestamp_ms=now,
+            )
+        )
+    return out
+
+
+def disk_rate(directory: Path) -> str:
+    target = directory / "dd.bin"
+    try:
+        proc = subprocess.run(
+            ["dd", "if=/dev/zero", f"of={target}", "bs=1M", "count=512", "conv=fdatasync"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return f"dd failed: {exc}"
+    finally:
+        target.unlink(missing_ok=True)
+    m = re.search(r"copied, ([\d.]+) s, ([\d.]+ [GMk]B/s)", proc.stderr)
+    return m.group(2) if m else proc.stderr.strip().splitlines()[-1]
+
+
+def fresh_store(root: Path, name: str, flush: FlushDiskType) -> MessageStore:
+    d = root / name
+    shutil.rmtree(d, ignore_errors=True)
+    return MessageStore(StoreConfig(store_dir=d, flush_disk_type=flush))
+
+
+def report(label: str, n: int, seconds: float, nbytes: int) -> None:
+    print(
+        f"  {label:<46} {n / seconds:>11,.0f} msgs/s  {nbytes / seconds / 1e6:>8.1f} MB/s"
+        f"  ({n:,} msgs in {seconds:.2f} s)"
+    )
+
+
+async def bench_async_append(root: Path, total: int, batch: int, profile: bool = False) -> None:
+    store = fresh_store(root, f"async-{batch}", FlushDiskType.ASYNC_FLUSH)
+    await store.start()
+    n = (total // batch) * batch
+    batches = [make_messages(batch, q % QUEUES) for q in range(n // batch)]
+    size = sum(len(m.body) for b in batches for m in b)
+    prof = cProfile.Profile() if profile else None
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    for b in batches:
+        await store.put(b)
+    if prof:
+        prof.disable()
+    dt = time.perf_counter() - t0
+    report(f"ASYNC_FLUSH append+dispatch, batch {batch}", n, dt, size)
+    await store.shutdown()
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+
+
+async def bench_sync_writers(root: Path, total: int, writers: int, batch: int) -> None:
+    store = fresh_store(root, f"sync-{writers}-{batch}", FlushDiskType.SYNC_FLUSH)
+    await store.start()
+    per_writer = max(1, total // writers // batch)
+    work = [[make_messages(batch, w % QUEUES) for _ in range(per_writer)] for w in range(writers)]
+    latencies: list[float] = []
+
+    async def writer(batches: list[list[MessageToStore]]) -> None:
+        for b in batches:
+            t = time.perf_counter()
+            result = await store.put(b)
+            latencies.append(time.perf_counter() - t)
+            assert result.status.value == "PUT_OK", result.status
+
+    fsyncs0 = store.flusher.fsync_count
+    t0 = time.perf_counter()
+    await asyncio.gather(*(writer(w) for w in work))
+    dt = time.perf_counter() - t0
+    n = writers * per_writer * batch
+    fsyncs = store.flusher.fsync_count - fsyncs0
+    report(f"SYNC_FLUSH {writers} writers x batch {batch}", n, dt, n * len(BODY))
+    lat = sorted(latencies)
+    print(
+        f"  {'':<46} put p50 {lat[len(lat) // 2] * 1e3:.2f} ms, p99 "
+        f"{lat[int(len(lat) * 0.99)] * 1e3:.2f} ms, {fsyncs} fsyncs "
+        f"({n / max(fsyncs, 1):.1f} msgs per fsync)"
+    )
+    await store.shutdown()
+
+
+async def bench_reads(root: Path, total: int) -> None:
+    store = fresh_store(root, "reads", FlushDiskType.ASYNC_FLUSH)
+    await store.start()
+    msgs = make_messages(total)
+    keys = [m.uniq_key for m in msgs]
+    for i in range(0, total, 256):
+        store.append(msgs[i : i + 256])
+    t0 = time.perf_counter()
+    offset, read = 0, 0
+    while True:
+        r = store.get_messages(TOPIC, 0, offset, 32)
+        if not r.records:
+            break
+        read += len(r.records)
+        offset = r.next_begin_offset
+    dt = time.perf_counter() - t0
+    report("consume-queue read (get_messages, 32/call)", read, dt, read * len(BODY))
+    now = int(time.time() * 1000)
+    samples = random.sample(keys, min(2000, len(keys)))
+    lat = []
+    for k in samples:
+        t = time.perf_counter()
+        found = store.query_by_key(TOPIC, k, 32, 0, now + 60_000)
+        lat.append(time.perf_counter() - t)
+        assert len(found) == 1
+    lat.sort()
+    print(
+        f"  {'index query_by_key (unique key)':<46} p50 {statistics.median(lat) * 1e6:.0f} us, "
+        f"p99 {lat[int(len(lat) * 0.99)] * 1e6:.0f} us over {len(lat)} queries"
+    )
+    await store.shutdown()
+
+
+def run(label: str, fn: Callable[[], object]) -> None:
+    print(label)
+    fn()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--dir", type=Path, default=None, help="where to put bench stores")
+    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--quick", action="store_true", help="a tenth of the messages")
+    ap.add_argument("--profile", action="store_true", help="cProfile the batch-256 append")
+    args = ap.parse_args()
+    total = args.messages // 10 if args.quick else args.messages
+    root = Path(tempfile.mkdtemp(prefix="rocketq-bench-", dir=args.dir))
+    try:
+        print(f"store benchmark in {root}: {os.cpu_count()} cpus, 1 KiB bodies, default file sizes")
+        print(f"  raw disk (dd 512 MiB, fdatasync): {disk_rate(root)}")
+        for batch in (1, 32, 256):
+            n = total if batch > 1 else total // 4
+            asyncio.run(bench_async_append(root, n, batch, profile=args.profile and batch == 256))
+        for writers, batch in ((1, 1), (64, 1), (64, 32)):
+            n = total // 10 if (writers, batch) == (1, 1) else total // 2
+            asyncio.run(bench_sync_writers(root, n, writers, batch))
+        asyncio.run(bench_reads(root, total // 2))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
