@@ -158,11 +158,24 @@ def store_timestamp_offset(sys_flag: int) -> int:
     return OFFSET_BORNHOST + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8)
 
 
-@lru_cache(maxsize=4096)
+_RECORD_STRUCTS: dict[tuple[bool, bool, int, int, int], struct.Struct] = {}
+_RECORD_STRUCTS_MAX = 4096
+
+
 def _record_struct(born_v6: bool, store_v6: bool, body: int, topic: int, props: int) -> struct.Struct:
-    """The whole record as one Struct for these variable-field lengths (cached: few distinct)."""
-    fixed = _fixed_format(born_v6, store_v6)
-    return struct.Struct(f"{fixed}i{body}sB{topic}sH{props}s")
+    """The whole record as one Struct for these variable-field lengths.
+
+    Cached in a plain dict (cheaper per call than ``lru_cache`` on the hot path); real traffic
+    has few distinct length combinations, and the cache is simply cleared if it fills up.
+    """
+    key = (born_v6, store_v6, body, topic, props)
+    st = _RECORD_STRUCTS.get(key)
+    if st is None:
+        if len(_RECORD_STRUCTS) >= _RECORD_STRUCTS_MAX:
+            _RECORD_STRUCTS.clear()
+        fixed = _fixed_format(born_v6, store_v6)
+        st = _RECORD_STRUCTS[key] = struct.Struct(f"{fixed}i{body}sB{topic}sH{props}s")
+    return st
 
 
 def body_crc(body: bytes) -> int:

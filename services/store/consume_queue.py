@@ -217,7 +217,9 @@ class ConsumeQueue:
         """Delete whole files whose every unit points below ``commitlog_min_offset``."""
         count = 0
         for mf in self.files.files[:-1]:
-            last = mf.read(mf.file_size_bytes - CQ_UNIT_BYTES, CQ_UNIT_BYTES)
+            # A copy, not a view: a view left in ``last`` would keep the map exported and make
+            # delete_first's close() raise BufferError.
+            last = bytes(mf.read(mf.file_size_bytes - CQ_UNIT_BYTES, CQ_UNIT_BYTES))
             if len(last) < CQ_UNIT_BYTES:
                 break
             off, size, _ = CQ_UNIT.unpack(last)

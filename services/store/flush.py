@@ -62,7 +62,9 @@ class FlushService:
         self.flush_interval_consume_queue_ms = flush_interval_consume_queue_ms
         self.sync_flush_timeout_ms = sync_flush_timeout_ms
         self.flushed_offset = 0
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        # (end offset, future, deadline): appended in offset order, so the deque stays sorted
+        # by offset and — with one timeout for all — by deadline too.
+        self._waiters: deque[tuple[int, asyncio.Future[bool], float]] = deque()
         self._wakeup: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Two threads: the commitlog fsync never queues behind a slow consume-queue flush.
@@ -90,34 +92,44 @@ class FlushService:
         self.flushed_offset = await loop.run_in_executor(self._cl_executor, self._flush_cl_once)
         await loop.run_in_executor(self._cq_executor, self._flush_logics)
         self._release(self.flushed_offset)
-        for _, fut in self._waiters:
+        for _, fut, _deadline in self._waiters:
             if not fut.done():
-                fut.cancel()
+                fut.set_result(False)
         self._waiters.clear()
         self._cl_executor.shutdown(wait=True)
         self._cq_executor.shutdown(wait=True)
 
     # -- sync flush ------------------------------------------------------------------------
     async def wait_flushed(self, end_offset: int) -> bool:
-        """Wait until the commitlog is durable up to ``end_offset``; False on timeout."""
+        """Wait until the commitlog is durable up to ``end_offset``; False on timeout.
+
+        No ``wait_for``/``shield`` per writer (each costs a task): the flusher loop itself
+        fails waiters whose deadline has passed, so a waiter is one future and one tuple.
+        """
         if self.flushed_offset >= end_offset:
             return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((end_offset, fut))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        deadline = loop.time() + self.sync_flush_timeout_ms / 1000
+        self._waiters.append((end_offset, fut, deadline))
         assert self._wakeup is not None, "FlushService.start() was not called"
         self._wakeup.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), self.sync_flush_timeout_ms / 1000)
-        except TimeoutError:
-            return False
-        return True
+        return await fut
 
     def _release(self, flushed: int) -> None:
         waiters = self._waiters
         while waiters and waiters[0][0] <= flushed:
-            _, fut = waiters.popleft()
+            _, fut, _deadline = waiters.popleft()
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(True)
+
+    def _expire(self, now: float) -> None:
+        """Fail waiters whose deadline passed (FLUSH_DISK_TIMEOUT); they stay stored."""
+        waiters = self._waiters
+        while waiters and waiters[0][2] <= now:
+            _, fut, _deadline = waiters.popleft()
+            if not fut.done():
+                fut.set_result(False)
 
     def _flush_cl_once(self) -> int:
         failpoints.inject("commitlog_before_flush")
@@ -130,21 +142,27 @@ class FlushService:
         loop = asyncio.get_running_loop()
         assert self._wakeup is not None
         interval_s = self.flush_interval_commitlog_ms / 1000
+        sync = self.flush_disk_type is FlushDiskType.SYNC_FLUSH
         while True:
-            if self.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-                await self._wakeup.wait()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), interval_s)
+            timeout = None if sync else interval_s
+            if self._waiters:
+                until_deadline = max(0.0, self._waiters[0][2] - loop.time())
+                timeout = until_deadline if timeout is None else min(timeout, until_deadline)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
             self._wakeup.clear()
+            self._expire(loop.time())
+            if sync and not self._waiters:
+                continue
             try:
                 flushed = await loop.run_in_executor(self._cl_executor, self._flush_cl_once)
-            except OSError as exc:  # a failing disk: keep the writers waiting until timeout
+            except OSError as exc:  # a failing disk: writers time out with FLUSH_DISK_TIMEOUT
                 log.error("commitlog flush failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
             self.flushed_offset = max(self.flushed_offset, flushed)
             self._release(self.flushed_offset)
+            self._expire(loop.time())
 
     async def _logics_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -96,6 +96,7 @@ RecordFilter = Callable[[memoryview], bool]
 """Given the stored record, True if it matches (property-level check, e.g. SQL92)."""
 
 MAX_PULL_BYTES_IN_MEMORY = 256 * 1024
+MAX_PULL_MSGS_IN_MEMORY = 32
 MAX_PULL_MSGS_ON_DISK = 8
 MAX_PULL_BYTES_ON_DISK = 64 * 1024
 
@@ -187,6 +188,7 @@ class MessageStore:
         if not self._open:
             self.open()
         self.flusher.start(self.commitlog.max_offset)
+        self.commitlog.warmer.start()
         self._retention_task = asyncio.create_task(self._retention_loop(), name="retention")
 
     async def shutdown(self) -> None:
@@ -364,7 +366,12 @@ class MessageStore:
             if count and (
                 count >= max_msgs
                 or (in_disk and (total + size > MAX_PULL_BYTES_ON_DISK or count >= MAX_PULL_MSGS_ON_DISK))
-                or (not in_disk and total + size > MAX_PULL_BYTES_IN_MEMORY)
+                or (
+                    not in_disk
+                    and (
+                        total + size > MAX_PULL_BYTES_IN_MEMORY or count >= MAX_PULL_MSGS_IN_MEMORY
+                    )
+                )
             ):
                 consumed = i
                 break

@@ -92,8 +92,12 @@ class RetentionService:
         any_hour = percent >= cfg.disk_max_used_space_ratio
         reserved_ms = int(cfg.file_reserved_time_hours * 3600 * 1000)
         files = self.commitlog.files.files
+        # Never the newest file: that is the one being written, not files[-1], which may be
+        # the empty file the queue pre-creates for the next roll.
+        newest = self.commitlog.files.last_written()
+        older = files[: files.index(newest)] if newest is not None else []
         doomed = 0
-        for mf in files[:-1]:  # never the newest file
+        for mf in older:
             if doomed >= cfg.delete_files_per_run:
                 break
             expired = mf.last_modified_ms() + reserved_ms <= now

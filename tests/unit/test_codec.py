@@ -61,9 +61,9 @@ def _by_hand(
     """SPEC §11.1 laid out field by field, independently of the codec's Struct."""
     host_len_born = len(born.ip) + 4
     host_len_store = len(store.ip) + 4
-    total = (
-        4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + host_len_born + 8 + host_len_store + 4 + 8
-    ) + (4 + len(body) + 1 + len(topic) + 2 + len(props))
+    total = (4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + host_len_born + 8 + host_len_store + 4 + 8) + (
+        4 + len(body) + 1 + len(topic) + 2 + len(props)
+    )
     out = b""
     out += struct.pack(">i", total)  # 1 TOTALSIZE
     out += struct.pack(">I", 0xDAA320A7)  # 2 MAGICCODE
@@ -107,7 +107,11 @@ def test_ipv4_record_matches_hand_built_bytes() -> None:
     props = codec.encode_properties({"TAGS": "tagA", "KEYS": "k1 k2"})
     raw = _encode()
     expected = _by_hand(
-        topic=b"TopicTest", body=b"hello world", props=props, born=V4_BORN, store=V4_STORE,
+        topic=b"TopicTest",
+        body=b"hello world",
+        props=props,
+        born=V4_BORN,
+        store=V4_STORE,
         sys_flag=0,
     )
     assert raw == expected
@@ -144,7 +148,11 @@ def test_ipv6_hosts_set_sysflag_bits_and_20_byte_fields(
     props = codec.encode_properties({"TAGS": "tagA", "KEYS": "k1 k2"})
     raw = _encode(born_host=born, store_host=store, sys_flag=SysFlag.MULTI_TAGS)
     expected = _by_hand(
-        topic=b"TopicTest", body=b"hello world", props=props, born=born, store=store,
+        topic=b"TopicTest",
+        body=b"hello world",
+        props=props,
+        born=born,
+        store=store,
         sys_flag=SysFlag.MULTI_TAGS | bits,
     )
     assert raw == expected
@@ -232,9 +240,7 @@ def test_properties_decode_tolerates_missing_trailing_separator() -> None:
     assert codec.decode_properties(memoryview(b"A\x011\x02")) == {"A": "1"}
 
 
-@pytest.mark.parametrize(
-    "props", [{"A\x01": "v"}, {"A\x02": "v"}, {"A": "v\x01"}, {"A": "v\x02w"}]
-)
+@pytest.mark.parametrize("props", [{"A\x01": "v"}, {"A\x02": "v"}, {"A": "v\x01"}, {"A": "v\x02w"}])
 def test_properties_reject_separator_characters(props: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="separator"):
         codec.encode_properties(props)
@@ -355,75 +361,59 @@ _i32 = st.integers(-(2**31), 2**31 - 1)
 _i64 = st.integers(-(2**63), 2**63 - 1)
 
 
+_scalar_fields = st.fixed_dictionaries(
+    {
+        "queue_id": _i32,
+        "flag": _i32,
+        "queue_offset": _i64,
+        "physical_offset": _i64,
+        "sys_flag": st.integers(0, 0xF),
+        "born_timestamp_ms": _i64,
+        "store_timestamp_ms": _i64,
+        "reconsume_times": _i32,
+        "prepared_transaction_offset": _i64,
+    }
+)
+
+
 @given(
     topic=_topics,
     body=st.binary(max_size=2048),
     props=st.dictionaries(_prop_text, _prop_text, max_size=6),
-    born=_hosts,
-    store=_hosts,
-    queue_id=_i32,
-    flag=_i32,
-    queue_offset=_i64,
-    physical_offset=_i64,
-    sys_flag=st.integers(0, 0xF),
-    born_ts=_i64,
-    store_ts=_i64,
-    reconsume=_i32,
-    prepared=_i64,
+    hosts=st.tuples(_hosts, _hosts),
+    scalars=_scalar_fields,
 )
 def test_encode_decode_round_trip(
     topic: str,
     body: bytes,
     props: dict[str, str],
-    born: HostAddress,
-    store: HostAddress,
-    queue_id: int,
-    flag: int,
-    queue_offset: int,
-    physical_offset: int,
-    sys_flag: int,
-    born_ts: int,
-    store_ts: int,
-    reconsume: int,
-    prepared: int,
+    hosts: tuple[HostAddress, HostAddress],
+    scalars: dict[str, int],
 ) -> None:
+    born, store = hosts
+    properties = codec.encode_properties(props)
     raw = codec.encode_record(
         topic_bytes=topic.encode(),
         body=body,
-        properties=codec.encode_properties(props),
-        queue_id=queue_id,
-        flag=flag,
-        queue_offset=queue_offset,
-        physical_offset=physical_offset,
-        sys_flag=sys_flag,
-        born_timestamp_ms=born_ts,
+        properties=properties,
         born_host=born,
-        store_timestamp_ms=store_ts,
         store_host=store,
-        reconsume_times=reconsume,
-        prepared_transaction_offset=prepared,
+        **scalars,
     )
-    size = codec.record_size(
-        len(body), len(topic.encode()), len(codec.encode_properties(props)), born.is_v6, store.is_v6
-    )
-    assert len(raw) == size
+    lengths = (len(body), len(topic.encode()), len(properties))
+    assert len(raw) == codec.record_size(*lengths, born.is_v6, store.is_v6)
     rec = codec.decode_record(raw)
     assert rec.topic == topic
     assert rec.body == body
     assert rec.properties == props
     assert rec.born_host == born
     assert rec.store_host == store
-    assert (rec.queue_id, rec.flag, rec.queue_offset, rec.physical_offset) == (
-        queue_id,
-        flag,
-        queue_offset,
-        physical_offset,
-    )
-    assert rec.sys_flag & 0xF == sys_flag
+    for name, value in scalars.items():
+        if name != "sys_flag":
+            assert getattr(rec, name) == value, name
+    assert rec.sys_flag & 0xF == scalars["sys_flag"]
     assert bool(rec.sys_flag & SysFlag.BORNHOST_V6) == born.is_v6
     assert bool(rec.sys_flag & SysFlag.STOREHOST_V6) == store.is_v6
-    assert (rec.born_timestamp_ms, rec.store_timestamp_ms) == (born_ts, store_ts)
-    assert (rec.reconsume_times, rec.prepared_transaction_offset) == (reconsume, prepared)
     assert rec.total_size == len(raw)
     assert rec.body_crc == codec.body_crc(body)
 
