@@ -162,7 +162,9 @@ _RECORD_STRUCTS: dict[tuple[bool, bool, int, int, int], struct.Struct] = {}
 _RECORD_STRUCTS_MAX = 4096
 
 
-def _record_struct(born_v6: bool, store_v6: bool, body: int, topic: int, props: int) -> struct.Struct:
+def _record_struct(
+    born_v6: bool, store_v6: bool, body: int, topic: int, props: int
+) -> struct.Struct:
     """The whole record as one Struct for these variable-field lengths.
 
     Cached in a plain dict (cheaper per call than ``lru_cache`` on the hot path); real traffic
@@ -228,7 +230,7 @@ def encode_properties(props: Mapping[str, str]) -> bytes:
     return "".join(parts).encode()
 
 
-def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+def decode_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
     """Inverse of :func:`encode_properties`; tolerates a missing trailing separator."""
     props: dict[str, str] = {}
     if not raw:
@@ -362,7 +364,9 @@ def encode_record(
     )
 
 
-def record_size(body_len: int, topic_len: int, props_len: int, born_v6: bool, store_v6: bool) -> int:
+def record_size(
+    body_len: int, topic_len: int, props_len: int, born_v6: bool, store_v6: bool
+) -> int:
     """Bytes a record with these lengths occupies (RocketMQ's ``calMsgLength``)."""
     return _FIXED[(born_v6, store_v6)].size + 4 + body_len + 1 + topic_len + 2 + props_len
 
@@ -437,7 +441,9 @@ def decode_record(
             f"unaccounted in TOTALSIZE {total}"
         )
     if check_crc and body_crc(body) != crc:
-        raise CorruptRecord(f"at {pos}: body CRC mismatch (stored {crc}, computed {body_crc(body)})")
+        raise CorruptRecord(
+            f"at {pos}: body CRC mismatch (stored {crc}, computed {body_crc(body)})"
+        )
     try:
         topic = topic_raw.decode()
     except UnicodeDecodeError:

@@ -22,7 +22,11 @@ from services.store.config import StoreConfig
 from services.store.flush import FlushDiskType
 from services.store.message_store import MessageStore
 
-TOPICS = {"OrderEvents": ["created", "paid", "shipped"], "Payments": ["card", "wallet"], "Audit": [""]}
+TOPICS = {
+    "OrderEvents": ["created", "paid", "shipped"],
+    "Payments": ["card", "wallet"],
+    "Audit": [""],
+}
 
 
 def demo_messages(count: int) -> list[MessageToStore]:
@@ -68,7 +72,10 @@ async def write_demo(directory: Path, count: int = 300) -> None:
         result = await store.put(msgs[start : start + 32])
         assert result.status.value == "PUT_OK", result.status
     await store.shutdown()
-    print(f"wrote {count} messages to {directory} ({len(list(cfg.commitlog_dir.iterdir()))} commitlog files)")
+    print(
+        f"wrote {count} messages to {directory} "
+        f"({len(list(cfg.commitlog_dir.iterdir()))} commitlog files)"
+    )
 
 
 def main() -> None:

@@ -61,7 +61,8 @@ def dump(
         "consumequeue": inspect.iter_consume_queues,
         "index": inspect.iter_index,
     }
-    console = Console()
+    # Piped output has no terminal width; don't fold ids and topics into 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 220)
     for name in sections or _SECTIONS:
         rows = itertools.islice(sources[name](layout, problems), limit)
         if as_json:
@@ -75,7 +76,14 @@ def dump(
 
 _COLUMNS = {
     "commitlog": [
-        "offset", "size", "topic", "queue_id", "queue_offset", "tags", "keys", "body_bytes",
+        "offset",
+        "size",
+        "topic",
+        "queue_id",
+        "queue_offset",
+        "tags",
+        "keys",
+        "body_bytes",
         "offset_msg_id",
     ],
     "consumequeue": ["topic", "queue_id", "queue_offset", "commitlog_offset", "size", "tags_code"],
@@ -101,7 +109,9 @@ def _print_table(console: Console, name: str, rows: Iterable[dict[str, Any]]) ->
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--index-slots", type=int, default=None, help="Index slot count, if not 1:4.")
 @click.option("--index-entries", type=int, default=None, help="Index entry count, if not 1:4.")
-def verify(directory: Path, as_json: bool, index_slots: int | None, index_entries: int | None) -> None:
+def verify(
+    directory: Path, as_json: bool, index_slots: int | None, index_entries: int | None
+) -> None:
     """Check every record, unit and index entry of DIRECTORY; exit 1 on any problem."""
     from services.store.inspect import verify as run_verify
 

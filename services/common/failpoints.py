@@ -6,7 +6,7 @@ terms ``name=action``:
 
 | action          | effect at the point                                                  |
 |-----------------|----------------------------------------------------------------------|
-| ``crash``       | ``SIGKILL`` to this process: no cleanup, no flush, like a power cut of the process |
+| ``crash``       | ``SIGKILL`` to this process: no cleanup, no flush        |
 | ``crash@N``     | crash the N-th time the point is reached (1-based), pass before     |
 | ``error``       | raise :class:`FailpointError` (the caller's error path runs)         |
 | ``sleep(MS)``   | block for MS milliseconds                                            |

@@ -113,8 +113,7 @@ class CommitLog:
                     f"a {size}-byte record cannot fit a {self.file_size_bytes}-byte commitlog file"
                 )
         now = self.clock.now_ms()
-        if now < self.last_store_timestamp_ms:
-            now = self.last_store_timestamp_ms  # store times never go backwards in the log
+        now = max(now, self.last_store_timestamp_ms)  # store times never go backwards in the log
         self.last_store_timestamp_ms = now
         results: list[AppendResult] = []
         requests: list[DispatchRequest] = []

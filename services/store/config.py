@@ -59,7 +59,9 @@ class StoreConfig:
         if self.consume_queue_units_per_file < 1:
             raise ValueError("consume_queue_units_per_file must be at least 1")
         if not 0 < self.disk_max_used_space_ratio <= self.disk_space_clean_forcibly_ratio:
-            raise ValueError("need 0 < disk_max_used_space_ratio <= disk_space_clean_forcibly_ratio")
+            raise ValueError(
+                "need 0 < disk_max_used_space_ratio <= disk_space_clean_forcibly_ratio"
+            )
         if not self.disk_space_clean_forcibly_ratio <= self.disk_space_warning_level_ratio <= 100:
             raise ValueError("need forcibly ratio <= warning level ratio <= 100")
         for hour in self.delete_when.split(";"):

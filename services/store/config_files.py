@@ -31,7 +31,7 @@ CONSUMER_OFFSETS = "consumerOffset.json"
 DELAY_OFFSETS = "delayOffset.json"
 
 # A fastjson integer key: `{` or `,`, optional spaces, digits, optional spaces, then `:`.
-_UNQUOTED_INT_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
+_UNQUOTED_INT_KEY = re.compile(r"([{,]\s*)(-?\d+)(\s*:)")
 
 
 class ConfigFileError(ValueError):
@@ -109,4 +109,6 @@ def load_offset_table(path: Path) -> dict[str, dict[int, int]]:
 
 
 def save_offset_table(path: Path, table: dict[str, dict[int, int]]) -> None:
-    write_json(path, {"offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in table.items()}})
+    write_json(
+        path, {"offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in table.items()}}
+    )

@@ -44,7 +44,11 @@ class ConsumeQueue:
     """One queue's units."""
 
     def __init__(
-        self, directory: Path, topic: str, queue_id: int, units_per_file: int = DEFAULT_UNITS_PER_FILE
+        self,
+        directory: Path,
+        topic: str,
+        queue_id: int,
+        units_per_file: int = DEFAULT_UNITS_PER_FILE,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
@@ -68,8 +72,9 @@ class ConsumeQueue:
     # -- write -----------------------------------------------------------------------------
     def put(self, queue_offset: int, commitlog_offset: int, size: int, tags_code: int) -> bool:
         """Write one unit at ``queue_offset``; False if already present (idempotent re-dispatch)."""
-        return self.put_many(queue_offset, CQ_UNIT.pack(commitlog_offset, size, tags_code),
-                             commitlog_offset + size)
+        return self.put_many(
+            queue_offset, CQ_UNIT.pack(commitlog_offset, size, tags_code), commitlog_offset + size
+        )
 
     def put_many(self, first_queue_offset: int, units: bytes, physical_end: int) -> bool:
         """Write consecutive packed units starting at ``first_queue_offset``.

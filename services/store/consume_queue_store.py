@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,10 +56,8 @@ class ConsumeQueueStore:
             cq.files.files = []
             del self.queues[(topic, qid)]
             for d in (self.root / topic / str(qid), self.root / topic):
-                try:
+                with contextlib.suppress(OSError):  # not empty: leave it
                     d.rmdir()
-                except OSError:
-                    pass
 
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self.queues.values()))

@@ -44,13 +44,17 @@ class StoreLayout:
     index_num: int
 
 
-def detect_layout(root: Path, index_slot_num: int | None = None, index_num: int | None = None) -> StoreLayout:
+def detect_layout(
+    root: Path, index_slot_num: int | None = None, index_num: int | None = None
+) -> StoreLayout:
     """Read file sizes off the directory; raise ValueError if it is not a store."""
     if not root.is_dir():
         raise ValueError(f"{root} is not a directory")
     cl_files = sorted(p for p in (root / "commitlog").glob("[0-9]" * 20) if p.is_file())
     if not cl_files and not (root / "consumequeue").is_dir():
-        raise ValueError(f"{root} has no commitlog/ or consumequeue/: not a RocketQ store directory")
+        raise ValueError(
+            f"{root} has no commitlog/ or consumequeue/: not a RocketQ store directory"
+        )
     cl_size = cl_files[0].stat().st_size if cl_files else 1024**3
     cq_file = next((p for p in (root / "consumequeue").glob("*/*/" + "[0-9]" * 20)), None)
     units = cq_file.stat().st_size // CQ_UNIT_BYTES if cq_file else 300_000
@@ -75,7 +79,7 @@ def _open_commitlog(layout: StoreLayout, problems: list[str]) -> CommitLog:
 
 
 def _open_queues(layout: StoreLayout, problems: list[str]) -> list[ConsumeQueue]:
-    out = []
+    out: list[ConsumeQueue] = []
     root = layout.root / "consumequeue"
     if not root.is_dir():
         return out
@@ -242,7 +246,11 @@ def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> dict[int, _Rec]:
             )
         next_qoff[key] = rec.queue_offset + 1
         records[item.offset] = (
-            rec.topic, rec.queue_id, rec.queue_offset, item.size, f"{rec.keys} {rec.uniq_key}"
+            rec.topic,
+            rec.queue_id,
+            rec.queue_offset,
+            item.size,
+            f"{rec.keys} {rec.uniq_key}",
         )
     report.commitlog_end = end
     mf = cl.files.find(end)

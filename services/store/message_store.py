@@ -31,7 +31,7 @@ from services.store.flush import FlushDiskType, FlushService
 from services.store.index_file import IndexService
 from services.store.recovery import RecoveryReport, recover_commitlog, recover_logics
 from services.store.retention import DiskUsage, RetentionService, disk_used_ratio
-from services.store.types import PhysicalOffset, QueueOffset
+from services.store.types import QueueOffset
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,9 @@ class MessageStore:
             store_host=config.store_host,
             clock=clock,
         )
-        self.queues = ConsumeQueueStore(config.consume_queue_dir, config.consume_queue_units_per_file)
+        self.queues = ConsumeQueueStore(
+            config.consume_queue_dir, config.consume_queue_units_per_file
+        )
         self.index: IndexService | None = (
             IndexService(
                 config.index_dir,
@@ -304,8 +306,10 @@ class MessageStore:
             except codec.CorruptRecord:
                 continue
             # The index is a hash index: confirm the key really matches.
-            if rec is not None and rec.topic == topic and (
-                key in rec.keys.split(" ") or rec.uniq_key == key
+            if (
+                rec is not None
+                and rec.topic == topic
+                and (key in rec.keys.split(" ") or rec.uniq_key == key)
             ):
                 out.append(rec)
         return out
@@ -338,7 +342,9 @@ class MessageStore:
         if not units:
             nxt = offset + cq.units_per_file - offset % cq.units_per_file
             return GetResult(GetStatus.OFFSET_FOUND_NULL, nxt, min_off, max_off)
-        return self._scan_units(units, offset, max_msgs, min_off, max_off, tags_filter, record_filter)
+        return self._scan_units(
+            units, offset, max_msgs, min_off, max_off, tags_filter, record_filter
+        )
 
     def _scan_units(
         self,
@@ -365,7 +371,10 @@ class MessageStore:
             count = len(result.records)
             if count and (
                 count >= max_msgs
-                or (in_disk and (total + size > MAX_PULL_BYTES_ON_DISK or count >= MAX_PULL_MSGS_ON_DISK))
+                or (
+                    in_disk
+                    and (total + size > MAX_PULL_BYTES_ON_DISK or count >= MAX_PULL_MSGS_ON_DISK)
+                )
                 or (
                     not in_disk
                     and (

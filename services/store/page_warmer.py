@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from typing import Any
 
 from services.store.mapped_file import MappedFile
 
@@ -27,6 +28,7 @@ MADV_POPULATE_WRITE = 23
 CHUNK_BYTES = 8 * 1024 * 1024
 AHEAD_BYTES = 32 * 1024 * 1024
 
+_madvise: Any
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
     _madvise = _libc.madvise
@@ -99,8 +101,10 @@ class PageWarmer:
                 n = min(CHUNK_BYTES, want - start)
                 assert _madvise is not None
                 if _madvise(addr + start, n, MADV_POPULATE_WRITE) != 0:
-                    log.info("MADV_POPULATE_WRITE unavailable (errno %d); page warming off",
-                             ctypes.get_errno())
+                    log.info(
+                        "MADV_POPULATE_WRITE unavailable (errno %d); page warming off",
+                        ctypes.get_errno(),
+                    )
                     self.enabled = False
                     return
                 start += n

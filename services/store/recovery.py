@@ -180,7 +180,9 @@ def recover_logics(
         if rec is None:
             continue
         key = (rec.topic, rec.queue_id)
-        commitlog.queue_offsets[key] = max(commitlog.queue_offsets.get(key, 0), rec.queue_offset + 1)
+        commitlog.queue_offsets[key] = max(
+            commitlog.queue_offsets.get(key, 0), rec.queue_offset + 1
+        )
         batch.append(
             DispatchRequest(
                 rec.topic,
@@ -209,7 +211,7 @@ _GARBAGE_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 def _garbage_after(commitlog: CommitLog, end: int) -> int:
-    """Non-zero bytes after ``end``: torn writes, contiguous from ``end`` up to an all-zero chunk."""
+    """Non-zero bytes after ``end``: torn writes, contiguous from ``end`` to an all-zero chunk."""
     garbage = 0
     mf = commitlog.files.find(end)
     if mf is not None:

@@ -116,6 +116,8 @@ class RetentionService:
         if self.index is not None:
             result.index_files_deleted = self.index.delete_files_before(cl_min)
         if doomed and not self.writable:
-            self.writable = self.disk_usage(cfg.commitlog_dir) * 100 < cfg.disk_space_warning_level_ratio
+            self.writable = (
+                self.disk_usage(cfg.commitlog_dir) * 100 < cfg.disk_space_warning_level_ratio
+            )
         result.writable = self.writable
         return result

@@ -458,17 +458,20 @@ def test_torn_slots_rolled_back_on_reload(tmp_path: Path) -> None:
 # --- batch path equals single path, and both equal a model ------------------------------
 
 _message = st.tuples(
-    st.integers(0, 3),  # seconds after the previous message (store times never go back)
+    st.integers(-2, 3),  # seconds after the previous message (negative: the clock stepped back)
     st.lists(st.sampled_from(["a", "b", "c", "Aa", "BB", "k1", "k2"]), max_size=3),
     st.sampled_from(["", "U"]),  # a uniq key "U<offset>" or none
     st.sampled_from([0, 0, 0, 0x4, 0x8, 0xC]),
 )
 
 
-def _build(messages: list[tuple[int, list[str], str, int]]) -> list[DispatchRequest]:
-    reqs, ts = [], T0_MS
+def _build(
+    messages: list[tuple[int, list[str], str, int]], *, clock_steps_back: bool
+) -> list[DispatchRequest]:
+    reqs: list[DispatchRequest] = []
+    ts = T0_MS
     for i, (gap_s, keys, uniq, flag) in enumerate(messages):
-        ts += gap_s * 1000
+        ts += (gap_s if clock_steps_back else abs(gap_s)) * 1000
         reqs.append(_req(i * 100, ts, keys=" ".join(keys), uniq=uniq and f"U{i}", sys_flag=flag))
     return reqs
 
@@ -497,6 +500,7 @@ def _model_query(
     messages=st.lists(_message, max_size=40),
     batch_sizes=st.lists(st.integers(1, 15), min_size=1, max_size=5),
     redispatch=st.integers(0, 5),
+    clock_steps_back=st.booleans(),
     queries=st.lists(
         st.tuples(
             st.sampled_from(["a", "b", "Aa", "k2", "U3", "zz"]),
@@ -512,9 +516,10 @@ def test_random_puts_match_model_and_batch_equals_single(
     messages: list[tuple[int, list[str], str, int]],
     batch_sizes: list[int],
     redispatch: int,
+    clock_steps_back: bool,
     queries: list[tuple[str, int, int, int]],
 ) -> None:
-    reqs = _build(messages)
+    reqs = _build(messages, clock_steps_back=clock_steps_back)
     base = tmp_path_factory.mktemp("prop")
     geometry = {"slot_num": 4, "index_num": 6}  # tiny: collisions, long chains, many rolls
     single = IndexService(base / "single", clock=ManualClock(T0_MS), **geometry)
@@ -530,7 +535,10 @@ def test_random_puts_match_model_and_batch_equals_single(
             i += step
         # Recovery re-dispatches a suffix: nothing changes what queries return.
         batch.build_index_batch(reqs[max(0, len(reqs) - redispatch) :])
-    for svc in (single, batch):
+    # The model knows exact store times; the index knows seconds after the file's first entry,
+    # so the two agree only while time never goes back (a store's normal case). Either way the
+    # two build paths must write the same bytes.
+    for svc in () if clock_steps_back else (single, batch):
         for key, max_num, b_s, e_s in queries:
             begin, end = T0_MS + b_s * 1000, T0_MS + (b_s + e_s) * 1000
             assert svc.query("T", key, max_num, begin, end) == _model_query(
