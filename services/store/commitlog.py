@@ -29,6 +29,9 @@ from services.store.page_warmer import PageWarmer
 from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
 
 DEFAULT_COMMITLOG_FILE_BYTES = 1024 * 1024 * 1024
+TRANSACTION_MASK = codec.SysFlag.TRANSACTION_MASK
+NOT_QUEUED = frozenset({codec.SysFlag.TRANSACTION_PREPARED, codec.SysFlag.TRANSACTION_ROLLBACK})
+"""Transaction types whose records get no consume-queue unit and queue offset 0."""
 _BLANK_HEAD = codec._SIZE_MAGIC  # TOTALSIZE + MAGIC of a blank record
 
 
@@ -139,8 +142,11 @@ class CommitLog:
                 pending, pending_bytes = [], 0
             phys = mf.file_from_offset + mf.wrote_position + pending_bytes
             key = (m.topic, m.queue_id)
-            qoff = offsets.get(key, 0)
-            offsets[key] = qoff + 1
+            if m.sys_flag & TRANSACTION_MASK in NOT_QUEUED:
+                qoff = 0  # half/rollback records never enter a consume queue (RocketMQ's rule)
+            else:
+                qoff = offsets.get(key, 0)
+                offsets[key] = qoff + 1
             sys_flag = (m.sys_flag & ~v6_bits) | store_bit
             if born_v6:
                 sys_flag |= codec.SysFlag.BORNHOST_V6

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from services.common import failpoints
+from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK
 from services.store.consume_queue import CQ_UNIT
 from services.store.consume_queue_store import ConsumeQueueStore
 from services.store.index_file import IndexService
@@ -47,6 +48,8 @@ class Dispatcher:
 
     def _write_units(self, requests: Sequence[DispatchRequest]) -> None:
         """Write units, one mapped-file write per run of consecutive records of one queue."""
+        if any(r.sys_flag & TRANSACTION_MASK in NOT_QUEUED for r in requests):
+            requests = [r for r in requests if r.sys_flag & TRANSACTION_MASK not in NOT_QUEUED]
         pack = CQ_UNIT.pack
         i, n = 0, len(requests)
         while i < n:

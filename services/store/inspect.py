@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rocketq import codec
-from services.store.commitlog import CommitLog
+from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK, CommitLog
 from services.store.consume_queue import CQ_UNIT_BYTES, PRE_BLANK_SIZE, ConsumeQueue
 from services.store.index_file import IndexFile
 from services.store.java_hash import index_key_hash
@@ -214,8 +214,8 @@ def verify(layout: StoreLayout, *, max_problems: int = 1000) -> VerifyReport:
     problems = report.problems
     cl = _open_commitlog(layout, problems)
     try:
-        records = _verify_commitlog(cl, report)
-        _verify_queues(layout, records, report)
+        records, unqueued = _verify_commitlog(cl, report)
+        _verify_queues(layout, records, unqueued, report)
         _verify_index(layout, cl, records, report)
     finally:
         cl.close()
@@ -226,8 +226,9 @@ def verify(layout: StoreLayout, *, max_problems: int = 1000) -> VerifyReport:
 _Rec = tuple[str, int, int, int, str]  # topic, queue id, queue offset, size, keys+uniq
 
 
-def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> dict[int, _Rec]:
+def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> tuple[dict[int, _Rec], set[int]]:
     records: dict[int, _Rec] = {}
+    unqueued: set[int] = set()
     next_qoff: dict[tuple[str, int], int] = {}
     report.commitlog_min = cl.files.min_offset()
     end = report.commitlog_min
@@ -237,6 +238,16 @@ def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> dict[int, _Rec]:
         if rec is None:
             continue
         report.records += 1
+        records[item.offset] = (
+            rec.topic,
+            rec.queue_id,
+            rec.queue_offset,
+            item.size,
+            f"{rec.keys} {rec.uniq_key}",
+        )
+        if rec.sys_flag & TRANSACTION_MASK in NOT_QUEUED:
+            unqueued.add(item.offset)  # half / rollback records have no unit, by design
+            continue
         key = (rec.topic, rec.queue_id)
         want = next_qoff.get(key)
         if want is not None and rec.queue_offset != want:
@@ -245,13 +256,6 @@ def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> dict[int, _Rec]:
                 f"{rec.queue_offset}, expected {want} (offsets must be dense)"
             )
         next_qoff[key] = rec.queue_offset + 1
-        records[item.offset] = (
-            rec.topic,
-            rec.queue_id,
-            rec.queue_offset,
-            item.size,
-            f"{rec.keys} {rec.uniq_key}",
-        )
     report.commitlog_end = end
     mf = cl.files.find(end)
     if mf is not None:
@@ -261,10 +265,12 @@ def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> dict[int, _Rec]:
                 f"commitlog {end}: non-zero bytes after the last whole record "
                 "(a torn write; the broker's recovery truncates it)"
             )
-    return records
+    return records, unqueued
 
 
-def _verify_queues(layout: StoreLayout, records: dict[int, _Rec], report: VerifyReport) -> None:
+def _verify_queues(
+    layout: StoreLayout, records: dict[int, _Rec], unqueued: set[int], report: VerifyReport
+) -> None:
     seen: set[int] = set()
     problems = report.problems
     for cq in _open_queues(layout, problems):
@@ -286,7 +292,7 @@ def _verify_queues(layout: StoreLayout, records: dict[int, _Rec], report: Verify
                     seen.add(off)
         finally:
             cq.close()
-    missing = [off for off in records if off not in seen]
+    missing = [off for off in records if off not in seen and off not in unqueued]
     for off in missing[:20]:
         t, q, qo, _s, _k = records[off]
         problems.append(f"commitlog {off}: {t}/{q} offset {qo} is in no consume queue unit")

@@ -34,6 +34,21 @@ def file_name(start: int) -> str:
     return f"{start:0{FILE_NAME_DIGITS}d}"
 
 
+def _create_sized(path: Path, file_size_bytes: int) -> None:
+    """Create ``path`` at its full size under a temporary name, then rename it into place.
+
+    A crash between ``open(O_CREAT)`` and ``ftruncate`` would otherwise leave a real-named
+    empty file that ``load`` reports as the wrong size until something writes to it again.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, file_size_bytes)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 class MappedFile:
     """One fixed-size file, mapped read-write, with a write and a flush position."""
 
@@ -43,6 +58,8 @@ class MappedFile:
         self.file_from_offset = FileStartOffset(int(path.name))
         self.readonly = readonly
         existed = path.exists()
+        if not readonly and not existed:
+            _create_sized(path, file_size_bytes)
         flags = os.O_RDONLY if readonly else os.O_RDWR | os.O_CREAT
         self._fd = os.open(path, flags, 0o644)
         try:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from rocketq import codec
 from services.common import failpoints
 from services.store.checkpoint import Checkpoint
-from services.store.commitlog import CommitLog
+from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK, CommitLog
 from services.store.consume_queue_store import ConsumeQueueStore
 from services.store.dispatch import Dispatcher
 from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
@@ -174,15 +174,20 @@ def recover_logics(
     # dispatched prefix ends. No queue pointing anywhere means rebuild everything.
     ends = [cq.max_physical_end for cq in queues if cq.max_physical_end]
     redispatch_from = max(max(ends) if ends else cl_min, cl_min)
+    if dispatcher.index is not None:
+        # Dispatch writes the consume queues first, then the index: a crash between the two
+        # leaves records the queues hold and the index lacks. endPhyoffset is a record start.
+        redispatch_from = max(min(redispatch_from, dispatcher.index.max_indexed_offset), cl_min)
     batch: list[DispatchRequest] = []
     for item in scan(commitlog, redispatch_from, report.problems):
         rec = item.record
         if rec is None:
             continue
         key = (rec.topic, rec.queue_id)
-        commitlog.queue_offsets[key] = max(
-            commitlog.queue_offsets.get(key, 0), rec.queue_offset + 1
-        )
+        if rec.sys_flag & TRANSACTION_MASK not in NOT_QUEUED:
+            commitlog.queue_offsets[key] = max(
+                commitlog.queue_offsets.get(key, 0), rec.queue_offset + 1
+            )
         batch.append(
             DispatchRequest(
                 rec.topic,
