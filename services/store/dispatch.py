@@ -17,7 +17,7 @@ from services.common import failpoints
 from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK
 from services.store.consume_queue import CQ_UNIT
 from services.store.consume_queue_store import ConsumeQueueStore
-from services.store.index_file import IndexService
+from services.store.index_service import IndexService
 from services.store.types import DispatchRequest
 
 ArrivalListener = Callable[[Sequence[DispatchRequest]], None]

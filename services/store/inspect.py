@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from rocketq import codec
+from rocketq.java_hash import index_key_hash
 from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK, CommitLog
 from services.store.consume_queue import CQ_UNIT_BYTES, PRE_BLANK_SIZE, ConsumeQueue
 from services.store.index_file import IndexFile
-from services.store.java_hash import index_key_hash
 from services.store.mapped_file import MappedFileQueue
 from services.store.recovery import scan
 

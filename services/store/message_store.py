@@ -28,7 +28,7 @@ from services.store.consume_queue import CQ_UNIT, CQ_UNIT_BYTES, PRE_BLANK_SIZE
 from services.store.consume_queue_store import ConsumeQueueStore
 from services.store.dispatch import Dispatcher
 from services.store.flush import FlushDiskType, FlushService
-from services.store.index_file import IndexService
+from services.store.index_service import IndexService
 from services.store.recovery import RecoveryReport, recover_commitlog, recover_logics
 from services.store.retention import DiskUsage, RetentionService, disk_used_ratio
 from services.store.types import QueueOffset

@@ -26,7 +26,7 @@ from services.common.clock import Clock
 from services.store.commitlog import CommitLog
 from services.store.config import StoreConfig
 from services.store.consume_queue_store import ConsumeQueueStore
-from services.store.index_file import IndexService
+from services.store.index_service import IndexService
 
 log = logging.getLogger(__name__)
 

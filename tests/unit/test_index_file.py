@@ -13,9 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rocketq.java_hash import (
+    index_key_hash,
+    index_key_hashes,
+    java_string_hash,
+    java_string_hashes,
+)
 from services.common import failpoints
 from services.common.clock import ManualClock
-from services.store import index_file
+from services.store import index_service
 from services.store.index_file import (
     DEFAULT_INDEX_NUM,
     DEFAULT_SLOT_NUM,
@@ -23,18 +29,14 @@ from services.store.index_file import (
     HEADER,
     SLOT,
     IndexFile,
-    IndexService,
     entry_position_bytes,
-    format_index_file_name,
     index_file_size_bytes,
+)
+from services.store.index_service import (
+    IndexService,
+    format_index_file_name,
     index_keys_of,
     parse_index_file_name,
-)
-from services.store.java_hash import (
-    index_key_hash,
-    index_key_hashes,
-    java_string_hash,
-    java_string_hashes,
 )
 from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
 
@@ -529,7 +531,7 @@ def test_random_puts_match_model_and_batch_equals_single(
     for r in reqs:
         single.build_index(r)
     # Small batches normally take the per-record path; force the numpy path for every size.
-    with mock.patch.object(index_file, "_SCALAR_BATCH_MAX", 0):
+    with mock.patch.object(index_service, "_SCALAR_BATCH_MAX", 0):
         i, sizes = 0, iter(batch_sizes * 40)
         while i < len(reqs):
             step = next(sizes)
