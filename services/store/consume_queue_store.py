@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,8 @@ class ConsumeQueueStore:
         self.root = root
         self.units_per_file = units_per_file
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.rebuild_needed = False
+        """A damaged queue was set aside: recovery must re-dispatch the whole commitlog."""
 
     def load(self) -> list[str]:
         """Map every queue on disk; return problems (odd directory names, bad files)."""
@@ -30,9 +34,30 @@ class ConsumeQueueStore:
                     problems.append(f"{qdir}: not a queue id directory, ignored")
                     continue
                 cq = ConsumeQueue(qdir, topic_dir.name, int(qdir.name), self.units_per_file)
-                problems.extend(cq.files.load())
+                damage = cq.files.load()
+                if damage:
+                    problems.extend(damage)
+                    cq = self._quarantine(cq)
+                    problems.append(
+                        f"{qdir}: damaged queue moved aside; it is rebuilt from the commitlog"
+                    )
                 self.queues[(topic_dir.name, int(qdir.name))] = cq
         return problems
+
+    def _quarantine(self, cq: ConsumeQueue) -> ConsumeQueue:
+        """Move a damaged queue's files under ``corrupt/`` and start it afresh.
+
+        Kept, not deleted, so an operator can look at what went wrong; the queue itself is
+        derived data and is rebuilt exactly from the commitlog.
+        """
+        cq.close()
+        qdir = cq.files.directory
+        stamp = time.strftime("%Y%m%d%H%M%S")
+        aside = self.root.parent / "corrupt" / "consumequeue" / cq.topic / f"{cq.queue_id}-{stamp}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(qdir), str(aside))
+        self.rebuild_needed = True
+        return ConsumeQueue(qdir, cq.topic, cq.queue_id, self.units_per_file)
 
     def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         return self.queues.get((topic, queue_id))

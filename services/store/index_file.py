@@ -492,6 +492,34 @@ class IndexFile:
             _log.warning("index file %s: rolled back %d torn slot(s)", self._path, torn.size)
         return int(torn.size)
 
+    def truncate_from(self, phy_offset: int) -> int:
+        """Forget every entry pointing at ``phy_offset`` or beyond; return how many.
+
+        Recovery calls this after cutting a torn commitlog tail, so no entry points past the
+        log and the header's end offset no longer claims records that are gone (which would
+        make the index skip the records written in their place). Entries are appended in
+        commitlog order, so the survivors are a prefix: the count is lowered to it and slots
+        that pointed into the dropped part are rolled back along their chains.
+        """
+        self._check_writable()
+        live = self._entries[1 : self._next_no]["phy_offset"]
+        keep = int(np.searchsorted(live, phy_offset, side="left"))  # entries 1..keep survive
+        dropped = len(live) - keep
+        if not dropped:
+            return 0
+        self._write_counts(self._hash_slot_count, keep + 1)
+        self.repair_torn_slots()
+        if keep:
+            last = self._entries[keep]
+            self._end_phy = int(last["phy_offset"])
+            self._end_ts = self._begin_ts + int(last["time_diff_s"]) * _SECOND_MS
+        else:
+            self._end_phy, self._end_ts = self._begin_phy, self._begin_ts
+        _I64.pack_into(self._mm, END_TIMESTAMP_AT, self._end_ts)
+        _I64.pack_into(self._mm, END_PHY_OFFSET_AT, self._end_phy)
+        self._dirty = True
+        return dropped
+
     # --- reading ----------------------------------------------------------------------------------
 
     def slot_value(self, slot: int) -> int:

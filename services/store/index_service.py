@@ -274,6 +274,26 @@ class IndexService:
                 )
         return out
 
+    def truncate(self, phy_offset: int) -> int:
+        """Drop entries pointing at ``phy_offset`` or beyond (recovery cut the log there).
+
+        Files wholly beyond it are deleted; the file that straddles it is cut back.
+        Returns the number of entries dropped.
+        """
+        self._ensure_loaded()
+        dropped = 0
+        for index_file in reversed(tuple(self._files)):
+            if index_file.entry_count and index_file.read_entry(1).phy_offset >= phy_offset:
+                dropped += index_file.entry_count
+                self._files.remove(index_file)
+                index_file.destroy()
+                continue
+            dropped += index_file.truncate_from(phy_offset)
+            break
+        if dropped:
+            _log.warning("index: dropped %d entries at or past offset %d", dropped, phy_offset)
+        return dropped
+
     def delete_files_before(self, min_commitlog_offset: int) -> int:
         """Delete files whose endPhyoffset is below ``min_commitlog_offset``; never the last one."""
         self._ensure_loaded()

@@ -174,10 +174,17 @@ def recover_logics(
     # dispatched prefix ends. No queue pointing anywhere means rebuild everything.
     ends = [cq.max_physical_end for cq in queues if cq.max_physical_end]
     redispatch_from = max(max(ends) if ends else cl_min, cl_min)
+    if queues.rebuild_needed:
+        redispatch_from = cl_min  # a queue was set aside: rebuild it (the others skip units)
+        queues.rebuild_needed = False
     if dispatcher.index is not None:
+        dispatcher.index.truncate(cl_end)
         # Dispatch writes the consume queues first, then the index: a crash between the two
-        # leaves records the queues hold and the index lacks. endPhyoffset is a record start.
-        redispatch_from = max(min(redispatch_from, dispatcher.index.max_indexed_offset), cl_min)
+        # leaves records the queues hold and the index lacks. The index's endPhyoffset is a
+        # record start — unless its header is damaged, and then it is not trusted.
+        indexed = max(int(dispatcher.index.max_indexed_offset), cl_min)
+        if indexed < redispatch_from and _is_record_start(commitlog, indexed):
+            redispatch_from = indexed
     batch: list[DispatchRequest] = []
     for item in scan(commitlog, redispatch_from, report.problems):
         rec = item.record
@@ -210,6 +217,14 @@ def recover_logics(
     report.records_redispatched += len(batch)
     dispatcher.dispatch(batch)
     dispatcher.dispatched_offset = cl_end
+
+
+def _is_record_start(commitlog: CommitLog, offset: int) -> bool:
+    try:
+        rec = commitlog.read_record(offset)
+    except codec.CorruptRecord:
+        return False
+    return rec is not None and rec.physical_offset == offset
 
 
 _GARBAGE_CHUNK_BYTES = 4 * 1024 * 1024

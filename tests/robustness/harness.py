@@ -8,10 +8,12 @@ appending to a directory pytest is about to delete.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -156,3 +158,16 @@ def run_clean(store_dir: Path, seed: int, log_dir: Path, count: int, **kw: objec
         rc = writer.wait(60)
     assert rc == 0 and "DONE" in writer.stdout_text(), writer.describe()
     return writer
+
+
+@dataclass(frozen=True)
+class BaseStore:
+    """A store one writer filled to a clean shutdown, and that writer's ACKs."""
+
+    path: Path
+    acks: list[Ack]
+    seed: int
+
+    def copy_to(self, target: Path) -> Path:
+        shutil.copytree(self.path, target)
+        return target

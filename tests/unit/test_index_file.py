@@ -642,3 +642,30 @@ def test_random_bytes_never_crash_or_hang(
     svc.load()
     svc.query("T", "k1", 100, 0, FAR_FUTURE_MS)
     svc.close()
+
+
+# --- truncation (recovery cut the commitlog) ------------------------------------------------
+
+
+def test_truncate_drops_entries_past_the_cut_and_resumes_indexing(service: IndexService) -> None:
+    for i in range(6):
+        service.build_index(_req(i * 100, T0_MS + i * 1000, keys=f"k{i % 3}"))
+    assert service.truncate(300) == 3
+    assert service.max_indexed_offset == 200
+    assert service.query("T", "k0", 10, 0, FAR_FUTURE_MS) == [0]
+    assert service.query("T", "k1", 10, 0, FAR_FUTURE_MS) == [100]
+    # the records written in place of the cut ones are indexed, and chains stay sound
+    service.build_index(_req(300, T0_MS + 9000, keys="k0"))
+    assert service.query("T", "k0", 10, 0, FAR_FUTURE_MS) == [300, 0]
+    assert service.files[0].entry_count == 4
+
+
+def test_truncate_deletes_files_wholly_past_the_cut(service: IndexService) -> None:
+    n = SMALL["index_num"] + 5  # rolls into a second file
+    for i in range(n):
+        service.build_index(_req(i * 10, T0_MS, keys=f"k{i}"))
+    assert len(service.files) == 2
+    first_of_second = service.files[1].read_entry(1).phy_offset
+    service.truncate(first_of_second)
+    assert len(service.files) == 1
+    assert service.query("T", f"k{n - 1}", 10, 0, FAR_FUTURE_MS) == []
