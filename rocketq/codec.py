@@ -137,7 +137,9 @@ _FIXED: dict[tuple[bool, bool], struct.Struct] = {
 }
 FIXED_BYTES_V4 = _FIXED[(False, False)].size
 assert FIXED_BYTES_V4 == 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 == 84
-assert _FIXED[(True, True)].size == FIXED_BYTES_V4 + 2 * 12
+FIXED_BYTES_V6 = _FIXED[(True, True)].size
+"""The largest fixed part: enough bytes to read any record's header fields."""
+assert FIXED_BYTES_V6 == FIXED_BYTES_V4 + 2 * 12
 
 # Offsets of fields that readers peek at without decoding the whole record.
 OFFSET_TOTALSIZE = 0

@@ -169,29 +169,36 @@ class ConsumeQueue:
         return QueueOffset(lo)
 
     # -- recovery and retention ------------------------------------------------------------
-    def recover(self, commitlog_max_offset: int) -> None:
-        """Find the last valid unit; drop units pointing at or past the commitlog's end."""
-        files = self.files.files
-        # Walk files from the newest backwards to find the last written unit.
-        for mf in reversed(files):
-            mf.wrote_position = 0
-        end_at = 0
-        for mf in files:
-            view = mf.view
+    def find_written_end(self) -> int:
+        """Set each file's write position from its contents; return the queue's byte end.
+
+        Units are written in order and a written unit never has size 0, so the first empty
+        unit of a file is found by binary search; files after a partly written one are empty.
+        Writes nothing, so the read-only inspector uses it too.
+        """
+        end_at = self.files.min_offset()
+        full = True
+        for mf in self.files:
+            if not full:
+                mf.wrote_position = mf.flushed_position = 0
+                continue
             n_units = mf.file_size_bytes // CQ_UNIT_BYTES
-            lo, hi = 0, n_units  # units are written in order: binary search the first empty
+            lo, hi = 0, n_units
             while lo < hi:
                 mid = (lo + hi) // 2
-                _off, size, _tags = CQ_UNIT.unpack_from(view, mid * CQ_UNIT_BYTES)
+                _off, size, _tags = CQ_UNIT.unpack_from(mf.view, mid * CQ_UNIT_BYTES)
                 if size != 0:
                     lo = mid + 1
                 else:
                     hi = mid
             mf.wrote_position = mf.flushed_position = lo * CQ_UNIT_BYTES
             end_at = mf.file_from_offset + mf.wrote_position
-            if lo < n_units:
-                break
-        self.files.truncate(end_at)
+            full = lo == n_units
+        return end_at
+
+    def recover(self, commitlog_max_offset: int) -> None:
+        """Find the last valid unit; drop units pointing at or past the commitlog's end."""
+        self.files.truncate(self.find_written_end())
         # Now drop units whose record lies beyond the commitlog (its tail was torn).
         while self.max_offset > self.min_offset:
             u = self.unit(self.max_offset - 1)

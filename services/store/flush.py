@@ -72,6 +72,11 @@ class FlushService:
         self._cq_executor = ThreadPoolExecutor(1, thread_name_prefix="flush-logics")
         self.fsync_count = 0
 
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return bool(self._tasks)
+
     def start(self, initial_flushed_offset: int) -> None:
         self.flushed_offset = initial_flushed_offset
         self._wakeup = asyncio.Event()

@@ -90,31 +90,11 @@ def _open_queues(layout: StoreLayout, problems: list[str]) -> list[ConsumeQueue]
                 qdir, layout.units_per_file * CQ_UNIT_BYTES, create_ahead=False, readonly=True
             )
             problems.extend(cq.files.load())
-            _set_cq_positions(cq)
+            cq.find_written_end()
+            if cq.files.first is not None:
+                cq.min_logic_offset = cq.files.first.file_from_offset
             out.append(cq)
     return out
-
-
-def _set_cq_positions(cq: ConsumeQueue) -> None:
-    """Find each file's written length (first all-zero unit) without writing anything."""
-    found_end = False
-    for mf in cq.files:
-        if found_end:
-            mf.wrote_position = 0
-            continue
-        n = mf.file_size_bytes // CQ_UNIT_BYTES
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if int.from_bytes(mf.view[mid * 20 + 8 : mid * 20 + 12], "big"):
-                lo = mid + 1
-            else:
-                hi = mid
-        mf.wrote_position = lo * CQ_UNIT_BYTES
-        found_end = lo < n
-    first = cq.files.first
-    if first is not None:
-        cq.min_logic_offset = first.file_from_offset
 
 
 def iter_commitlog(layout: StoreLayout, problems: list[str]) -> Iterator[dict[str, Any]]:

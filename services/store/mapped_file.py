@@ -185,7 +185,10 @@ class MappedFileQueue:
         expected: int | None = None
         for name in names:
             if len(name) != FILE_NAME_DIGITS or not name.isdigit():
-                if not name.endswith(".tmp"):
+                if name.endswith(".tmp"):
+                    if not self.readonly:  # a creation cut short by a crash; never renamed in
+                        (self.directory / name).unlink(missing_ok=True)
+                else:
                     problems.append(f"{self.directory / name}: not a store file name, ignored")
                 continue
             start = int(name)

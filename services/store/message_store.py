@@ -173,8 +173,7 @@ class MessageStore:
         report.problems.extend(self.commitlog.files.load())
         report.problems.extend(self.queues.load())
         if self.index is not None:
-            self.index.load()
-            report.problems.extend(getattr(self.index, "problems", []))
+            report.problems.extend(self.index.load())
         recover_commitlog(self.commitlog, report.abnormal, self.checkpoint, report)
         recover_logics(self.commitlog, self.queues, self.dispatcher, report)
         cfg.abort_path.touch()
@@ -202,7 +201,7 @@ class MessageStore:
             self._retention_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retention_task
-        if self.flusher._tasks:
+        if self.flusher.running:
             await self.flusher.stop()
         else:
             self._flush_commitlog()

@@ -122,7 +122,7 @@ def _scan_start(commitlog: CommitLog, abnormal: bool, checkpoint: Checkpoint) ->
         i = index
         while i > 0:
             first = files[i].file_from_offset
-            ts = commitlog.read_store_timestamp(first, 8 + codec.FIXED_BYTES_V4 + 40)
+            ts = commitlog.read_store_timestamp(first, codec.FIXED_BYTES_V6)
             if ts is not None and limit and ts <= limit:
                 break
             i -= 1

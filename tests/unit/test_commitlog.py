@@ -395,3 +395,14 @@ def test_reloaded_files_count_as_full_until_recovered(tmp_path: Path) -> None:
     # load() alone does not know where data ends; recovery sets it (see test_message_store).
     assert again.files.files[0].wrote_position == SMALL_FILE_BYTES
     again.close()
+
+
+def test_load_removes_a_creation_cut_short_but_a_reader_leaves_it(tmp_path: Path) -> None:
+    from services.store.mapped_file import MappedFileQueue, file_name
+
+    leftover = tmp_path / (file_name(4096) + ".tmp")
+    leftover.write_bytes(b"")
+    assert MappedFileQueue(tmp_path, 4096, readonly=True).load() == []
+    assert leftover.exists()
+    assert MappedFileQueue(tmp_path, 4096).load() == []
+    assert not leftover.exists()
