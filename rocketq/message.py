@@ -1,0 +1,245 @@
+"""The message model every RocketQ user touches: what a producer sends, what a consumer gets.
+
+Plain dataclasses, no protobuf types (STYLE.md habit 4). A :class:`Message`'s tags, keys and
+delay are stored as record properties — TAGS, KEYS, DELAY — exactly as RocketMQ stores them
+(SPEC §11.1), so :meth:`Message.wire_properties` is the one place that folds them in.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from rocketq import codec
+from rocketq.codec import Prop
+
+#: Delay levels 1..18 (SPEC §8.1; level 1 = 1 s).
+DELAY_LEVEL_MAX = 18
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class MessageQueue:
+    """One queue of a topic on one broker group; sorts by topic, broker name, queue id."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}#{self.queue_id}"
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to send.
+
+    ``keys`` are business keys, indexed for :meth:`Admin.query_by_key`; give one string or
+    several. ``tags`` is the one tag consumers filter on. ``delay_level`` 1..18 delays delivery
+    (SPEC §8.1) and ``deliver_time_ms`` sets an absolute delivery time (both need the timer
+    service). ``properties`` are user properties; names RocketQ reserves are refused at send.
+    """
+
+    topic: str
+    body: bytes
+    tags: str = ""
+    keys: str | tuple[str, ...] | list[str] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+    delay_level: int = 0
+    deliver_time_ms: int = 0
+    wait_store_msg_ok: bool = True
+
+    @property
+    def key_list(self) -> list[str]:
+        if isinstance(self.keys, str):
+            return [k for k in self.keys.split(" ") if k]
+        return [k for k in self.keys if k]
+
+    def wire_properties(self) -> dict[str, str]:
+        """User properties plus TAGS / KEYS / DELAY / TIMER_DELIVER_MS / WAIT as stored."""
+        props = dict(self.properties)
+        if self.tags:
+            props[Prop.TAGS] = self.tags
+        keys = self.key_list
+        if keys:
+            props[Prop.KEYS] = " ".join(keys)
+        if self.delay_level:
+            props[Prop.DELAY_LEVEL] = str(self.delay_level)
+        if self.deliver_time_ms:
+            props[Prop.TIMER_DELIVER_MS] = str(self.deliver_time_ms)
+        if not self.wait_store_msg_ok:
+            props[Prop.WAIT_STORE_MSG_OK] = "false"
+        return props
+
+
+@dataclass(slots=True)
+class ReceivedMessage:
+    """A stored message as a consumer or a query returns it (RocketMQ's ``MessageExt``)."""
+
+    topic: str
+    body: bytes
+    properties: dict[str, str]
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    msg_id: str
+    offset_msg_id: str
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    born_host: str
+    store_host: str
+    reconsume_times: int = 0
+    sys_flag: int = 0
+    flag: int = 0
+    store_size_bytes: int = 0
+    body_crc: int = 0
+    prepared_transaction_offset: int = 0
+    broker_name: str = ""
+
+    @property
+    def tags(self) -> str:
+        return self.properties.get(Prop.TAGS, "")
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(Prop.KEYS, "").split(" ") if k]
+
+    @property
+    def message_queue(self) -> MessageQueue:
+        return MessageQueue(self.topic, self.broker_name, self.queue_id)
+
+    @classmethod
+    def from_record(cls, record: codec.Record, broker_name: str = "") -> ReceivedMessage:
+        body = record.body
+        if record.sys_flag & codec.SysFlag.COMPRESSED:
+            body = zlib.decompress(body)
+        offset_msg_id = record.offset_msg_id
+        return cls(
+            topic=record.topic,
+            body=body,
+            properties=record.properties,
+            queue_id=record.queue_id,
+            queue_offset=record.queue_offset,
+            commitlog_offset=record.physical_offset,
+            msg_id=record.properties.get(Prop.UNIQ_KEY, offset_msg_id),
+            offset_msg_id=offset_msg_id,
+            born_timestamp_ms=record.born_timestamp_ms,
+            store_timestamp_ms=record.store_timestamp_ms,
+            born_host=str(record.born_host),
+            store_host=str(record.store_host),
+            reconsume_times=record.reconsume_times,
+            sys_flag=record.sys_flag,
+            flag=record.flag,
+            store_size_bytes=record.total_size,
+            body_crc=record.body_crc,
+            prepared_transaction_offset=record.prepared_transaction_offset,
+            broker_name=broker_name,
+        )
+
+
+def decode_records(buf: bytes, broker_name: str = "") -> list[ReceivedMessage]:
+    """Decode a Pull response's concatenated records (CRC-checked)."""
+    return [ReceivedMessage.from_record(r, broker_name) for r in codec.iter_records(buf)]
+
+
+class SendStatus(enum.Enum):
+    """How durable a stored message is (SPEC §5.2). Anything but SEND_OK is still stored."""
+
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where a sent message was stored."""
+
+    status: SendStatus
+    msg_id: str
+    """Unique id (UNIQ_KEY), the same across producer retries."""
+    offset_msg_id: str
+    """Store host + commitlog offset; new on every store."""
+    message_queue: MessageQueue
+    queue_offset: int
+    transaction_id: str = ""
+
+
+# ---- unique message ids -------------------------------------------------------------------
+# RocketMQ's MessageClientIDSetter layout, 16 bytes as 32 hex characters:
+# | ip (4) | pid (2) | class-loader hash (4) | ms since month start (4) | counter (2) |
+# The third field has no meaning in Python; a per-process random value keeps ids of two
+# processes with a recycled pid apart.
+_UNIQ_PREFIX: bytes | None = None
+_uniq_lock = threading.Lock()
+_uniq_counter = 0
+_UNIQ_TAIL = struct.Struct(">iH")
+
+
+def _local_ipv4() -> bytes:
+    try:
+        return socket.inet_aton(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        return b"\x7f\x00\x00\x01"
+
+
+def _month_start_ms(now_ms: int) -> int:
+    t = time.gmtime(now_ms / 1000)
+    return int(time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, 0)) * 1000)
+
+
+_month_start = 0
+_month_end = 0
+
+
+def new_unique_id() -> str:
+    """A new UNIQ_KEY: 32 upper-case hex characters, unique across processes and time."""
+    global _UNIQ_PREFIX, _uniq_counter, _month_start, _month_end
+    now_ms = int(time.time() * 1000)
+    with _uniq_lock:
+        if _UNIQ_PREFIX is None:
+            _UNIQ_PREFIX = _local_ipv4() + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)
+        if now_ms >= _month_end:
+            _month_start = _month_start_ms(now_ms)
+            _month_end = _month_start + 31 * 24 * 3600 * 1000
+        _uniq_counter = (_uniq_counter + 1) & 0xFFFF
+        tail = _UNIQ_TAIL.pack((now_ms - _month_start) & 0x7FFFFFFF, _uniq_counter)
+        return (_UNIQ_PREFIX + tail).hex().upper()
+
+
+RESERVED_PROPERTIES = frozenset(
+    {
+        Prop.UNIQ_KEY,
+        Prop.REAL_TOPIC,
+        Prop.REAL_QUEUE_ID,
+        Prop.RETRY_TOPIC,
+        Prop.ORIGIN_MESSAGE_ID,
+        Prop.RECONSUME_TIME,
+        Prop.MAX_RECONSUME_TIMES,
+        Prop.MIN_OFFSET,
+        Prop.MAX_OFFSET,
+        Prop.TRANSACTION_PREPARED,
+        Prop.PRODUCER_GROUP,
+    }
+)
+
+
+def check_user_properties(props: Mapping[str, str] | Iterable[str]) -> None:
+    """Refuse reserved names and the two separator characters the record encoding uses."""
+    for name in props:
+        if name in RESERVED_PROPERTIES:
+            raise ValueError(f"property {name!r} is reserved for RocketQ; choose another name")
+        value = props[name] if isinstance(props, Mapping) else ""
+        for text in (name, value):
+            if codec.NAME_VALUE_SEPARATOR in text or codec.PROPERTY_SEPARATOR in text:
+                raise ValueError(
+                    f"property {name!r} contains U+0001 or U+0002, which the record encoding "
+                    "reserves; remove them"
+                )

@@ -1,0 +1,304 @@
+"""Broker configuration: RocketMQ's key names and defaults, from a file, environment and flags.
+
+Sources, later ones winning: defaults → a ``broker.conf`` properties file (``key=value`` lines,
+RocketMQ's own key names, so an existing broker.conf mostly works) → environment variables
+``ROCKETQ_<KEY>`` (``ROCKETQ_BROKERNAME`` or ``ROCKETQ_BROKER_NAME``) → command-line overrides.
+Unknown keys are an error that names the key, so a typo never silently does nothing.
+
+| key (RocketMQ name)                 | field                               | default          |
+|-------------------------------------|-------------------------------------|------------------|
+| brokerClusterName                   | cluster_name                        | DefaultCluster   |
+| brokerName                          | broker_name                         | broker-a         |
+| brokerId                            | broker_id                           | 0                |
+| listenAddress / listenPort          | listen_host / listen_port           | 0.0.0.0 / 10911  |
+| brokerIP1                           | advertised_host (clients dial it)   | 127.0.0.1        |
+| namesrvAddr                         | namesrv_addrs (``;``-separated)     | 127.0.0.1:9876   |
+| storePathRootDir                    | store_dir                           | ~/store          |
+| brokerRole                          | broker_role                         | ASYNC_MASTER     |
+| flushDiskType                       | flush_disk_type                     | ASYNC_FLUSH      |
+| … every other row of ``KEYS`` below |                                     |                  |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocketq import codec
+from rocketq.validation import MESSAGE_MAX_BYTES
+from services.store.config import StoreConfig
+from services.store.flush import FlushDiskType
+
+BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+
+
+@dataclass
+class BrokerConfig:
+    """Everything one broker process needs. Field docs give RocketMQ's key in brackets."""
+
+    cluster_name: str = "DefaultCluster"
+    """[brokerClusterName] Cluster the broker registers under."""
+    broker_name: str = "broker-a"
+    """[brokerName] Broker group name shared by a master and its slaves."""
+    broker_id: int = 0
+    """[brokerId] 0 = master, >= 1 = slave."""
+    listen_host: str = "0.0.0.0"
+    """[listenAddress] Interface the gRPC server binds."""
+    listen_port: int = 10911
+    """[listenPort] gRPC port; 0 picks a free one (tests)."""
+    advertised_host: str = "127.0.0.1"
+    """[brokerIP1] Host clients dial; registered with nameservers and written into records."""
+    namesrv_addrs: list[str] = field(default_factory=lambda: ["127.0.0.1:9876"])
+    """[namesrvAddr] Every nameserver, ``host:port;host:port``. Empty = do not register."""
+    store_dir: Path = field(default_factory=lambda: Path.home() / "store")
+    """[storePathRootDir] Root of the message store and config files."""
+    broker_role: str = "ASYNC_MASTER"
+    """[brokerRole] ASYNC_MASTER, SYNC_MASTER or SLAVE."""
+    flush_disk_type: str = "ASYNC_FLUSH"
+    """[flushDiskType] ASYNC_FLUSH or SYNC_FLUSH."""
+    broker_permission: int = 6
+    """[brokerPermission] 2, 4 or 6; turning write off drains producers (SPEC §2.4)."""
+    auto_create_topic_enable: bool = True
+    """[autoCreateTopicEnable] Create unknown topics on first send, 4 queues (SPEC §4.3)."""
+    auto_create_subscription_group: bool = True
+    """[autoCreateSubscriptionGroup] Create unknown consumer groups on first use."""
+    default_topic_queue_nums: int = 4
+    """[defaultTopicQueueNums] Queues of an auto-created topic."""
+    max_message_size_bytes: int = MESSAGE_MAX_BYTES
+    """[maxMessageSize] Limit of one message or one batch."""
+    long_polling_enable: bool = True
+    """[longPollingEnable] Hold empty pulls until a message arrives."""
+    short_polling_time_ms: int = 1000
+    """[shortPollingTimeMills] Hold time when long polling is off."""
+    pull_hold_check_interval_ms: int = 5000
+    """How often held pulls are re-checked (PullRequestHoldService's 5 s wait)."""
+    flush_consumer_offset_interval_ms: int = 5000
+    """[flushConsumerOffsetInterval] How often consumerOffset.json is written."""
+    register_name_server_period_ms: int = 30_000
+    """[registerNameServerPeriod] Registration heartbeat period, 10 000..60 000."""
+    broker_heartbeat_timeout_ms: int = 120_000
+    """How long nameservers keep this broker without a registration."""
+    channel_expired_timeout_ms: int = 120_000
+    """[channelExpiredTimeout] Drop a client this long after its last heartbeat."""
+    client_scan_interval_ms: int = 10_000
+    """How often expired clients are looked for."""
+    enable_property_filter: bool = False
+    """[enablePropertyFilter] Allow SQL92 subscriptions."""
+    commitlog_file_bytes: int = 1024 * 1024 * 1024
+    """[mappedFileSizeCommitLog]"""
+    consume_queue_units_per_file: int = 300_000
+    """[mappedFileSizeConsumeQueue] / 20"""
+    message_index_enable: bool = True
+    """[messageIndexEnable]"""
+    file_reserved_time_hours: float = 72
+    """[fileReservedTime]"""
+    delete_when: str = "04"
+    """[deleteWhen]"""
+    disk_max_used_space_ratio: int = 75
+    """[diskMaxUsedSpaceRatio]"""
+    sync_flush_timeout_ms: int = 5000
+    """[syncFlushTimeout]"""
+    flush_interval_commitlog_ms: int = 500
+    """[flushIntervalCommitLog]"""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.broker_role not in BROKER_ROLES:
+            raise ValueError(f"brokerRole {self.broker_role!r}: use one of {BROKER_ROLES}")
+        if self.flush_disk_type not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+            raise ValueError(f"flushDiskType {self.flush_disk_type!r}: ASYNC_FLUSH or SYNC_FLUSH")
+        if self.broker_id < 0:
+            raise ValueError(f"brokerId {self.broker_id}: must be >= 0")
+        if self.broker_permission not in (2, 4, 6):
+            raise ValueError(f"brokerPermission {self.broker_permission}: use 2, 4 or 6")
+        if not 1 <= self.default_topic_queue_nums <= 1024:
+            raise ValueError("defaultTopicQueueNums must be 1..1024")
+        if not 1024 <= self.max_message_size_bytes <= 64 * 1024 * 1024:
+            raise ValueError("maxMessageSize must be between 1 KiB and 64 MiB")
+        if not 0 <= self.listen_port <= 65535:
+            raise ValueError(f"listenPort {self.listen_port} is not a port number")
+
+    @property
+    def is_master(self) -> bool:
+        return self.broker_id == 0 and self.broker_role != "SLAVE"
+
+    def store_config(self, advertised_port: int) -> StoreConfig:
+        return StoreConfig(
+            store_dir=self.store_dir,
+            commitlog_file_bytes=self.commitlog_file_bytes,
+            consume_queue_units_per_file=self.consume_queue_units_per_file,
+            message_index_enable=self.message_index_enable,
+            flush_disk_type=FlushDiskType[self.flush_disk_type],
+            flush_interval_commitlog_ms=self.flush_interval_commitlog_ms,
+            sync_flush_timeout_ms=self.sync_flush_timeout_ms,
+            file_reserved_time_hours=self.file_reserved_time_hours,
+            delete_when=self.delete_when,
+            disk_max_used_space_ratio=self.disk_max_used_space_ratio,
+            disk_space_clean_forcibly_ratio=max(85, self.disk_max_used_space_ratio),
+            disk_space_warning_level_ratio=max(90, self.disk_max_used_space_ratio),
+            store_host=codec.HostAddress.parse(f"{self.advertised_host}:{advertised_port}"),
+        )
+
+    def as_properties(self) -> dict[str, str]:
+        """Every key with its effective value as text (Admin.GetBrokerConfig)."""
+        out: dict[str, str] = {}
+        for key, (name, _) in KEYS.items():
+            value = getattr(self, name)
+            if isinstance(value, list):
+                out[key] = ";".join(value)
+            elif isinstance(value, bool):
+                out[key] = "true" if value else "false"
+            else:
+                out[key] = str(value)
+        return out
+
+    def updated(self, changes: Mapping[str, str]) -> BrokerConfig:
+        """A copy with RocketMQ-named keys changed; raises ValueError naming a bad key/value."""
+        kwargs: dict[str, Any] = {}
+        for key, text in changes.items():
+            name, parse = lookup_key(key)
+            try:
+                kwargs[name] = parse(text.strip())
+            except ValueError as exc:
+                raise ValueError(f"{key}={text!r}: {exc}") from exc
+        return dataclasses.replace(self, **kwargs)
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _addrs(text: str) -> list[str]:
+    return [a.strip() for a in text.replace(",", ";").split(";") if a.strip()]
+
+
+Parser = Callable[[str], Any]
+
+#: RocketMQ key → (field, parser).
+KEYS: dict[str, tuple[str, Parser]] = {
+    "brokerClusterName": ("cluster_name", str),
+    "brokerName": ("broker_name", str),
+    "brokerId": ("broker_id", int),
+    "listenAddress": ("listen_host", str),
+    "listenPort": ("listen_port", int),
+    "brokerIP1": ("advertised_host", str),
+    "namesrvAddr": ("namesrv_addrs", _addrs),
+    "storePathRootDir": ("store_dir", lambda t: Path(t).expanduser()),
+    "brokerRole": ("broker_role", str.upper),
+    "flushDiskType": ("flush_disk_type", str.upper),
+    "brokerPermission": ("broker_permission", int),
+    "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
+    "autoCreateSubscriptionGroup": ("auto_create_subscription_group", _bool),
+    "defaultTopicQueueNums": ("default_topic_queue_nums", int),
+    "maxMessageSize": ("max_message_size_bytes", int),
+    "longPollingEnable": ("long_polling_enable", _bool),
+    "shortPollingTimeMills": ("short_polling_time_ms", int),
+    "pullHoldCheckIntervalMs": ("pull_hold_check_interval_ms", int),
+    "flushConsumerOffsetInterval": ("flush_consumer_offset_interval_ms", int),
+    "registerNameServerPeriod": ("register_name_server_period_ms", int),
+    "brokerHeartbeatTimeoutMs": ("broker_heartbeat_timeout_ms", int),
+    "channelExpiredTimeout": ("channel_expired_timeout_ms", int),
+    "clientScanIntervalMs": ("client_scan_interval_ms", int),
+    "enablePropertyFilter": ("enable_property_filter", _bool),
+    "mappedFileSizeCommitLog": ("commitlog_file_bytes", int),
+    "mappedFileUnitsConsumeQueue": ("consume_queue_units_per_file", int),
+    "messageIndexEnable": ("message_index_enable", _bool),
+    "fileReservedTime": ("file_reserved_time_hours", float),
+    "deleteWhen": ("delete_when", str),
+    "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", int),
+    "syncFlushTimeout": ("sync_flush_timeout_ms", int),
+    "flushIntervalCommitLog": ("flush_interval_commitlog_ms", int),
+}
+
+#: Keys that only take effect at startup (UpdateBrokerConfig answers FAILED_PRECONDITION).
+STARTUP_ONLY_KEYS = frozenset(
+    {
+        "brokerClusterName",
+        "brokerName",
+        "brokerId",
+        "listenAddress",
+        "listenPort",
+        "brokerIP1",
+        "storePathRootDir",
+        "brokerRole",
+        "flushDiskType",
+        "mappedFileSizeCommitLog",
+        "mappedFileUnitsConsumeQueue",
+        "messageIndexEnable",
+    }
+)
+
+_BY_LOWER = {k.lower(): k for k in KEYS}
+_BY_LOWER.update({k.lower().replace("_", ""): k for k in KEYS})
+
+
+def lookup_key(key: str) -> tuple[str, Parser]:
+    canonical = _BY_LOWER.get(key.lower().replace("_", ""))
+    if canonical is None:
+        raise ValueError(
+            f"unknown broker config key {key!r}; known keys: {', '.join(sorted(KEYS))}"
+        )
+    return KEYS[canonical]
+
+
+def canonical_key(key: str) -> str:
+    canonical = _BY_LOWER.get(key.lower().replace("_", ""))
+    if canonical is None:
+        raise ValueError(f"unknown broker config key {key!r}")
+    return canonical
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """Parse a Java-style properties file: ``key=value``, ``#``/``!`` comments."""
+    out: dict[str, str] = {}
+    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if sep < 0:
+            raise ValueError(f"{path}:{lineno}: expected key=value, got {raw!r}")
+        out[line[:sep].strip()] = line[sep + 1 :].strip()
+    return out
+
+
+ENV_PREFIX = "ROCKETQ_"
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``ROCKETQ_<KEY>`` variables that name broker keys (others are ignored: they belong to
+    other components, e.g. ROCKETQ_FAILPOINTS)."""
+    out: dict[str, str] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX) :].lower().replace("_", "")
+        if key in _BY_LOWER:
+            out[_BY_LOWER[key]] = value
+    return out
+
+
+def load(
+    config_file: Path | None = None,
+    overrides: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> BrokerConfig:
+    """Defaults ← file ← environment ← overrides."""
+    changes: dict[str, str] = {}
+    if config_file is not None:
+        changes.update(read_properties(config_file))
+    changes.update(from_environment(os.environ if environ is None else environ))
+    for key, value in (overrides or {}).items():
+        changes[canonical_key(key)] = value
+    return BrokerConfig().updated(changes)

@@ -1,0 +1,61 @@
+"""gRPC server bootstrap shared by every RocketQ service (DESIGN.md §1).
+
+Every service runs one ``grpc.aio`` server on one event loop, exposes the standard health
+service (``grpc.health.v1``, which Kubernetes' native gRPC probes call) and reflection (so
+``grpcurl`` works without proto files). Message limits sit above the 4 MiB message limit so that
+RocketQ's own size check, not the transport, answers an oversized send with a clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+#: Transport limit for requests and responses: a 4 MiB batch plus headroom for its framing.
+GRPC_MESSAGE_MAX_BYTES = 16 * 1024 * 1024
+
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", GRPC_MESSAGE_MAX_BYTES),
+    ("grpc.max_send_message_length", GRPC_MESSAGE_MAX_BYTES),
+    # Clients keep a ClientStream open for hours; let them ping it to detect dead peers.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def create_server() -> grpc.aio.Server:
+    """A server with RocketQ's transport options; add servicers, then :func:`finish_setup`."""
+    return grpc.aio.server(options=SERVER_OPTIONS)
+
+
+def finish_setup(
+    server: grpc.aio.Server, service_names: Iterable[str], listen: str
+) -> tuple[health.aio.HealthServicer, int]:
+    """Register health and reflection and bind ``listen`` ("host:port", port 0 = any free).
+
+    Returns the health servicer (to flip to NOT_SERVING on shutdown) and the bound port.
+    """
+    names = list(service_names)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}: the address is taken or not local")
+    return health_servicer, port
+
+
+async def set_serving(health_servicer: health.aio.HealthServicer, names: Iterable[str]) -> None:
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
+async def set_not_serving(health_servicer: health.aio.HealthServicer, names: Iterable[str]) -> None:
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
