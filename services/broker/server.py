@@ -1,0 +1,267 @@
+"""Broker process wiring: config → store → managers → gRPC services → registration.
+
+Everything runs on one asyncio event loop (DESIGN.md §1): handlers, dispatch, long polling and
+the background loops below. Only fsyncs leave the loop (the store's flush thread).
+
+Startup order matters:
+1. bind the port first, so the advertised address (written into every record's store host and
+   every offset message id) is known before the store opens;
+2. open the store (recovery) and load topics, groups and offsets;
+3. start serving, then register with every nameserver — a broker is routable only when it can
+   answer;
+4. write the ready file.
+
+Shutdown (SIGTERM/SIGINT) runs the reverse: health NOT_SERVING, unregister from the
+nameservers (clients stop choosing us at their next route refresh), stop accepting calls with a
+short grace, persist consumer offsets, then the store's clean shutdown (flush, checkpoint,
+remove ``abort``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable
+from pathlib import Path
+
+from rocketq._api.rocketq.v1 import (
+    admin_pb2_grpc,
+    common_pb2,
+    messaging_pb2_grpc,
+    nameserver_pb2,
+)
+from services.broker import config as broker_config
+from services.broker.admin_service import AdminService, load_persisted_overrides
+from services.broker.client_manager import ClientManager
+from services.broker.config import BrokerConfig
+from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.messaging_service import MessagingService
+from services.broker.model import TopicConfig
+from services.broker.pull_hold import PullHoldService
+from services.broker.registration import BrokerRegistrar
+from services.broker.subscription_group_manager import SubscriptionGroupManager
+from services.broker.topic_config_manager import TopicConfigManager
+from services.common import grpc_server
+from services.common.clock import SYSTEM_CLOCK
+from services.store.message_store import MessageStore
+
+log = logging.getLogger("rocketq.broker")
+
+SERVICE_NAMES = ("rocketq.v1.Messaging", "rocketq.v1.Admin")
+SHUTDOWN_GRACE_S = 1.0
+
+
+def write_ready_file(path: Path, addr: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"addr": addr, "pid": os.getpid()}))
+    tmp.rename(path)
+
+
+class Broker:
+    """One broker process's components, started and stopped in order."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.clock = SYSTEM_CLOCK
+        self.server = grpc_server.create_server()
+        self.advertised_addr = ""
+        self.tasks: list[asyncio.Task[None]] = []
+        self.stopped = asyncio.Event()
+
+    async def start(self) -> str:
+        cfg = self.config
+        health, port = grpc_server.finish_setup(
+            self.server, SERVICE_NAMES, f"{cfg.listen_host}:{cfg.listen_port}"
+        )
+        self.health = health
+        self.advertised_addr = f"{cfg.advertised_host}:{port}"
+        store_cfg = cfg.store_config(advertised_port=port)
+        self.store = MessageStore(store_cfg, clock=self.clock)
+        report = self.store.open()
+        log.info("store opened: %s", report)
+        config_dir = store_cfg.config_dir
+        self.topics = TopicConfigManager(cfg, config_dir, self.clock)
+        self.topics.load()
+        self.groups = SubscriptionGroupManager(cfg, config_dir)
+        self.groups.load()
+        self.offsets = ConsumerOffsetManager(config_dir, self.clock)
+        self.offsets.load()
+        self.clients = ClientManager(cfg, self.clock, group_config=self.groups.get)
+        self.hold = PullHoldService(cfg, self.store, self.clock)
+        self.registrar = BrokerRegistrar(
+            cfg.namesrv_addrs,
+            self._registration,
+            period_ms=cfg.register_name_server_period_ms,
+        )
+        self.topics.on_change.append(self.registrar.trigger)
+        messaging = MessagingService(
+            config=cfg,
+            store=self.store,
+            topics=self.topics,
+            groups=self.groups,
+            offsets=self.offsets,
+            clients=self.clients,
+            hold=self.hold,
+            clock=self.clock,
+        )
+        admin = AdminService(
+            config=cfg,
+            store=self.store,
+            topics=self.topics,
+            groups=self.groups,
+            offsets=self.offsets,
+            clients=self.clients,
+            hold=self.hold,
+            registrar_trigger=self.registrar.trigger,
+            advertised_addr=self.advertised_addr,
+            started_ms=self.clock.now_ms(),
+            clock=self.clock,
+        )
+        messaging_pb2_grpc.add_MessagingServicer_to_server(messaging, self.server)
+        admin_pb2_grpc.add_AdminServicer_to_server(admin, self.server)
+        await self.store.start()
+        await self.server.start()
+        self._spawn(self.offsets.run_persist_loop(cfg.flush_consumer_offset_interval_ms))
+        self._spawn(self.clients.run_scan_loop())
+        self._spawn(self.hold.run())
+        await grpc_server.set_serving(health, SERVICE_NAMES)
+        if cfg.namesrv_addrs:
+            await self.registrar.start()
+        log.info(
+            "broker %s (cluster %s, id %d) serving at %s, store %s",
+            cfg.broker_name,
+            cfg.cluster_name,
+            cfg.broker_id,
+            self.advertised_addr,
+            cfg.store_dir,
+        )
+        return self.advertised_addr
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background task failed")
+
+        self.tasks.append(asyncio.create_task(guarded()))
+
+    def _registration(self) -> nameserver_pb2.RegisterBrokerRequest:
+        cfg = self.config
+        ts, counter = self.topics.data_version
+        return nameserver_pb2.RegisterBrokerRequest(
+            cluster_name=cfg.cluster_name,
+            broker_addr=self.advertised_addr,
+            broker_name=cfg.broker_name,
+            broker_id=cfg.broker_id,
+            ha_server_addr=self.advertised_addr if cfg.is_master else "",
+            topic_configs=[self._registered_topic(t).to_pb() for t in self.topics.all()],
+            data_version=common_pb2.DataVersion(timestamp_ms=ts, counter=counter),
+            heartbeat_timeout_ms=cfg.broker_heartbeat_timeout_ms,
+        )
+
+    def _registered_topic(self, topic: TopicConfig) -> TopicConfig:
+        # A broker whose permission lacks write (being drained, SPEC §2.4) registers every topic
+        # with its perm masked, so producers stop choosing it while consumers keep reading.
+        perm = topic.perm & self.config.broker_permission
+        if perm == topic.perm:
+            return topic
+        return dataclasses.replace(topic, perm=perm)
+
+    async def stop(self) -> None:
+        log.info("broker shutting down")
+        with contextlib.suppress(Exception):
+            await grpc_server.set_not_serving(self.health, SERVICE_NAMES)
+        cfg = self.config
+        await self.registrar.stop(
+            nameserver_pb2.UnregisterBrokerRequest(
+                cluster_name=cfg.cluster_name,
+                broker_addr=self.advertised_addr,
+                broker_name=cfg.broker_name,
+                broker_id=cfg.broker_id,
+            )
+        )
+        await self.server.stop(SHUTDOWN_GRACE_S)
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.offsets.persist()
+        await self.store.shutdown()
+        log.info("broker stopped cleanly")
+
+
+async def serve(config: BrokerConfig, ready_file: Path | None) -> None:
+    broker = Broker(config)
+    addr = await broker.start()
+    if ready_file is not None:
+        write_ready_file(ready_file, addr)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="rocketq broker", description="Run a RocketQ broker (master role)."
+    )
+    parser.add_argument("-c", "--config", type=Path, help="broker.conf (key=value, RocketMQ keys)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. --set brokerName=broker-b (repeatable)",
+    )
+    parser.add_argument("--ready-file", type=Path, help="write {addr, pid} JSON here when serving")
+    return parser.parse_args(argv)
+
+
+def load_config(args: argparse.Namespace) -> BrokerConfig:
+    overrides: dict[str, str] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        overrides[broker_config.canonical_key(key.strip())] = value
+    first = broker_config.load(args.config, overrides)
+    # Changes made at runtime with UpdateBrokerConfig live in the store's config dir; they win
+    # over the file, and explicit flags win over them.
+    persisted = load_persisted_overrides(first.store_dir / "config")
+    if not persisted:
+        return first
+    merged = {**persisted, **overrides}
+    return broker_config.load(args.config, merged)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=os.environ.get("ROCKETQ_LOG_LEVEL", "INFO"),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    args = parse_args(argv)
+    try:
+        config = load_config(args)
+    except (ValueError, OSError) as exc:
+        print(f"rocketq broker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(config, args.ready_file))
+    except OSError as exc:
+        print(f"rocketq broker: {exc}", file=sys.stderr)
+        return 1
+    return 0

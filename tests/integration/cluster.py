@@ -1,0 +1,228 @@
+"""Real RocketQ processes for integration tests: nameservers and brokers on loopback ports.
+
+Every process is started with ``python -m services.<name>``, listens on 127.0.0.1 port 0 and
+reports its address through a ready file (JSON ``{"addr", "pid"}`` written atomically), so tests
+never guess ports and never race on them. Logs go to ``<dir>/<name>.log``; a test that fails can
+print them with :meth:`ServiceProcess.log_tail`.
+
+    with cluster(tmp_path, brokers=2) as c:
+        c.namesrv_addrs          # ["127.0.0.1:PORT"]
+        c.brokers[0].addr        # "127.0.0.1:PORT"
+        c.brokers[1].kill()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READY_TIMEOUT_S = 30.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    proc: subprocess.Popen[bytes]
+    addr: str
+    workdir: Path
+    log_path: Path
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.addr.rsplit(":", 1)[1])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM and wait: the clean shutdown path. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError(
+                f"{self.name} did not stop within {timeout_s}s\n{self.log_tail()}"
+            ) from exc
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def wait_exit(self, timeout_s: float = 20.0) -> int:
+        return self.proc.wait(timeout_s)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def spawn(
+    name: str,
+    module: str,
+    args: list[str],
+    workdir: Path,
+    env: dict[str, str] | None = None,
+) -> ServiceProcess:
+    """Start ``python -m module args --ready-file F`` and wait for its ready file."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready = workdir / f"{name}.ready"
+    ready.unlink(missing_ok=True)
+    log_path = workdir / f"{name}.log"
+    argv = [sys.executable, "-m", module, *args, "--ready-file", str(ready)]
+    full_env = _env()
+    if env:
+        full_env.update(env)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=str(workdir)
+        )
+    sp = ServiceProcess(name, proc, "", workdir, log_path, argv)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited with {proc.returncode}\n{sp.log_tail()}")
+        try:
+            sp.addr = json.loads(ready.read_text())["addr"]
+            return sp
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"{name} not ready within {READY_TIMEOUT_S}s\n{sp.log_tail()}")
+
+
+def start_nameserver(tmp_path: Path, *args: str, name: str = "namesrv") -> ServiceProcess:
+    return spawn(
+        name,
+        "services.nameserver",
+        ["--listen", "127.0.0.1:0", *args],
+        tmp_path / name,
+    )
+
+
+def broker_args(
+    store_dir: Path, namesrv_addrs: list[str], name: str, config_keys: dict[str, object]
+) -> list[str]:
+    keys: dict[str, object] = {
+        "brokerName": name,
+        "listenAddress": "127.0.0.1",
+        "listenPort": 0,
+        "brokerIP1": "127.0.0.1",
+        "namesrvAddr": ";".join(namesrv_addrs),
+        "storePathRootDir": store_dir,
+        # small files keep tests fast and their temp dirs small
+        "mappedFileSizeCommitLog": 64 * 1024 * 1024,
+        "mappedFileUnitsConsumeQueue": 30_000,
+        "registerNameServerPeriod": 2000,
+    }
+    keys.update(config_keys)
+    out: list[str] = []
+    for key, value in keys.items():
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        out += ["--set", f"{key}={text}"]
+    return out
+
+
+def start_broker(
+    tmp_path: Path,
+    namesrv_addrs: list[str],
+    name: str = "broker-a",
+    env: dict[str, str] | None = None,
+    **config_keys: object,
+) -> ServiceProcess:
+    """Start a broker; ``config_keys`` are RocketMQ key names (``autoCreateTopicEnable=False``)."""
+    workdir = tmp_path / name
+    store_dir = Path(str(config_keys.pop("storePathRootDir", workdir / "store")))
+    args = broker_args(store_dir, namesrv_addrs, name, config_keys)
+    return spawn(name, "services.broker", args, workdir, env)
+
+
+def restart(sp: ServiceProcess) -> ServiceProcess:
+    """Start the same command again (same data dir); the port may differ if it was 0."""
+    args = sp.argv[3:]
+    ready_idx = args.index("--ready-file")
+    args = args[:ready_idx] + args[ready_idx + 2 :]
+    module = sp.argv[2]
+    return spawn(sp.name, module, args, sp.workdir)
+
+
+@dataclass
+class Cluster:
+    nameservers: list[ServiceProcess]
+    brokers: list[ServiceProcess]
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        return [n.addr for n in self.nameservers]
+
+    @property
+    def namesrv(self) -> str:
+        return ";".join(self.namesrv_addrs)
+
+
+def wait_for(predicate: object, timeout_s: float = 10.0, interval_s: float = 0.05) -> None:
+    """Poll ``predicate()`` until it is truthy; fail with the timeout otherwise."""
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+@contextlib.contextmanager
+def cluster(
+    tmp_path: Path, brokers: int = 1, nameservers: int = 1, **config_keys: object
+) -> Iterator[Cluster]:
+    """Nameservers and broker masters broker-a, broker-b, …; all stopped (killed if stuck) after."""
+    started: list[ServiceProcess] = []
+    try:
+        ns = [start_nameserver(tmp_path, name=f"namesrv{i}") for i in range(nameservers)]
+        started += ns
+        addrs = [n.addr for n in ns]
+        bs = []
+        for i in range(brokers):
+            b = start_broker(tmp_path, addrs, name=f"broker-{chr(ord('a') + i)}", **config_keys)
+            started.append(b)
+            bs.append(b)
+        yield Cluster(ns, bs)
+    finally:
+        for sp in reversed(started):
+            if sp.alive():
+                with contextlib.suppress(AssertionError):
+                    sp.stop(timeout_s=15)
