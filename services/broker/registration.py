@@ -1,0 +1,155 @@
+"""The broker's side of SPEC §2.3: register with every nameserver, then heartbeat every 30 s.
+
+A broker lists every nameserver itself (nameservers never talk to each other), so it registers
+with each one separately and concurrently: one slow or dead nameserver must not delay the
+others, nor the broker. The registration *is* the heartbeat and carries the full topic list, so
+it is rebuilt by ``build_request`` each round and nothing is diffed here.
+
+``trigger()`` asks for a round as soon as possible (a topic was created or deleted); triggers
+arriving while a round is in flight coalesce into one more round, so a burst of topic changes
+costs at most two registrations. The background loop never raises: a nameserver that is down,
+refuses the broker or times out is logged, once when it starts failing and once when it
+recovers, and retried on the next round. ``stop()`` unregisters from every nameserver so routes
+drop the broker at once instead of after the 120 s expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from rocketq._api.rocketq.v1 import nameserver_pb2, nameserver_pb2_grpc
+from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", GRPC_MESSAGE_MAX_BYTES),
+    ("grpc.max_send_message_length", GRPC_MESSAGE_MAX_BYTES),
+]
+"""Same limits as the servers: a broker with many topics sends a large registration."""
+
+
+class BrokerRegistrar:
+    """Keeps this broker registered with every nameserver in ``namesrv_addrs``."""
+
+    def __init__(
+        self,
+        namesrv_addrs: list[str],
+        build_request: Callable[[], nameserver_pb2.RegisterBrokerRequest],
+        period_ms: int = 30_000,
+        timeout_ms: int = 3_000,
+    ) -> None:
+        self.namesrv_addrs = list(dict.fromkeys(namesrv_addrs))  # a duplicate would register twice
+        self._build_request = build_request
+        self._period_s = period_ms / 1000
+        self._timeout_s = timeout_ms / 1000
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failing: set[str] = set()
+        self._stopped = False
+        self.last_master_addr = ""
+        """For a slave: the master's gRPC address the nameservers last reported ("" if none)."""
+        self.last_ha_server_addr = ""
+        """For a slave: the master's replication address the nameservers last reported."""
+        self.rounds = 0
+        """Registration rounds completed (whatever their outcome); handy for tests and stats."""
+
+    async def start(self) -> None:
+        """Register with every nameserver now, then every period in a background task."""
+        for addr in self.namesrv_addrs:
+            self._channels[addr] = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+        await self._register_all()
+        self._task = asyncio.create_task(self._run(), name="nameserver-registration")
+
+    def trigger(self) -> None:
+        """Register again soon (coalesced with other triggers), e.g. after a topic change."""
+        self._wake.set()
+
+    async def stop(self, unregister: nameserver_pb2.UnregisterBrokerRequest | None) -> None:
+        """Stop heartbeating, unregister from every nameserver (if given), close channels."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if unregister is not None:
+            await asyncio.gather(*(self._unregister_one(a, unregister) for a in self._channels))
+        await asyncio.gather(*(ch.close() for ch in self._channels.values()))
+        self._channels.clear()
+
+    # -- internals -------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):  # the period elapsed: a plain heartbeat
+                await asyncio.wait_for(self._wake.wait(), self._period_s)
+            self._wake.clear()
+            try:
+                await self._register_all()
+            except Exception:  # never let one bad round end the heartbeat for good
+                log.exception("nameserver registration round failed")
+
+    async def _register_all(self) -> None:
+        try:
+            request = self._build_request()
+        except Exception:
+            log.exception("cannot build the nameserver registration; retrying next round")
+            return
+        responses = await asyncio.gather(
+            *(self._register_one(addr, request) for addr in self._channels)
+        )
+        answered = [r for r in responses if r is not None]
+        if answered:
+            # Nameservers may briefly disagree (one has not seen the master yet); prefer one
+            # that knows the master.
+            best = next((r for r in answered if r.master_addr), answered[0])
+            if best.master_addr != self.last_master_addr:
+                log.info("master address now %r", best.master_addr)
+            self.last_master_addr = best.master_addr
+            self.last_ha_server_addr = best.ha_server_addr
+        self.rounds += 1
+
+    async def _register_one(
+        self, addr: str, request: nameserver_pb2.RegisterBrokerRequest
+    ) -> nameserver_pb2.RegisterBrokerResponse | None:
+        stub = nameserver_pb2_grpc.NameServerStub(self._channels[addr])
+        try:
+            response: nameserver_pb2.RegisterBrokerResponse = await stub.RegisterBroker(
+                request, timeout=self._timeout_s
+            )
+        except Exception as exc:
+            if addr not in self._failing:
+                self._failing.add(addr)
+                log.warning("cannot register with nameserver %s: %s", addr, _describe(exc))
+            else:
+                log.debug("still cannot register with nameserver %s: %s", addr, _describe(exc))
+            return None
+        if addr in self._failing:
+            self._failing.discard(addr)
+            log.info("registered with nameserver %s again", addr)
+        else:
+            log.debug("registered with nameserver %s", addr)
+        return response
+
+    async def _unregister_one(
+        self, addr: str, request: nameserver_pb2.UnregisterBrokerRequest
+    ) -> None:
+        stub = nameserver_pb2_grpc.NameServerStub(self._channels[addr])
+        try:
+            await stub.UnregisterBroker(request, timeout=self._timeout_s)
+        except Exception as exc:  # shutdown goes on; the nameserver expires us in 120 s anyway
+            log.warning("cannot unregister from nameserver %s: %s", addr, _describe(exc))
+        else:
+            log.info("unregistered from nameserver %s", addr)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
