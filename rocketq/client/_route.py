@@ -1,0 +1,125 @@
+"""A topic's route as the SDK caches it: which broker groups host its queues, and where they are.
+
+The nameserver answers ``GetRouteInfoByTopic`` with a ``TopicRouteData`` (SPEC §2.2); this module
+turns it into plain frozen data and answers the two questions clients ask of it:
+
+- ``write_queues()``: where a producer may send. Queue data with the write perm whose broker
+  group has a live master (brokerId 0), ids ``[0, write_queue_nums)``.
+- ``read_queues()``: what consumers read. Queue data with the read perm, ids
+  ``[0, read_queue_nums)``; no master needed, consumers read from slaves too.
+
+Read and write counts differ on purpose (SPEC §4.3): write 8 / read 4 means producers write
+queues 0-7 while consumers read only 0-3, which is how an operator shrinks a topic.
+
+Auto-create (SPEC §4.3): when a topic has no route, a producer borrows the route of the template
+topic (TBW102), caps each broker's queue count at its ``default_topic_queue_nums`` and caches the
+result under the real topic with ``default_topic`` set, so sends ask the broker to create it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from rocketq._api.rocketq.v1 import nameserver_pb2
+from rocketq.message import MessageQueue
+from rocketq.validation import is_readable, is_writeable
+
+MASTER_ID = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueData:
+    """The queues of one topic on one broker group."""
+
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+
+
+@dataclass(frozen=True)
+class TopicRoute:
+    """One topic's queues and the addresses of the broker groups hosting them."""
+
+    topic: str
+    queues: tuple[QueueData, ...]
+    brokers: dict[str, dict[int, str]] = field(default_factory=dict)
+    """Broker group name -> broker id -> "host:port"; id 0 is the master."""
+    default_topic: str = ""
+    """Non-empty for a provisional route borrowed from this template topic (auto-create)."""
+
+    def write_queues(self) -> list[MessageQueue]:
+        """Writable queues on broker groups with a live master, sorted."""
+        out = [
+            MessageQueue(self.topic, qd.broker_name, qid)
+            for qd in self.queues
+            if is_writeable(qd.perm) and self.master_addr(qd.broker_name)
+            for qid in range(qd.write_queue_nums)
+        ]
+        out.sort()
+        return out
+
+    def read_queues(self) -> list[MessageQueue]:
+        """Readable queues, sorted."""
+        out = [
+            MessageQueue(self.topic, qd.broker_name, qid)
+            for qd in self.queues
+            if is_readable(qd.perm)
+            for qid in range(qd.read_queue_nums)
+        ]
+        out.sort()
+        return out
+
+    def master_addr(self, broker_name: str) -> str | None:
+        """The master's address of a broker group, or None when it is down."""
+        return self.brokers.get(broker_name, {}).get(MASTER_ID)
+
+    def broker_addr(self, broker_name: str, broker_id: int) -> str | None:
+        """That broker's address; else the master's; else the lowest-id slave's; else None."""
+        addrs = self.brokers.get(broker_name)
+        if not addrs:
+            return None
+        if broker_id in addrs:
+            return addrs[broker_id]
+        if MASTER_ID in addrs:
+            return addrs[MASTER_ID]
+        return addrs[min(addrs)]
+
+    def all_broker_addrs(self) -> set[str]:
+        """Every broker address (masters and slaves) of the route."""
+        return {addr for ids in self.brokers.values() for addr in ids.values()}
+
+    def borrowed_for(self, topic: str, queue_nums: int) -> TopicRoute:
+        """This (template topic) route reused for ``topic`` until it has its own (SPEC §4.3)."""
+        queues = tuple(
+            replace(
+                qd,
+                read_queue_nums=min(queue_nums, qd.read_queue_nums),
+                write_queue_nums=min(queue_nums, qd.read_queue_nums),
+            )
+            for qd in self.queues
+        )
+        return TopicRoute(topic, queues, self.brokers, default_topic=self.topic)
+
+    @classmethod
+    def from_pb(cls, topic: str, pb: nameserver_pb2.TopicRouteData) -> TopicRoute:
+        queues = tuple(
+            sorted(
+                (
+                    QueueData(
+                        q.broker_name,
+                        q.read_queue_nums,
+                        q.write_queue_nums,
+                        q.perm,
+                        q.topic_sys_flag,
+                    )
+                    for q in pb.queues
+                ),
+                key=lambda q: q.broker_name,
+            )
+        )
+        brokers = {
+            b.broker_name: {int(i): a for i, a in b.broker_addrs.items()} for b in pb.brokers
+        }
+        return cls(topic, queues, brokers)
