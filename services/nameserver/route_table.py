@@ -28,7 +28,11 @@ Rules, and why:
 - Failover epochs (DESIGN.md §6): a master registration whose epoch is older than the live
   master's at another address is refused; the old master has not noticed it was replaced.
   An equal epoch wins (static roles all have epoch 0, and a restarted master may get a new port).
-- A master registration whose data version equals the one already held skips the rebuild.
+- Every master registration rebuilds the group's queue data, even when its data version is
+  unchanged: the broker masks topic perms with its own ``brokerPermission`` (drained brokers,
+  SPEC §2.4) without bumping the version, and a rebuild costs no more than comparing would.
+- User topics may register perm 0 (besides 2, 4, 6): a write-only topic on a broker drained to
+  read-only masks to 0, and refusing it would refuse the whole heartbeat.
 
 Requests arrive validated by :func:`check_register` (called by :meth:`RouteTable.register`);
 errors are :class:`~services.common.errors.ServiceError` with the status the proto documents.
@@ -183,10 +187,7 @@ class RouteTable:
             self._live.pop(displaced, None)
             log.warning("broker %s id %d moved from %s to %s", name, broker_id, displaced, addr)
         group.addrs[broker_id] = addr
-        version = (request.data_version.timestamp_ms, request.data_version.counter)
-        if broker_id == MASTER_ID and not (
-            old is not None and version != (0, 0) and old.data_version == version
-        ):
+        if broker_id == MASTER_ID:
             self._replace_queue_data(name, request.topic_configs)
         self._live[addr] = _Live(
             cluster=request.cluster_name,
@@ -200,7 +201,7 @@ class RouteTable:
                 if request.HasField("heartbeat_timeout_ms")
                 else DEFAULT_HEARTBEAT_TIMEOUT_MS
             ),
-            data_version=version,
+            data_version=(request.data_version.timestamp_ms, request.data_version.counter),
             ha_server_addr=request.ha_server_addr,
             epoch=request.epoch,
         )
@@ -426,7 +427,7 @@ def _check_topic_config(cfg: common_pb2.TopicConfig, *, system: bool) -> None:
         if system:
             if not 0 <= cfg.perm <= PERM_ALL_BITS:
                 raise ValueError(f"perm is {cfg.perm}; a system topic's perm must be in 0..7")
-        else:
+        elif cfg.perm != 0:  # 0: see the module docstring (a masked, drained topic)
             check_perm(cfg.perm)
     except ValueError as exc:
         _illegal(f"topic config {cfg.topic_name!r}: {exc}", topic=cfg.topic_name)

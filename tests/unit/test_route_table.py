@@ -85,14 +85,17 @@ def test_register_replaces_the_groups_topics(table: RouteTable) -> None:
     assert table.all_topics() == ["new", "orders"]
 
 
-def test_same_data_version_skips_rebuild_but_new_version_rebuilds(table: RouteTable) -> None:
+def test_same_data_version_still_rebuilds(table: RouteTable) -> None:
+    # A drained broker masks perms without bumping its version; the change must still show.
     v1 = common_pb2.DataVersion(timestamp_ms=1, counter=1)
-    table.register(reg(topics=[topic("orders")], data_version=v1))
-    # Same version: the broker has not changed its topics; what it sends is not re-read.
-    table.register(reg(topics=[], data_version=v1))
-    assert table.all_topics() == ["orders"]
-    table.register(reg(topics=[], data_version=common_pb2.DataVersion(timestamp_ms=2, counter=2)))
-    assert table.all_topics() == []
+    table.register(reg(topics=[topic("orders", perm=6), topic("w", perm=2)], data_version=v1))
+    table.register(reg(topics=[topic("orders", perm=4), topic("w", perm=0)], data_version=v1))
+    route = table.route("orders")
+    assert route is not None and route.queues[0].perm == 4
+    route = table.route("w")
+    assert route is not None and route.queues[0].perm == 0
+    live = table.cluster_info().live_brokers[0]
+    assert (live.data_version.timestamp_ms, live.data_version.counter) == (1, 1)
 
 
 def test_slave_registration_adds_address_only(table: RouteTable) -> None:
