@@ -217,7 +217,7 @@ def cluster(
         addrs = [n.addr for n in ns]
         bs = []
         for i in range(brokers):
-            b = start_broker(tmp_path, addrs, name=f"broker-{chr(ord('a') + i)}", **config_keys)
+            b = start_broker(tmp_path, addrs, f"broker-{chr(ord('a') + i)}", None, **config_keys)
             started.append(b)
             bs.append(b)
         yield Cluster(ns, bs)
