@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from rocketq.cli.admin_cmd import ADMIN_COMMANDS
 from rocketq.cli.store_cmd import store
 
 
@@ -14,6 +15,8 @@ def cli() -> None:
 
 
 cli.add_command(store)
+for _command in ADMIN_COMMANDS:
+    cli.add_command(_command)
 
 
 def main() -> None:

@@ -1,0 +1,729 @@
+"""The administration client: RocketQ's ``mqadmin`` as an asyncio library.
+
+:class:`Admin` talks to the nameservers (cluster map, routes, topic names) and to the brokers'
+``Admin`` and ``Messaging`` services (proto/rocketq/v1/admin.proto, messaging.proto). Every
+answer is a plain frozen dataclass defined here, so callers never see protobuf types and the
+``--json`` output of the CLI is ``dataclasses.asdict`` of the same objects.
+
+Where a request goes:
+
+| operation                          | asked                                                     |
+|------------------------------------|-----------------------------------------------------------|
+| cluster_info, list_topics          | a nameserver (the next one on failure)                    |
+| create/update/delete topic, group  | cluster mode: one master of the cluster, which fans out;  |
+|                                    | broker mode: the master of that broker name               |
+| broker_topics, list_groups         | every master (or one named broker)                        |
+| describe_topic, reset_offset,      | the master of every broker group in the topic's route     |
+| query_by_key, query_by_id          | (any live member of the group when its master is down)    |
+| consume_stats, consumer_ids        | every master of the route (topic given) or of the cluster |
+| view_message                       | the broker whose address the offset message id encodes    |
+| broker_config, runtime_stats       | one broker, by name (its master) or by "host:port"        |
+
+Fan-out calls run concurrently. A broker that fails in a fan-out read is reported in the
+result's ``errors`` (broker name -> message) rather than failing the whole call, because an
+operator looking at a half-broken cluster wants to see the half that works; the call raises
+only when no broker answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+import grpc
+
+from rocketq import codec
+from rocketq._api.rocketq.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    messaging_pb2,
+    messaging_pb2_grpc,
+    nameserver_pb2,
+    nameserver_pb2_grpc,
+)
+from rocketq.client._admin_types import (
+    ApplyResult,
+    BrokerGroup,
+    BrokerTopic,
+    ClusterInfo,
+    ConsumeStats,
+    GroupConfig,
+    LiveBroker,
+    OffsetReset,
+    QueueOffsets,
+    QueueProgress,
+    ResetResult,
+    RouteQueue,
+    RuntimeStats,
+    SlaveInfo,
+    TopicConfig,
+    TopicDescription,
+    TopicRouteInfo,
+    apply_results,
+    broker_group,
+    received_message,
+    runtime_stats,
+)
+from rocketq.client._channels import open_channel
+from rocketq.client.errors import (
+    InvalidArgumentError,
+    MessageNotFoundError,
+    NameServerUnavailableError,
+    NotFoundError,
+    RocketQError,
+    from_rpc_error,
+)
+from rocketq.message import ReceivedMessage
+from rocketq.validation import (
+    check_group,
+    check_perm,
+    check_queue_nums,
+    check_topic,
+    is_system_topic,
+)
+
+__all__ = [
+    "Admin",
+    "ApplyResult",
+    "BrokerGroup",
+    "BrokerTopic",
+    "ClusterInfo",
+    "ConsumeStats",
+    "GroupConfig",
+    "LiveBroker",
+    "OffsetReset",
+    "QueueOffsets",
+    "QueueProgress",
+    "ResetResult",
+    "RouteQueue",
+    "RuntimeStats",
+    "SlaveInfo",
+    "TopicConfig",
+    "TopicDescription",
+    "TopicRouteInfo",
+]
+
+#: Channels the admin keeps open at once (one per broker or nameserver address).
+_CHANNELS_MAX = 256
+#: QueryMessageByKey accepts 1..64 results per broker.
+QUERY_MAX_NUM_MAX = 64
+
+_T = TypeVar("_T")
+_NAMESRV_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _checked(check: Callable[..., None], *args: Any) -> None:
+    """Run a rocketq.validation check, reporting a ValueError as the SDK's error type."""
+    try:
+        check(*args)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc), code="INVALID_ARGUMENT") from None
+
+
+def _first_error(failures: dict[str, RocketQError]) -> RocketQError:
+    return next(iter(failures.values()))
+
+
+# ---- the client -------------------------------------------------------------------------------
+class Admin:
+    """Asynchronous administration client of a RocketQ cluster.
+
+    ``namesrv_addrs`` are "host:port" strings (a single "a:9876;b:9876" string is split too).
+    Use as ``async with Admin(["127.0.0.1:9876"]) as admin: ...`` or call :meth:`close`.
+    Every call waits at most ``timeout_ms`` per request.
+    """
+
+    def __init__(self, namesrv_addrs: Iterable[str] | str, timeout_ms: int = 5000) -> None:
+        if isinstance(namesrv_addrs, str):
+            namesrv_addrs = [namesrv_addrs]
+        addrs = [a.strip() for s in namesrv_addrs for a in s.replace(",", ";").split(";")]
+        self._namesrv_addrs = [a for a in addrs if a]
+        if not self._namesrv_addrs:
+            raise InvalidArgumentError("no nameserver address given; pass host:port")
+        # Start at a random nameserver so many admin processes spread their load (SPEC §2.5).
+        self._namesrv_index = random.randrange(len(self._namesrv_addrs))
+        self._timeout_s = timeout_ms / 1000
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._closing: set[asyncio.Future[None]] = set()
+
+    async def __aenter__(self) -> Admin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every channel this client opened."""
+        channels, self._channels = self._channels, {}
+        await asyncio.gather(*(c.close() for c in channels.values()), return_exceptions=True)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+    def _channel(self, addr: str) -> grpc.aio.Channel:
+        channel = self._channels.get(addr)
+        if channel is None:
+            if len(self._channels) >= _CHANNELS_MAX:
+                # Close the oldest; admin sessions touch few addresses, so this is rare.
+                oldest = next(iter(self._channels))
+                task = asyncio.ensure_future(self._channels.pop(oldest).close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            channel = open_channel(addr)
+            self._channels[addr] = channel
+        return channel
+
+    def _admin(self, addr: str) -> Any:
+        return admin_pb2_grpc.AdminStub(self._channel(addr))
+
+    def _messaging(self, addr: str) -> Any:
+        return messaging_pb2_grpc.MessagingStub(self._channel(addr))
+
+    async def _guard(self, addr: str, call: Awaitable[_T]) -> _T:
+        try:
+            return await call
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err, addr) from None
+
+    async def _namesrv(self, method: str, request: Any) -> Any:
+        """Ask the current nameserver; on no answer, the next one (round robin)."""
+        last: grpc.aio.AioRpcError | None = None
+        n = len(self._namesrv_addrs)
+        for _ in range(n):
+            addr = self._namesrv_addrs[self._namesrv_index]
+            stub = nameserver_pb2_grpc.NameServerStub(self._channel(addr))
+            try:
+                return await getattr(stub, method)(request, timeout=self._timeout_s)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in _NAMESRV_RETRY_CODES:
+                    raise from_rpc_error(err, addr) from None
+                last = err
+                self._namesrv_index = (self._namesrv_index + 1) % n
+        detail = last.details() if last is not None else ""
+        raise NameServerUnavailableError(
+            f"no nameserver answered ({', '.join(self._namesrv_addrs)}): {detail}",
+            code="UNAVAILABLE",
+        )
+
+    async def _fan_out(
+        self, targets: dict[str, str], call: Callable[[str, str], Awaitable[_T]]
+    ) -> tuple[dict[str, _T], dict[str, RocketQError]]:
+        """Run ``call(broker_name, addr)`` on every target at once; split answers and errors."""
+        names = list(targets)
+        outcomes = await asyncio.gather(
+            *(call(name, targets[name]) for name in names), return_exceptions=True
+        )
+        answers: dict[str, _T] = {}
+        failures: dict[str, RocketQError] = {}
+        for name, outcome in zip(names, outcomes, strict=True):
+            if isinstance(outcome, RocketQError):
+                failures[name] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                answers[name] = outcome
+        return answers, failures
+
+    async def _route_addrs(self, topic: str, broker: str | None = None) -> dict[str, str]:
+        """Broker name -> address to ask (master first) for every group hosting ``topic``."""
+        route = await self.route(topic)
+        out = {}
+        for group in route.brokers:
+            addr = group.any_addr()
+            if addr and (broker is None or group.broker_name == broker):
+                out[group.broker_name] = addr
+        if broker is not None and not out:
+            raise NotFoundError(f"broker {broker!r} does not host topic {topic!r}")
+        return out
+
+    async def _broker_addr(self, broker: str) -> str:
+        """Resolve a broker name to its master's address; "host:port" is used as given."""
+        if ":" in broker:
+            return broker
+        info = await self.cluster_info()
+        group = info.brokers.get(broker)
+        if group is None:
+            known = ", ".join(sorted(info.brokers)) or "none"
+            raise NotFoundError(f"no broker named {broker!r} is registered (known: {known})")
+        if group.master_addr is None:
+            raise NotFoundError(f"broker {broker!r} has no live master")
+        return group.master_addr
+
+    async def _targets(
+        self, cluster: str | None, broker: str | None
+    ) -> tuple[admin_pb2.ApplyTarget, list[str]]:
+        """The ApplyTarget of a change and the addresses that may receive it, in order."""
+        if cluster and broker:
+            raise InvalidArgumentError("give a cluster or a broker, not both")
+        info = await self.cluster_info()
+        if not info.clusters:
+            raise NotFoundError("no broker is registered with the nameserver; start one first")
+        if broker:
+            return admin_pb2.ApplyTarget(broker_name=broker), [await self._broker_addr(broker)]
+        if not cluster:
+            if len(info.clusters) != 1:
+                known = ", ".join(sorted(info.clusters))
+                raise InvalidArgumentError(
+                    f"say which cluster or broker to apply this to (clusters: {known})"
+                )
+            cluster = next(iter(info.clusters))
+        if cluster not in info.clusters:
+            known = ", ".join(sorted(info.clusters))
+            raise NotFoundError(f"no cluster named {cluster!r} (clusters: {known})")
+        masters = list(info.masters(cluster).values())
+        if not masters:
+            raise NotFoundError(f"cluster {cluster!r} has no live master")
+        random.shuffle(masters)  # any master fans the change out to the others
+        return admin_pb2.ApplyTarget(cluster_name=cluster), masters
+
+    async def _apply(
+        self, cluster: str | None, broker: str | None, send: Callable[[Any, Any], Awaitable[Any]]
+    ) -> list[ApplyResult]:
+        """Send a change to the first master that answers; cluster-mode masters fan out."""
+        target, addrs = await self._targets(cluster, broker)
+        error: RocketQError | None = None
+        for addr in addrs:
+            try:
+                response = await self._guard(addr, send(self._admin(addr), target))
+            except RocketQError as exc:
+                if not exc.retriable:
+                    raise
+                error = exc
+                continue
+            return apply_results(response.results)
+        assert error is not None
+        raise error
+
+    # ---- cluster -------------------------------------------------------------------------------
+    async def cluster_info(self) -> ClusterInfo:
+        """Every cluster, broker group and live broker the nameserver knows."""
+        pb = await self._namesrv("GetClusterInfo", nameserver_pb2.GetClusterInfoRequest())
+        return ClusterInfo(
+            clusters={
+                name: tuple(sorted(names.broker_names))
+                for name, names in sorted(pb.cluster_addr_table.items())
+            },
+            brokers={
+                name: broker_group(data) for name, data in sorted(pb.broker_addr_table.items())
+            },
+            live_brokers=tuple(
+                LiveBroker(
+                    b.broker_addr,
+                    b.broker_name,
+                    b.broker_id,
+                    b.last_update_timestamp_ms,
+                    b.heartbeat_timeout_ms,
+                    b.ha_server_addr,
+                    b.epoch,
+                )
+                for b in pb.live_brokers
+            ),
+        )
+
+    async def route(self, topic: str) -> TopicRouteInfo:
+        """The topic's route (TopicNotFoundError when no live broker hosts it)."""
+        _checked(check_topic, topic)
+        pb = await self._namesrv(
+            "GetRouteInfoByTopic", nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic)
+        )
+        return TopicRouteInfo(
+            topic=topic,
+            queues=tuple(
+                RouteQueue(
+                    q.broker_name, q.read_queue_nums, q.write_queue_nums, q.perm, q.topic_sys_flag
+                )
+                for q in pb.route.queues
+            ),
+            brokers=tuple(broker_group(b) for b in pb.route.brokers),
+        )
+
+    async def runtime_stats(self, broker: str) -> RuntimeStats:
+        """Role, offsets, throughput and disk use of one broker (name -> master, or host:port)."""
+        addr = await self._broker_addr(broker)
+        pb = await self._guard(
+            addr, self._admin(addr).GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest(), **self._kw)
+        )
+        return runtime_stats(pb)
+
+    async def broker_config(self, broker: str) -> dict[str, str]:
+        """One broker's effective configuration, RocketMQ key names -> values as text."""
+        addr = await self._broker_addr(broker)
+        pb = await self._guard(
+            addr, self._admin(addr).GetBrokerConfig(admin_pb2.GetBrokerConfigRequest(), **self._kw)
+        )
+        return dict(sorted(pb.config.items()))
+
+    async def update_broker_config(self, broker: str, updates: dict[str, str]) -> dict[str, str]:
+        """Change keys at runtime on one broker (all or nothing); returns the new configuration."""
+        addr = await self._broker_addr(broker)
+        request = admin_pb2.UpdateBrokerConfigRequest(updates=updates)
+        pb = await self._guard(addr, self._admin(addr).UpdateBrokerConfig(request, **self._kw))
+        return dict(sorted(pb.config.items()))
+
+    @property
+    def _kw(self) -> dict[str, float]:
+        return {"timeout": self._timeout_s}
+
+    # ---- topics --------------------------------------------------------------------------------
+    async def create_topic(
+        self, config: TopicConfig | str, *, cluster: str | None = None, broker: str | None = None
+    ) -> list[ApplyResult]:
+        """Create a topic on every master of ``cluster`` or on ``broker`` only.
+
+        With neither, the only registered cluster is used. Per-broker outcomes (ALREADY_EXISTS,
+        UNAVAILABLE) are in the results; bad input raises InvalidArgumentError.
+        """
+        cfg = TopicConfig(config) if isinstance(config, str) else config
+        self._check_topic_config(cfg)
+        pb = cfg._to_pb()
+        return await self._apply(
+            cluster,
+            broker,
+            lambda stub, target: stub.CreateTopic(
+                admin_pb2.CreateTopicRequest(target=target, config=pb), **self._kw
+            ),
+        )
+
+    async def update_topic(
+        self, config: TopicConfig, *, cluster: str | None = None, broker: str | None = None
+    ) -> list[ApplyResult]:
+        """Replace an existing topic's config (shrink: lower write first, drain, then read)."""
+        self._check_topic_config(config)
+        pb = config._to_pb()
+        return await self._apply(
+            cluster,
+            broker,
+            lambda stub, target: stub.UpdateTopic(
+                admin_pb2.UpdateTopicRequest(target=target, config=pb), **self._kw
+            ),
+        )
+
+    async def delete_topic(
+        self, topic: str, *, cluster: str | None = None, broker: str | None = None
+    ) -> list[ApplyResult]:
+        """Delete a topic with its consume queues and consumer offsets."""
+        _checked(check_topic, topic)
+        return await self._apply(
+            cluster,
+            broker,
+            lambda stub, target: stub.DeleteTopic(
+                admin_pb2.DeleteTopicRequest(target=target, topic=topic), **self._kw
+            ),
+        )
+
+    @staticmethod
+    def _check_topic_config(cfg: TopicConfig) -> None:
+        _checked(check_topic, cfg.topic_name)
+        _checked(check_queue_nums, cfg.read_queue_nums, cfg.write_queue_nums)
+        _checked(check_perm, cfg.perm)
+
+    async def list_topics(self, cluster: str = "", *, include_system: bool = False) -> list[str]:
+        """Topic names registered by live brokers (of one cluster, if given), sorted."""
+        pb = await self._namesrv(
+            "GetAllTopics", nameserver_pb2.GetAllTopicsRequest(cluster_name=cluster)
+        )
+        return [t for t in pb.topics if include_system or not is_system_topic(t)]
+
+    async def broker_topics(
+        self, broker: str | None = None, *, include_system: bool = False
+    ) -> dict[str, list[TopicConfig]]:
+        """Broker name -> its topic configs, from every master (or one broker)."""
+        targets = await self._masters_or(broker)
+        request = admin_pb2.ListTopicsRequest(include_system_topics=include_system)
+
+        async def ask(name: str, addr: str) -> list[TopicConfig]:
+            pb = await self._guard(addr, self._admin(addr).ListTopics(request, **self._kw))
+            return [TopicConfig._from_pb(t) for t in pb.topics]
+
+        answers, failures = await self._fan_out(targets, ask)
+        if failures and not answers:
+            raise _first_error(failures)
+        return answers
+
+    async def _masters_or(self, broker: str | None) -> dict[str, str]:
+        if broker:
+            return {broker: await self._broker_addr(broker)}
+        masters = (await self.cluster_info()).masters()
+        if not masters:
+            raise NotFoundError("no broker with a live master is registered with the nameserver")
+        return masters
+
+    async def describe_topic(self, topic: str) -> TopicDescription:
+        """The topic's route and, from each hosting master, its config and per-queue offsets."""
+        route = await self.route(topic)
+        targets = {g.broker_name: a for g in route.brokers if (a := g.any_addr())}
+        request = admin_pb2.DescribeTopicRequest(topic=topic)
+
+        async def ask(name: str, addr: str) -> BrokerTopic:
+            pb = await self._guard(addr, self._admin(addr).DescribeTopic(request, **self._kw))
+            queues = tuple(
+                QueueOffsets(
+                    pb.broker_name or name,
+                    q.queue_id,
+                    q.min_offset,
+                    q.max_offset,
+                    q.last_update_timestamp_ms,
+                )
+                for q in pb.queues
+            )
+            return BrokerTopic(name, addr, TopicConfig._from_pb(pb.config), queues)
+
+        answers, failures = await self._fan_out(targets, ask)
+        return TopicDescription(
+            topic=topic,
+            route=route,
+            brokers=tuple(answers[n] for n in sorted(answers)),
+            errors={n: e.message for n, e in sorted(failures.items())},
+        )
+
+    # ---- subscription groups -------------------------------------------------------------------
+    async def create_group(
+        self, config: GroupConfig | str, *, cluster: str | None = None, broker: str | None = None
+    ) -> list[ApplyResult]:
+        """Create a subscription group config on a cluster's masters or one broker."""
+        cfg = GroupConfig(config) if isinstance(config, str) else config
+        _checked(check_group, cfg.group_name)
+        pb = cfg._to_pb()
+        return await self._apply(
+            cluster,
+            broker,
+            lambda stub, target: stub.CreateSubscriptionGroup(
+                admin_pb2.CreateSubscriptionGroupRequest(target=target, config=pb), **self._kw
+            ),
+        )
+
+    async def update_group(
+        self, config: GroupConfig, *, cluster: str | None = None, broker: str | None = None
+    ) -> list[ApplyResult]:
+        """Replace an existing subscription group config."""
+        _checked(check_group, config.group_name)
+        pb = config._to_pb()
+        return await self._apply(
+            cluster,
+            broker,
+            lambda stub, target: stub.UpdateSubscriptionGroup(
+                admin_pb2.UpdateSubscriptionGroupRequest(target=target, config=pb), **self._kw
+            ),
+        )
+
+    async def delete_group(
+        self,
+        group: str,
+        *,
+        cluster: str | None = None,
+        broker: str | None = None,
+        clean_offsets: bool = False,
+    ) -> list[ApplyResult]:
+        """Delete a subscription group config (and its consumer offsets, if asked)."""
+        _checked(check_group, group)
+        return await self._apply(
+            cluster,
+            broker,
+            lambda stub, target: stub.DeleteSubscriptionGroup(
+                admin_pb2.DeleteSubscriptionGroupRequest(
+                    target=target, group_name=group, clean_offsets=clean_offsets
+                ),
+                **self._kw,
+            ),
+        )
+
+    async def list_groups(self, broker: str | None = None) -> dict[str, list[GroupConfig]]:
+        """Broker name -> its subscription group configs, from every master (or one broker)."""
+        targets = await self._masters_or(broker)
+        request = admin_pb2.ListSubscriptionGroupsRequest()
+
+        async def ask(name: str, addr: str) -> list[GroupConfig]:
+            pb = await self._guard(
+                addr, self._admin(addr).ListSubscriptionGroups(request, **self._kw)
+            )
+            return [GroupConfig._from_pb(g) for g in pb.groups]
+
+        answers, failures = await self._fan_out(targets, ask)
+        if failures and not answers:
+            raise _first_error(failures)
+        return answers
+
+    # ---- consumer progress ---------------------------------------------------------------------
+    async def consume_stats(self, group: str, topic: str = "") -> ConsumeStats:
+        """A group's offsets and lag on every queue, summed over brokers.
+
+        With a topic, the brokers of its route are asked; without, every master. Brokers where
+        the group has no offsets contribute nothing; the result is empty if none has any.
+        """
+        _checked(check_group, group)
+        if topic:
+            _checked(check_topic, topic)
+            targets = await self._route_addrs(topic)
+        else:
+            targets = await self._masters_or(None)
+        request = admin_pb2.GetConsumeStatsRequest(consumer_group=group, topic=topic)
+
+        async def ask(name: str, addr: str) -> list[QueueProgress]:
+            try:
+                pb = await self._guard(addr, self._admin(addr).GetConsumeStats(request, **self._kw))
+            except NotFoundError:
+                return []
+            return [
+                QueueProgress(
+                    q.topic,
+                    q.broker_name or name,
+                    q.queue_id,
+                    q.broker_offset,
+                    q.consumer_offset,
+                    q.lag,
+                    q.last_consumed_timestamp_ms,
+                )
+                for q in pb.queues
+            ]
+
+        answers, failures = await self._fan_out(targets, ask)
+        if failures and not answers:
+            raise _first_error(failures)
+        queues = sorted(
+            (q for qs in answers.values() for q in qs),
+            key=lambda q: (q.topic, q.broker_name, q.queue_id),
+        )
+        return ConsumeStats(
+            group=group,
+            queues=tuple(queues),
+            total_lag=sum(q.lag for q in queues),
+            errors={n: e.message for n, e in sorted(failures.items())},
+        )
+
+    async def consumer_ids(self, group: str) -> list[str]:
+        """Client ids of the group's live members, as the brokers know them from heartbeats."""
+        _checked(check_group, group)
+        targets = await self._masters_or(None)
+        request = messaging_pb2.GetConsumerIdListRequest(consumer_group=group)
+
+        async def ask(name: str, addr: str) -> list[str]:
+            stub = self._messaging(addr)
+            pb = await self._guard(addr, stub.GetConsumerIdList(request, **self._kw))
+            return list(pb.consumer_ids)
+
+        answers, failures = await self._fan_out(targets, ask)
+        if failures and not answers:
+            raise _first_error(failures)
+        return sorted({cid for ids in answers.values() for cid in ids})
+
+    async def reset_offset(
+        self,
+        group: str,
+        topic: str,
+        *,
+        timestamp_ms: int | None = None,
+        queue_offset: int | None = None,
+        queue_id: int | None = None,
+        broker: str | None = None,
+    ) -> ResetResult:
+        """Move a group's offsets on a topic to a time or a queue offset, on every broker of the
+        topic (or one), and tell the group's live members. Give exactly one position."""
+        _checked(check_group, group)
+        _checked(check_topic, topic)
+        if (timestamp_ms is None) == (queue_offset is None):
+            raise InvalidArgumentError("give exactly one of timestamp_ms and queue_offset")
+        request = admin_pb2.ResetOffsetRequest(consumer_group=group, topic=topic)
+        if timestamp_ms is not None:
+            request.timestamp_ms = timestamp_ms
+        else:
+            assert queue_offset is not None
+            request.queue_offset = queue_offset
+        if queue_id is not None:
+            request.queue_id = queue_id
+        targets = await self._route_addrs(topic, broker)
+        # A reset is a write: it must go to masters, never to a slave standing in for one.
+        info = await self.cluster_info()
+        targets = {n: info.brokers[n].master_addr or a for n, a in targets.items()}
+
+        async def ask(name: str, addr: str) -> admin_pb2.ResetOffsetResponse:
+            return await self._guard(addr, self._admin(addr).ResetOffset(request, **self._kw))
+
+        answers, failures = await self._fan_out(targets, ask)
+        if failures and not answers:
+            raise _first_error(failures)
+        return ResetResult(
+            queues=tuple(
+                OffsetReset(name, q.queue_id, q.old_offset, q.new_offset)
+                for name in sorted(answers)
+                for q in answers[name].queues
+            ),
+            notified_clients=sum(a.notified_clients for a in answers.values()),
+            errors={n: e.message for n, e in sorted(failures.items())},
+        )
+
+    # ---- messages ------------------------------------------------------------------------------
+    async def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        begin_timestamp_ms: int = 0,
+        end_timestamp_ms: int | None = None,
+        max_num: int = 32,
+    ) -> list[ReceivedMessage]:
+        """Messages of ``topic`` carrying business key ``key``, newest first, from every broker
+        hosting the topic (at most ``max_num``, 1..64)."""
+        _checked(check_topic, topic)
+        if not key:
+            raise InvalidArgumentError("the key is empty; give one word of the message's KEYS")
+        if not 1 <= max_num <= QUERY_MAX_NUM_MAX:
+            raise InvalidArgumentError(f"max_num is {max_num}; use 1..{QUERY_MAX_NUM_MAX}")
+        request = messaging_pb2.QueryMessageByKeyRequest(
+            topic=topic, key=key, begin_timestamp_ms=begin_timestamp_ms, max_num=max_num
+        )
+        if end_timestamp_ms is not None:
+            request.end_timestamp_ms = end_timestamp_ms
+        targets = await self._route_addrs(topic)
+
+        async def ask(name: str, addr: str) -> list[ReceivedMessage]:
+            stub = self._messaging(addr)
+            pb = await self._guard(addr, stub.QueryMessageByKey(request, **self._kw))
+            return [received_message(m, name) for m in pb.messages]
+
+        answers, failures = await self._fan_out(targets, ask)
+        if failures and not answers:
+            raise _first_error(failures)
+        found = [m for ms in answers.values() for m in ms]
+        found.sort(key=lambda m: m.store_timestamp_ms, reverse=True)
+        return found[:max_num]
+
+    async def query_by_id(self, topic: str, msg_id: str) -> list[ReceivedMessage]:
+        """Messages with unique id ``msg_id`` (SendResult.msg_id); several if a producer retry
+        stored it twice. MessageNotFoundError if no broker has it."""
+        _checked(check_topic, topic)
+        request = messaging_pb2.QueryMessageByIdRequest(topic=topic, msg_id=msg_id)
+        targets = await self._route_addrs(topic)
+
+        async def ask(name: str, addr: str) -> list[ReceivedMessage]:
+            stub = self._messaging(addr)
+            try:
+                pb = await self._guard(addr, stub.QueryMessageById(request, **self._kw))
+            except MessageNotFoundError:
+                return []
+            return [received_message(m, name) for m in pb.messages]
+
+        answers, failures = await self._fan_out(targets, ask)
+        if failures and not answers:
+            raise _first_error(failures)
+        found = [m for ms in answers.values() for m in ms]
+        if not found:
+            raise MessageNotFoundError(
+                f"no message with id {msg_id} in topic {topic!r}", code="NOT_FOUND"
+            )
+        found.sort(key=lambda m: m.store_timestamp_ms, reverse=True)
+        return found
+
+    async def view_message(self, offset_msg_id: str) -> ReceivedMessage:
+        """The message an offset message id (SendResult.offset_msg_id) points at, read from the
+        broker whose address the id encodes."""
+        try:
+            host, _ = codec.decode_offset_msg_id(offset_msg_id)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc), code="INVALID_ARGUMENT") from None
+        addr = str(host)
+        request = messaging_pb2.ViewMessageRequest(offset_msg_id=offset_msg_id)
+        pb = await self._guard(addr, self._messaging(addr).ViewMessage(request, **self._kw))
+        broker_name = ""
+        with contextlib.suppress(RocketQError):  # the name is a nicety; the message was found
+            broker_name = (await self.cluster_info()).broker_name_of(addr)
+        return received_message(pb.message, broker_name)
