@@ -94,7 +94,7 @@ class BrokerConfig:
     """[mappedFileSizeConsumeQueue] / 20"""
     message_index_enable: bool = True
     """[messageIndexEnable]"""
-    file_reserved_time_hours: float = 72
+    file_reserved_time_hours: float = 72.0
     """[fileReservedTime]"""
     delete_when: str = "04"
     """[deleteWhen]"""
