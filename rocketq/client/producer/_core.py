@@ -1,0 +1,337 @@
+"""What every producer flavour shares: its client instance, routes with auto-create, queue
+choice and the retry loop (SPEC §5.1-§5.3).
+
+**Route for sending** (SPEC §5.1, §4.3): the cached route, else the nameserver's; when the
+nameserver has none, the route of the template topic (``create_topic_key``, TBW102) is borrowed
+with at most ``default_topic_queue_nums`` queues per broker, cached under the real topic, and
+sends carry ``default_topic`` so the broker creates the topic. The borrowed route stays until
+the nameserver knows the real one (the broker registers it at its next heartbeat).
+
+**Retry loop** (SPEC §5.2): up to ``1 + retries`` attempts within one time budget
+(``send_msg_timeout_ms``); each attempt gets what is left of it. Sync sends pick each retry's
+queue avoiding the broker that failed last; async sends retry on the same queue. Only errors
+marked ``retriable`` (broker down, timeout, flow control, no permission, topic not on that
+broker) are retried; a bad message is not. A stored-but-not-OK status is returned as is unless
+``retry_another_broker_when_not_store_ok``, in which case it counts as a failure for retrying
+and the last such result is returned when attempts run out. Ordered sends (a fixed queue or a
+selector) make one attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from rocketq._api.rocketq.v1 import messaging_pb2
+from rocketq.client._instance import ClientInstance
+from rocketq.client._route import TopicRoute
+from rocketq.client.errors import (
+    BrokerUnavailableError,
+    ClientStateError,
+    InvalidArgumentError,
+    RequestTimeoutError,
+    RocketQError,
+    TopicNotFoundError,
+)
+from rocketq.client.producer._fault import LatencyFaultTolerance, QueueChooser
+from rocketq.client.producer._sender import (
+    PreparedMessage,
+    SendHandler,
+    build_send_request,
+    check_batch,
+    check_send_topic,
+    prepare_message,
+)
+from rocketq.client.producer.config import ProducerConfig
+from rocketq.client.producer.selectors import MessageQueueSelector, SelectMessageQueueByHash
+from rocketq.message import Message, MessageQueue, SendResult, SendStatus
+
+log = logging.getLogger(__name__)
+
+_HASH_SELECTOR = SelectMessageQueueByHash()
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class ProducerCore:
+    """A producer group's state in its client instance (implements ``ProducerHandle``)."""
+
+    def __init__(self, config: ProducerConfig) -> None:
+        self.config = config
+        self._instance: ClientInstance | None = None
+        self._state = "created"
+        self._topics: set[str] = set()
+        self._choosers: dict[str, QueueChooser] = {}
+        self.fault = LatencyFaultTolerance() if config.send_latency_fault_enable else None
+        self._rng = random.Random()
+        self._handler: SendHandler | None = None
+
+    # ---- ProducerHandle ------------------------------------------------------------------
+
+    def producer_data(self) -> messaging_pb2.ProducerData:
+        return messaging_pb2.ProducerData(producer_group=self.config.group)
+
+    def topics(self) -> list[str]:
+        return sorted(self._topics)
+
+    def on_check_transaction(
+        self, broker_addr: str, msg: messaging_pb2.CheckTransactionState
+    ) -> None:
+        log.warning(
+            "broker %s asked producer group %s about transaction %s, but this producer has no "
+            "transaction listener",
+            broker_addr,
+            self.config.group,
+            msg.transaction_id,
+        )
+
+    # ---- life cycle ----------------------------------------------------------------------
+
+    @property
+    def instance(self) -> ClientInstance:
+        if self._state != "running" or self._instance is None:
+            what = "closed" if self._state == "closed" else "not started"
+            raise ClientStateError(f"producer {self.config.group!r} is {what}; call start() first")
+        return self._instance
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    async def start(self) -> None:
+        if self._state != "created":
+            raise ClientStateError(f"producer {self.config.group!r} was already started")
+        instance = ClientInstance.get(self.config.client_config())
+        instance.register_producer(self.config.group, self)
+        try:
+            await instance.start()
+        except BaseException:
+            instance.unregister_producer(self.config.group)
+            raise
+        self._instance = instance
+        self._state = "running"
+
+    async def close(self) -> None:
+        if self._state != "running" or self._instance is None:
+            self._state = "closed"
+            return
+        self._state = "closed"
+        self._instance.unregister_producer(self.config.group)
+        await self._instance.close()
+
+    # ---- messages and routes -------------------------------------------------------------
+
+    def prepare(self, msg: Message) -> PreparedMessage:
+        return prepare_message(
+            msg,
+            create_topic_key=self.config.create_topic_key,
+            max_size_bytes=self.config.max_message_size_bytes,
+        )
+
+    def prepare_batch(self, msgs: Sequence[Message]) -> list[PreparedMessage]:
+        if isinstance(msgs, Message):
+            raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
+        items = [self.prepare(m) for m in msgs]
+        check_batch(items, self.config.max_message_size_bytes)
+        return items
+
+    async def route_for_send(self, topic: str) -> TopicRoute:
+        """The route to send ``topic`` with, borrowing the template's when it has none."""
+        instance = self.instance
+        self._topics.add(topic)
+        try:
+            return await instance.get_route(topic)
+        except TopicNotFoundError:
+            pass
+        key = self.config.create_topic_key
+        try:
+            template = await instance.get_route(key, refresh=True)
+        except TopicNotFoundError:
+            raise TopicNotFoundError(
+                f"topic {topic!r} does not exist and cannot be auto-created (no broker offers the "
+                f"template topic {key!r}; autoCreateTopicEnable is off); create it first"
+            ) from None
+        route = template.borrowed_for(topic, self.config.default_topic_queue_nums)
+        instance.put_route(route)
+        return route
+
+    def _chooser(self, topic: str) -> QueueChooser:
+        chooser = self._choosers.get(topic)
+        if chooser is None:
+            # A random start spreads many short-lived producers over all queues.
+            chooser = QueueChooser(self.fault, self._rng.randrange(1 << 16))
+            self._choosers[topic] = chooser
+        return chooser
+
+    @staticmethod
+    def writable(route: TopicRoute) -> list[MessageQueue]:
+        queues = route.write_queues()
+        if not queues:
+            raise BrokerUnavailableError(
+                f"topic {route.topic!r} has no writable queue on a live master (brokers: "
+                f"{sorted(route.brokers) or 'none'})"
+            )
+        return queues
+
+    async def resolve_queue(
+        self,
+        msg: Message,
+        queue: MessageQueue | None,
+        selector: MessageQueueSelector | None,
+        arg: object,
+        sharding_key: object,
+    ) -> MessageQueue | None:
+        """The fixed queue of an ordered send, or None for a normal (round-robin) send."""
+        given = sum(x is not None for x in (queue, selector, sharding_key))
+        if given > 1:
+            raise InvalidArgumentError("give at most one of queue, selector and sharding_key")
+        if queue is not None:
+            if queue.topic != msg.topic:
+                raise InvalidArgumentError(
+                    f"queue {queue} belongs to topic {queue.topic!r}, not {msg.topic!r}"
+                )
+            return queue
+        if selector is None and sharding_key is None:
+            return None
+        check_send_topic(msg.topic, self.config.create_topic_key)
+        queues = self.writable(await self.route_for_send(msg.topic))
+        if sharding_key is not None:
+            return _HASH_SELECTOR.select(queues, msg, sharding_key)
+        assert selector is not None
+        mq = selector.select(queues, msg, arg)
+        if not isinstance(mq, MessageQueue) or mq.topic != msg.topic:
+            raise InvalidArgumentError(f"the selector returned {mq!r}, not a queue of the topic")
+        return mq
+
+    # ---- sending -------------------------------------------------------------------------
+
+    async def send_once(
+        self, route: TopicRoute, mq: MessageQueue, items: Sequence[PreparedMessage], timeout_ms: int
+    ) -> list[SendResult]:
+        """One attempt to one queue; feeds the latency fault table."""
+        addr = route.master_addr(mq.broker_name)
+        if addr is None:
+            raise BrokerUnavailableError(f"broker {mq.broker_name!r} has no live master")
+        cfg = self.config
+        req = build_send_request(
+            cfg.group,
+            mq,
+            items,
+            default_topic=route.default_topic,
+            default_topic_queue_nums=cfg.default_topic_queue_nums,
+            compress_over_bytes=cfg.compress_msg_body_over_bytes,
+        )
+        handler = self._handler
+        if handler is None:
+            handler = self._handler = SendHandler(self.instance.messaging)
+        started_ms = _now_ms()
+        try:
+            results = await handler.send(addr, mq, req, timeout_ms)
+        except RocketQError as exc:
+            if self.fault is not None and exc.retriable:
+                self.fault.update(mq.broker_name, _now_ms() - started_ms, isolation=True)
+            raise
+        if self.fault is not None:
+            self.fault.update(mq.broker_name, _now_ms() - started_ms, isolation=False)
+        return results
+
+    async def send_oneway(
+        self, mq: MessageQueue | None, item: PreparedMessage, timeout_ms: int
+    ) -> asyncio.Future[object]:
+        """Hand one message to gRPC without waiting for the broker; no retry (SPEC §5.2)."""
+        topic = item.topic
+        route = await self.route_for_send(topic)
+        if mq is None:
+            mq = self._chooser(topic).choose(self.writable(route), None)
+        addr = route.master_addr(mq.broker_name)
+        if addr is None:
+            raise BrokerUnavailableError(f"broker {mq.broker_name!r} has no live master")
+        cfg = self.config
+        req = build_send_request(
+            cfg.group,
+            mq,
+            [item],
+            default_topic=route.default_topic,
+            default_topic_queue_nums=cfg.default_topic_queue_nums,
+            compress_over_bytes=cfg.compress_msg_body_over_bytes,
+        )
+        return SendHandler(self.instance.messaging).send_oneway(addr, req, timeout_ms)
+
+    async def send_to_queue(
+        self, mq: MessageQueue, items: Sequence[PreparedMessage], timeout_ms: int
+    ) -> list[SendResult]:
+        """An ordered send: one attempt, to ``mq``."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        route = await self._with_deadline(self.route_for_send(mq.topic), deadline, mq.topic)
+        return await self.send_once(route, mq, items, _remaining_ms(deadline))
+
+    async def send_with_retries(
+        self,
+        topic: str,
+        items: Sequence[PreparedMessage],
+        *,
+        timeout_ms: int,
+        retries: int,
+        same_queue: bool = False,
+    ) -> list[SendResult]:
+        """A normal send: round-robin queue, up to ``1 + retries`` attempts in ``timeout_ms``."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        route = await self._with_deadline(self.route_for_send(topic), deadline, topic)
+        queues = self.writable(route)
+        chooser = self._chooser(topic)
+        attempts = 1 + retries
+        last_broker: str | None = None
+        last_exc: RocketQError | None = None
+        not_ok: list[SendResult] | None = None
+        mq: MessageQueue | None = None
+        for attempt in range(attempts):
+            remaining_ms = _remaining_ms(deadline)
+            if remaining_ms <= 0:
+                break
+            if mq is None or not same_queue:
+                mq = chooser.choose(queues, last_broker)
+            try:
+                results = await self.send_once(route, mq, items, remaining_ms)
+            except RocketQError as exc:
+                if not exc.retriable:
+                    raise
+                log.debug("send to %s failed (attempt %d): %s", mq, attempt + 1, exc)
+                last_exc, last_broker = exc, mq.broker_name
+                continue
+            if (
+                results[0].status is not SendStatus.SEND_OK
+                and self.config.retry_another_broker_when_not_store_ok
+                and attempt + 1 < attempts
+            ):
+                not_ok, last_broker = results, mq.broker_name
+                continue
+            return results
+        if not_ok is not None:
+            return not_ok
+        if last_exc is not None and not isinstance(last_exc, RequestTimeoutError):
+            last_exc.add_note(f"gave up sending to topic {topic!r} after {attempts} attempts")
+            raise last_exc
+        raise RequestTimeoutError(
+            f"sending to topic {topic!r} took longer than {timeout_ms} ms"
+            + (f" (last error: {last_exc.message})" if last_exc else "")
+        )
+
+    async def _with_deadline(
+        self, coro: Coroutine[Any, Any, TopicRoute], deadline: float, topic: str
+    ) -> TopicRoute:
+        try:
+            return await asyncio.wait_for(coro, max(deadline - time.monotonic(), 0.001))
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"looking up the route of topic {topic!r} took longer than the send timeout"
+            ) from None
+
+
+def _remaining_ms(deadline: float) -> int:
+    return int((deadline - time.monotonic()) * 1000)

@@ -1,0 +1,310 @@
+"""The network side of producing: checked messages, SendRequests, the Send call, and the loop
+that ships accumulated batches (after aiokafka's ``sender.py``).
+
+**Preparing a message** (client-side checks, so a mistake is reported where it was made):
+topic name rules, not a topic producers may not write (the auto-create template, ``rmq_sys_*``
+and ``RMQ_SYS_*``), a non-empty body, delay level 0..18, no reserved property and no separator
+characters. Each message gets its UNIQ_KEY (``new_unique_id``) once, so every retry carries the
+same message id (SPEC §7).
+
+**Size accounting** (SPEC §5.5), per message, summed over a batch::
+
+    size = len(topic) + len(body) + 20 (log overhead) + len(encoded properties)
+
+Properties are encoded as stored (``name\\x01value\\x02`` each), UNIQ_KEY included. A message or
+batch over ``max_message_size_bytes`` (4 MiB) is a MessageTooLargeError before anything is sent.
+
+**Compression**: a request of one message whose body is larger than ``compress_over_bytes``
+(4 KiB, RocketMQ's ``compressMsgBodyOverHowmuch``) is sent zlib-compressed with SYSFLAG 0x1;
+consumers decompress. Batches are never compressed (SYSFLAG is per request).
+
+**One handler per request kind**: :class:`SendHandler` (Send, and the oneway variant that does
+not wait). Errors come back as SDK errors through ``from_rpc_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from rocketq import codec
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq.client.errors import (
+    ClientStateError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    RocketQError,
+    ServerError,
+    from_rpc_error,
+)
+from rocketq.client.producer._accumulator import ProducerBatch, RecordAccumulator
+from rocketq.codec import Prop
+from rocketq.message import (
+    DELAY_LEVEL_MAX,
+    Message,
+    MessageQueue,
+    SendResult,
+    SendStatus,
+    check_user_properties,
+    new_unique_id,
+)
+from rocketq.validation import check_topic
+
+log = logging.getLogger(__name__)
+
+#: Per-message overhead SPEC §5.5 charges besides topic, body and properties.
+LOG_OVERHEAD_BYTES = 20
+#: Bodies above this are compressed when sent alone.
+COMPRESS_OVER_BYTES = 4096
+#: zlib level: RocketMQ's default compressMsgBodyOverHowmuch level.
+COMPRESS_LEVEL = 5
+
+_FORBIDDEN_TOPIC_PREFIXES = ("rmq_sys_", "RMQ_SYS_")
+
+_STATUS = {
+    messaging_pb2.SEND_OK: SendStatus.SEND_OK,
+    messaging_pb2.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    messaging_pb2.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    messaging_pb2.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+
+
+def message_size_bytes(topic: str, body_bytes: int, encoded_properties_bytes: int) -> int:
+    """SPEC §5.5 size of one message: topic + body + 20 bytes of log overhead + properties."""
+    return len(topic.encode()) + body_bytes + LOG_OVERHEAD_BYTES + encoded_properties_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedMessage:
+    """A checked message ready for the wire; its id is fixed for every retry."""
+
+    pb: common_pb2.Message
+    msg_id: str
+    size_bytes: int
+    delayed: bool
+
+    @property
+    def topic(self) -> str:
+        return self.pb.topic
+
+
+def check_send_topic(topic: str, create_topic_key: str) -> None:
+    try:
+        check_topic(topic)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+    if topic == create_topic_key or topic.startswith(_FORBIDDEN_TOPIC_PREFIXES):
+        raise InvalidArgumentError(
+            f"topic {topic!r} is reserved for RocketQ itself; producers may not send to it"
+        )
+
+
+def prepare_message(msg: Message, *, create_topic_key: str, max_size_bytes: int) -> PreparedMessage:
+    """Check ``msg`` and give it its UNIQ_KEY (InvalidArgumentError, MessageTooLargeError)."""
+    check_send_topic(msg.topic, create_topic_key)
+    if not isinstance(msg.body, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(
+            f"message body must be bytes, got {type(msg.body).__name__}; encode it first"
+        )
+    if len(msg.body) == 0:
+        raise InvalidArgumentError(f"message to {msg.topic!r} has an empty body; send some bytes")
+    if not 0 <= msg.delay_level <= DELAY_LEVEL_MAX:
+        raise InvalidArgumentError(
+            f"delay_level is {msg.delay_level}; use 0 (none) or 1..{DELAY_LEVEL_MAX}"
+        )
+    if msg.deliver_time_ms < 0:
+        raise InvalidArgumentError(f"deliver_time_ms is {msg.deliver_time_ms}; it must be >= 0")
+    try:
+        check_user_properties(msg.properties)
+        props = msg.wire_properties()
+        check_user_properties({Prop.TAGS: msg.tags, Prop.KEYS: " ".join(msg.key_list)})
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+    msg_id = new_unique_id()
+    props[Prop.UNIQ_KEY] = msg_id
+    encoded = codec.encode_properties(props)
+    if len(encoded) > codec.PROPERTIES_MAX_BYTES:
+        raise MessageTooLargeError(
+            f"the properties of a message to {msg.topic!r} take {len(encoded)} bytes encoded; "
+            f"the limit is {codec.PROPERTIES_MAX_BYTES}"
+        )
+    size = message_size_bytes(msg.topic, len(msg.body), len(encoded))
+    if size > max_size_bytes:
+        raise MessageTooLargeError(
+            f"message to {msg.topic!r} is {size} bytes (topic + body + 20 + properties); the "
+            f"limit is {max_size_bytes} (max_message_size_bytes); split it, or raise "
+            "maxMessageSize on producer and broker"
+        )
+    pb = common_pb2.Message(topic=msg.topic, flag=msg.flag, body=bytes(msg.body), properties=props)
+    return PreparedMessage(pb, msg_id, size, bool(msg.delay_level or msg.deliver_time_ms))
+
+
+def check_batch(items: Sequence[PreparedMessage], max_size_bytes: int) -> None:
+    """SPEC §5.5: one topic, no delayed message in a batch of several, total within the limit."""
+    if not items:
+        raise InvalidArgumentError("a batch needs at least one message")
+    topic = items[0].topic
+    for i, item in enumerate(items):
+        if item.topic != topic:
+            raise InvalidArgumentError(
+                f"batch message {i} is for topic {item.topic!r} but message 0 is for {topic!r}; "
+                "a batch holds one topic"
+            )
+        if item.delayed and len(items) > 1:
+            raise InvalidArgumentError(
+                f"batch message {i} is delayed; delayed messages cannot be batched (send it alone)"
+            )
+    total = sum(item.size_bytes for item in items)
+    if total > max_size_bytes:
+        raise MessageTooLargeError(
+            f"batch of {len(items)} messages to {topic!r} is {total} bytes (topic + body + 20 + "
+            f"properties each); the limit is {max_size_bytes}; split it into smaller batches"
+        )
+
+
+def build_send_request(
+    group: str,
+    mq: MessageQueue,
+    items: Sequence[PreparedMessage],
+    *,
+    default_topic: str = "",
+    default_topic_queue_nums: int = 4,
+    compress_over_bytes: int = COMPRESS_OVER_BYTES,
+    born_timestamp_ms: int | None = None,
+) -> messaging_pb2.SendRequest:
+    """The SendRequest for ``items`` to ``mq`` (``default_topic`` set for a borrowed route)."""
+    req = messaging_pb2.SendRequest(
+        producer_group=group,
+        queue_id=mq.queue_id,
+        born_timestamp_ms=born_timestamp_ms or time.time_ns() // 1_000_000,
+    )
+    if len(items) == 1 and 0 < compress_over_bytes < len(items[0].pb.body):
+        pb = common_pb2.Message()
+        pb.CopyFrom(items[0].pb)
+        pb.body = zlib.compress(pb.body, COMPRESS_LEVEL)
+        req.messages.append(pb)
+        req.sys_flag = codec.SysFlag.COMPRESSED
+    else:
+        req.messages.extend(item.pb for item in items)
+    if default_topic:
+        req.default_topic = default_topic
+        req.default_topic_queue_nums = default_topic_queue_nums
+    return req
+
+
+def to_results(
+    resp: messaging_pb2.SendResponse, mq: MessageQueue, count: int, target: str
+) -> list[SendResult]:
+    if len(resp.results) != count:
+        raise ServerError(
+            f"broker answered {len(resp.results)} results for {count} messages", target=target
+        )
+    out = []
+    for r in resp.results:
+        status = _STATUS.get(r.status)
+        if status is None:
+            raise ServerError(f"broker sent an unknown send status {r.status}", target=target)
+        queue = MessageQueue(mq.topic, mq.broker_name, r.queue_id)
+        out.append(
+            SendResult(status, r.msg_id, r.offset_msg_id, queue, r.queue_offset, r.transaction_id)
+        )
+    return out
+
+
+class SendHandler:
+    """Sends one SendRequest to one broker and turns the answer into SendResults or an error."""
+
+    def __init__(self, stub_of: Callable[[str], messaging_pb2_grpc.MessagingAsyncStub]) -> None:
+        self._stub_of = stub_of
+
+    async def send(
+        self, addr: str, mq: MessageQueue, req: messaging_pb2.SendRequest, timeout_ms: int
+    ) -> list[SendResult]:
+        try:
+            resp = await self._stub_of(addr).Send(req, timeout=max(timeout_ms, 1) / 1000)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err, addr) from None
+        return to_results(resp, mq, len(req.messages), addr)
+
+    def send_oneway(
+        self, addr: str, req: messaging_pb2.SendRequest, timeout_ms: int
+    ) -> asyncio.Future[object]:
+        """Hand the request to gRPC and return at once; the outcome is only logged."""
+        call = self._stub_of(addr).Send(req, timeout=max(timeout_ms, 1) / 1000)
+        fut: asyncio.Future[object] = asyncio.ensure_future(call)
+        fut.add_done_callback(_log_oneway_outcome)
+        return fut
+
+
+def _log_oneway_outcome(fut: asyncio.Future[object]) -> None:
+    if fut.cancelled():
+        return
+    exc = fut.exception()
+    if exc is not None:
+        log.debug("oneway send failed: %s", exc)
+
+
+class BatchSender:
+    """Ships ready batches of a :class:`RecordAccumulator`, at most ``in_flight_max`` at a time.
+
+    ``send_batch(batch)`` does the real work (queue choice, retries) and returns one result per
+    message; its outcome goes to the batch's futures and the batch's bytes are released.
+    """
+
+    def __init__(
+        self,
+        accumulator: RecordAccumulator[PreparedMessage],
+        send_batch: Callable[[ProducerBatch[PreparedMessage]], Awaitable[list[SendResult]]],
+        *,
+        in_flight_max: int,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self._acc = accumulator
+        self._send_batch = send_batch
+        self._slots = asyncio.Semaphore(in_flight_max)
+        self._now_ms = now_ms
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Forever: drain ready batches and send them; sleep until the next linger deadline."""
+        while True:
+            self._acc.wakeup.clear()
+            for batch in self._acc.drain_ready():
+                await self._slots.acquire()
+                task = asyncio.create_task(self._ship(batch))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            deadline = self._acc.next_deadline_ms()
+            wait_s = None if deadline is None else max(deadline - self._now_ms(), 0) / 1000
+            if wait_s == 0:
+                await asyncio.sleep(0)
+                continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._acc.wakeup.wait(), wait_s)
+
+    async def _ship(self, batch: ProducerBatch[PreparedMessage]) -> None:
+        try:
+            results = await self._send_batch(batch)
+            batch.complete(results)
+        except RocketQError as exc:
+            batch.fail(exc)
+        except Exception as exc:
+            log.exception("sending a batch of %d failed", len(batch.items))
+            batch.fail(exc)
+        except BaseException:
+            batch.fail(ClientStateError("the producer closed before this batch was sent"))
+            raise
+        finally:
+            self._acc.release(batch)
+            self._slots.release()
+
+    async def wait_in_flight(self) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
