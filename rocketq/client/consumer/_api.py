@@ -1,0 +1,189 @@
+"""The broker calls a consumer makes, with addressing and error translation in one place.
+
+Which broker answers what (SPEC §6.6, §6.12, DESIGN.md §6):
+
+| call                      | broker                                   | on "no address"          |
+|---------------------------|------------------------------------------|--------------------------|
+| Pull                      | the id the last pull response suggested  | refresh the route, retry |
+|                           | (0 = master, else a slave), else master  | once, else unavailable   |
+| Query/UpdateConsumerOffset| master (a slave refuses writes); a query | same                     |
+|                           | falls back to a slave when it is down    |                          |
+| Get{Max,Min}Offset,       | master, else any slave                   | same                     |
+| SearchOffsetByTimestamp   |                                          |                          |
+| GetConsumerIdList         | a random broker of the topic's route     | -                        |
+| ConsumerSendBack          | master of the message's broker group     | same                     |
+
+Every failure surfaces as a :class:`~rocketq.client.errors.RocketQError` naming the broker.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import grpc
+
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq.client._route import MASTER_ID, TopicRoute
+from rocketq.client.errors import BrokerUnavailableError, from_rpc_error
+from rocketq.codec import Prop
+from rocketq.message import MessageQueue, ReceivedMessage
+
+T = TypeVar("T")
+
+
+class InstanceLike(Protocol):
+    """What the consumer needs of :class:`rocketq.client._instance.ClientInstance`."""
+
+    @property
+    def client_id(self) -> str: ...
+
+    async def get_route(self, topic: str, *, refresh: bool = False) -> TopicRoute: ...
+
+    def cached_route(self, topic: str) -> TopicRoute | None: ...
+
+    def messaging(self, addr: str) -> messaging_pb2_grpc.MessagingAsyncStub: ...
+
+    async def heartbeat_now(self) -> object: ...
+
+
+def _mq_pb(mq: MessageQueue) -> common_pb2.MessageQueue:
+    return common_pb2.MessageQueue(topic=mq.topic, broker_name=mq.broker_name, queue_id=mq.queue_id)
+
+
+class BrokerApi:
+    """The consumer-side broker calls of one consumer group."""
+
+    def __init__(self, instance: InstanceLike, group: str, request_timeout_ms: int) -> None:
+        self._instance = instance
+        self.group = group
+        self._timeout_s = request_timeout_ms / 1000
+
+    # ---- addressing -------------------------------------------------------------------------
+
+    async def _route(self, topic: str, refresh: bool = False) -> TopicRoute:
+        route = None if refresh else self._instance.cached_route(topic)
+        if route is None:
+            route = await self._instance.get_route(topic, refresh=refresh)
+        return route
+
+    async def _addr(self, mq: MessageQueue, pick: Callable[[TopicRoute, str], str | None]) -> str:
+        """An address chosen by ``pick`` from the cached route, refreshing it once if needed."""
+        for refresh in (False, True):
+            addr = pick(await self._route(mq.topic, refresh), mq.broker_name)
+            if addr:
+                return addr
+        raise BrokerUnavailableError(
+            f"no live broker of group {mq.broker_name} for {mq} in the route of {mq.topic!r}"
+        )
+
+    async def master_addr(self, mq: MessageQueue) -> str:
+        return await self._addr(mq, lambda r, name: r.master_addr(name))
+
+    async def any_addr(self, mq: MessageQueue) -> str:
+        """The master, else a slave (reads that any replica can answer)."""
+        return await self._addr(mq, lambda r, name: r.broker_addr(name, MASTER_ID))
+
+    async def pull_addr(self, mq: MessageQueue, broker_id: int) -> tuple[str, bool]:
+        """Address to pull ``mq`` from, and whether it is a slave (SPEC §6.6 step 6)."""
+        found: list[bool] = []
+
+        def pick(route: TopicRoute, name: str) -> str | None:
+            addr = route.broker_addr(name, broker_id)
+            found.append(addr is not None and addr != route.master_addr(name))
+            return addr
+
+        addr = await self._addr(mq, pick)
+        return addr, found[-1]
+
+    async def _call(self, addr: str, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except grpc.RpcError as err:
+            raise from_rpc_error(err, addr) from None
+
+    # ---- calls ------------------------------------------------------------------------------
+
+    async def pull(
+        self, addr: str, request: messaging_pb2.PullRequest, timeout_ms: int
+    ) -> messaging_pb2.PullResponse:
+        stub = self._instance.messaging(addr)
+        return await self._call(addr, lambda: stub.Pull(request, timeout=timeout_ms / 1000))
+
+    async def query_offset(self, mq: MessageQueue) -> int:
+        """The group's stored offset of ``mq``; NotFoundError when it has none."""
+        addr = await self.any_addr(mq)
+        stub = self._instance.messaging(addr)
+        req = messaging_pb2.QueryConsumerOffsetRequest(
+            consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id
+        )
+        resp = await self._call(
+            addr, lambda: stub.QueryConsumerOffset(req, timeout=self._timeout_s)
+        )
+        return int(resp.offset)
+
+    async def update_offset(self, mq: MessageQueue, offset: int) -> None:
+        addr = await self.master_addr(mq)
+        stub = self._instance.messaging(addr)
+        req = messaging_pb2.UpdateConsumerOffsetRequest(
+            consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, commit_offset=offset
+        )
+        await self._call(addr, lambda: stub.UpdateConsumerOffset(req, timeout=self._timeout_s))
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        addr = await self.any_addr(mq)
+        stub = self._instance.messaging(addr)
+        req = messaging_pb2.GetMaxOffsetRequest(topic=mq.topic, queue_id=mq.queue_id)
+        resp = await self._call(addr, lambda: stub.GetMaxOffset(req, timeout=self._timeout_s))
+        return int(resp.offset)
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        addr = await self.any_addr(mq)
+        stub = self._instance.messaging(addr)
+        req = messaging_pb2.GetMinOffsetRequest(topic=mq.topic, queue_id=mq.queue_id)
+        resp = await self._call(addr, lambda: stub.GetMinOffset(req, timeout=self._timeout_s))
+        return int(resp.offset)
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        addr = await self.any_addr(mq)
+        stub = self._instance.messaging(addr)
+        req = messaging_pb2.SearchOffsetByTimestampRequest(
+            topic=mq.topic, queue_id=mq.queue_id, timestamp_ms=timestamp_ms
+        )
+        resp = await self._call(
+            addr, lambda: stub.SearchOffsetByTimestamp(req, timeout=self._timeout_s)
+        )
+        return int(resp.offset)
+
+    async def consumer_ids(self, topic: str) -> list[str]:
+        """The group's live members, asked of a random broker of ``topic`` (SPEC §6.10)."""
+        route = await self._route(topic)
+        addrs = sorted(
+            {a for name in route.brokers if (a := route.broker_addr(name, MASTER_ID)) is not None}
+        )
+        if not addrs:
+            raise BrokerUnavailableError(f"no live broker in the route of {topic!r}")
+        addr = random.choice(addrs)  # load spreading, not security
+        stub = self._instance.messaging(addr)
+        req = messaging_pb2.GetConsumerIdListRequest(consumer_group=self.group)
+        resp = await self._call(addr, lambda: stub.GetConsumerIdList(req, timeout=self._timeout_s))
+        return list(resp.consumer_ids)
+
+    async def send_back(
+        self, mq: MessageQueue, msg: ReceivedMessage, delay_level: int, max_reconsume_times: int
+    ) -> None:
+        """Return a failed message, pulled from ``mq``, for redelivery through %RETRY%{group}
+        (SPEC §6.14); the master of ``mq``'s broker group holds the record."""
+        addr = await self.master_addr(mq)
+        stub = self._instance.messaging(addr)
+        req = messaging_pb2.ConsumerSendBackRequest(
+            consumer_group=self.group,
+            commitlog_offset=msg.commitlog_offset,
+            delay_level=delay_level,
+            origin_msg_id=msg.properties.get(Prop.ORIGIN_MESSAGE_ID) or msg.msg_id,
+            origin_topic=msg.properties.get(Prop.RETRY_TOPIC) or msg.topic,
+        )
+        if max_reconsume_times >= 0:
+            req.max_reconsume_times = max_reconsume_times
+        await self._call(addr, lambda: stub.ConsumerSendBack(req, timeout=self._timeout_s))

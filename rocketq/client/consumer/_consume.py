@@ -1,0 +1,304 @@
+"""Concurrent consumption: listener calls, result processing, offsets (SPEC §6.11, §6.13).
+
+Pulled messages are split into batches of ``consume_message_batch_max_size`` and each batch is
+one listener call. A plain function runs on a thread pool of ``consume_thread_max`` threads; a
+coroutine function runs on the event loop. Either way a semaphore of ``consume_thread_max``
+bounds the calls in progress, and the number of waiting batches is bounded by the pull flow
+control (1000 cached messages per queue), so nothing here grows without limit.
+
+After a call (``process_consume_result``):
+
+* ``ack_index``: CONSUME_SUCCESS acks the batch up to ``ConsumeContext.ack_index`` (all of it
+  by default); RECONSUME_LATER, None, or an exception acks nothing.
+* Unacked messages: BROADCASTING drops them with a warning (no retry in that model).
+  CLUSTERING sends each back to the broker for redelivery through ``%RETRY%{group}``; a message
+  whose send-back fails (the broker refuses, is down, or does not implement it yet) gets
+  ``reconsume_times + 1`` and is consumed again **locally after 5 s**, staying in the
+  ProcessQueue meanwhile so the offset cannot pass it.
+* The offset to commit is the smallest offset still in the ProcessQueue (or one past the
+  highest pulled when it is empty): never beyond a message in flight, so a crash repeats
+  messages but never loses one (SPEC §6.11 "offset rule", §15: d before a, b, c keeps a).
+* If the queue was dropped meanwhile (rebalanced away), the result is ignored: the new owner
+  will consume those messages again from the last committed offset.
+
+Expiry (SPEC §6.13): every ``consume_timeout_minutes`` the head of each ProcessQueue is checked
+for messages whose listener call started more than that long ago; each is sent back (or, if
+that fails, consumed again locally) and released, so one stuck call cannot hold the offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rocketq.client.consumer.config import (
+    ConsumeContext,
+    ConsumeResult,
+    MessageListener,
+    MessageModel,
+)
+from rocketq.client.consumer.offset_store import OffsetStore
+from rocketq.client.consumer.process_queue import ProcessQueue, wall_clock_ms
+from rocketq.codec import Prop
+from rocketq.message import MessageQueue, ReceivedMessage
+from rocketq.validation import retry_topic
+
+log = logging.getLogger(__name__)
+
+LOCAL_RETRY_DELAY_S = 5.0
+"""SPEC §6.11: a message whose send-back failed is consumed again locally after 5 s."""
+EXPIRED_SEND_BACK_DELAY_LEVEL = 3
+"""RocketMQ sends an expired message back with delay level 3 (10 s)."""
+
+SendBack = Callable[[MessageQueue, ReceivedMessage, int], Awaitable[bool]]
+"""Returns a failed message to the broker; True if the broker took it."""
+
+
+def ack_index_for(result: ConsumeResult | None, context: ConsumeContext, size: int) -> int:
+    """Index of the last acknowledged message of a batch of ``size``; -1 for none."""
+    if result is not ConsumeResult.CONSUME_SUCCESS:
+        return -1
+    ack = context.ack_index
+    if ack is None or ack >= size:
+        return size - 1
+    return max(ack, -1)
+
+
+def is_async_listener(listener: object) -> bool:
+    """True for a coroutine function or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
+        getattr(listener, "__call__", None)  # noqa: B004 - a coroutine __call__, not callability
+    )
+
+
+def reset_retry_topic(msgs: list[ReceivedMessage], group: str) -> None:
+    """Show redelivered messages under their original topic, as RocketMQ does before a call."""
+    group_retry_topic = retry_topic(group)
+    for msg in msgs:
+        original = msg.properties.get(Prop.RETRY_TOPIC)
+        if original and msg.topic == group_retry_topic:
+            msg.topic = original
+
+
+class ConsumeService:
+    """Runs the listener over pulled batches and turns results into offsets (one consumer)."""
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        listener: MessageListener,
+        message_model: MessageModel,
+        batch_max_size: int,
+        thread_max: int,
+        offset_store: OffsetStore,
+        send_back: SendBack,
+        consume_timeout_ms: int,
+        local_retry_delay_s: float = LOCAL_RETRY_DELAY_S,
+    ) -> None:
+        self._group = group
+        self._listener = listener
+        self._async = is_async_listener(listener)
+        self._model = message_model
+        self._batch_max = batch_max_size
+        self._offsets = offset_store
+        self._send_back = send_back
+        self.consume_timeout_ms = consume_timeout_ms
+        self._local_retry_delay_s = local_retry_delay_s
+        self._slots = asyncio.Semaphore(thread_max)
+        self._executor: ThreadPoolExecutor | None = None
+        if not self._async:
+            self._executor = ThreadPoolExecutor(
+                max_workers=thread_max, thread_name_prefix=f"consume-{group}"
+            )
+        self._tasks: set[asyncio.Task[None]] = set()  # batches waiting for or in a listener
+        self._delayed: set[asyncio.Task[None]] = set()  # local retries waiting out their delay
+        self._closed = False
+        self.consumed_ok = 0
+        self.consumed_failed = 0
+
+    # ---- submission -------------------------------------------------------------------------
+
+    def submit(
+        self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue, dispatch: bool
+    ) -> None:
+        """Consume ``msgs`` in batches (``dispatch`` is for orderly consumers; unused here)."""
+        for start in range(0, len(msgs), self._batch_max):
+            self._spawn(self._consume(msgs[start : start + self._batch_max], pq, mq))
+
+    def submit_later(
+        self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue, delay_s: float
+    ) -> None:
+        """Consume ``msgs`` again after ``delay_s`` (local retry)."""
+
+        async def later() -> None:
+            await asyncio.sleep(delay_s)
+            if not pq.dropped and not self._closed:
+                self.submit(msgs, pq, mq, True)
+
+        self._spawn(later(), self._delayed)
+
+    def _spawn(
+        self, coro: Coroutine[Any, Any, None], tasks: set[asyncio.Task[None]] | None = None
+    ) -> None:
+        if self._closed:
+            coro.close()
+            return
+        bucket = self._tasks if tasks is None else tasks
+        task = asyncio.create_task(coro)
+        bucket.add(task)
+        task.add_done_callback(bucket.discard)
+
+    # ---- one listener call ------------------------------------------------------------------
+
+    async def _consume(
+        self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue
+    ) -> None:
+        if pq.dropped:
+            return
+        async with self._slots:
+            if pq.dropped or self._closed:
+                # Not consumed: the committed offset stays below these messages.
+                return
+            context = ConsumeContext(mq)
+            reset_retry_topic(msgs, self._group)
+            pq.mark_consume_start(msgs)
+            result = await self._call_listener(list(msgs), context, mq)
+        if pq.dropped:
+            log.warning(
+                "group %s: %s was dropped while %d message(s) were consumed; their result is "
+                "ignored and the new owner may consume them again",
+                self._group,
+                mq,
+                len(msgs),
+            )
+            return
+        await self.process_consume_result(result, context, msgs, pq, mq)
+
+    async def _call_listener(
+        self, msgs: list[ReceivedMessage], context: ConsumeContext, mq: MessageQueue
+    ) -> ConsumeResult | None:
+        try:
+            if self._executor is not None:
+                loop = asyncio.get_running_loop()
+                outcome: Any = await loop.run_in_executor(
+                    self._executor, functools.partial(self._listener, msgs, context)
+                )
+            else:
+                outcome = self._listener(msgs, context)
+            if inspect.isawaitable(outcome):
+                outcome = await outcome
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "group %s: listener raised on %d message(s) of %s; they will be retried",
+                self._group,
+                len(msgs),
+                mq,
+            )
+            return None
+        if outcome is not None and not isinstance(outcome, ConsumeResult):
+            log.warning(
+                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
+                self._group,
+                outcome,
+            )
+            return None
+        return outcome
+
+    # ---- results ----------------------------------------------------------------------------
+
+    async def process_consume_result(
+        self,
+        result: ConsumeResult | None,
+        context: ConsumeContext,
+        msgs: list[ReceivedMessage],
+        pq: ProcessQueue,
+        mq: MessageQueue,
+    ) -> None:
+        """Handle the unacked tail of a batch, then commit the smallest offset in flight."""
+        ack = ack_index_for(result, context, len(msgs))
+        self.consumed_ok += ack + 1
+        failed = msgs[ack + 1 :]
+        self.consumed_failed += len(failed)
+        done = msgs
+        if failed and self._model is MessageModel.BROADCASTING:
+            for msg in failed:
+                log.warning(
+                    "group %s: BROADCASTING consumption of %s (offset %d of %s) failed; "
+                    "dropped, broadcasting has no retry",
+                    self._group,
+                    msg.msg_id,
+                    msg.queue_offset,
+                    mq,
+                )
+        elif failed:
+            retry_here: list[ReceivedMessage] = []
+            for msg in failed:
+                if not await self._send_back(mq, msg, context.delay_level_when_next_consume):
+                    msg.reconsume_times += 1
+                    retry_here.append(msg)
+            if retry_here:
+                kept = {id(m) for m in retry_here}
+                done = [m for m in msgs if id(m) not in kept]
+                self.submit_later(retry_here, pq, mq, self._local_retry_delay_s)
+        offset = pq.remove_messages(done)
+        if offset >= 0 and not pq.dropped:
+            self._offsets.update_offset(mq, offset, increase_only=True)
+
+    # ---- expiry (SPEC §6.13) ----------------------------------------------------------------
+
+    async def clean_expired(self, table: Mapping[MessageQueue, ProcessQueue]) -> int:
+        """Send back and release messages stuck in a listener call too long; returns how many."""
+        now_ms = wall_clock_ms()
+        released = 0
+        for mq, pq in list(table.items()):
+            if pq.dropped:
+                continue
+            for msg in pq.expired_messages(now_ms, self.consume_timeout_ms):
+                log.warning(
+                    "group %s: message %s (offset %d of %s) has been consumed for more than "
+                    "%d ms; sending it back for retry",
+                    self._group,
+                    msg.msg_id,
+                    msg.queue_offset,
+                    mq,
+                    self.consume_timeout_ms,
+                )
+                if await self._send_back(mq, msg, EXPIRED_SEND_BACK_DELAY_LEVEL):
+                    offset = pq.remove_messages([msg])
+                    if offset >= 0 and not pq.dropped:
+                        self._offsets.update_offset(mq, offset, increase_only=True)
+                    released += 1
+                else:
+                    # Consume it again here; whichever call finishes first releases it, and
+                    # the new call restarts its expiry clock.
+                    msg.reconsume_times += 1
+                    self.submit([msg], pq, mq, True)
+        return released
+
+    # ---- shutdown ---------------------------------------------------------------------------
+
+    async def shutdown(self, await_termination_ms: int) -> None:
+        """Stop taking work; wait up to ``await_termination_ms`` for calls in progress."""
+        self._closed = True
+        for task in list(self._delayed):
+            task.cancel()
+        tasks = list(self._tasks)
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=await_termination_ms / 1000)
+            for task in pending:
+                task.cancel()
+            if pending:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait(pending, timeout=1.0)
+        if self._executor is not None:
+            # Threads still in a listener cannot be interrupted; do not wait for them.
+            self._executor.shutdown(wait=False, cancel_futures=True)
