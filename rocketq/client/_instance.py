@@ -52,6 +52,8 @@ STREAM_BACKOFF_MAX_S = 5.0
 #: Commands waiting to be written on one stream; beyond this a heartbeat is dropped (the next
 #: one carries the same data) rather than piling up behind a stalled broker.
 STREAM_OUTBOX_MAX = 64
+#: How long closing a stream waits for each step of a graceful end before cancelling it.
+STREAM_CLOSE_WAIT_S = 1.0
 
 
 @functools.cache
@@ -132,6 +134,8 @@ class _Channel:
 
 
 _Outgoing = tuple[messaging_pb2.ClientStreamRequest, "asyncio.Future[None] | None"]
+# Outbox marker: the writer half-closes the stream (after everything queued before it).
+_HALF_CLOSE = messaging_pb2.ClientStreamRequest()
 
 
 class _BrokerStream:
@@ -210,13 +214,16 @@ class _BrokerStream:
                 self._dispatch(resp)
         finally:
             writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
             call.cancel()
 
     async def _write_loop(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
             req, fut = await self._outbox.get()
+            if req is _HALF_CLOSE:
+                await call.done_writing()
+                return
             if fut is not None and fut.done():
                 continue
             is_heartbeat = req.WhichOneof("command") == "heartbeat"
@@ -272,14 +279,20 @@ class _BrokerStream:
             log.exception("handling %s from %s failed", kind, self.addr)
 
     async def close(self, goodbye: messaging_pb2.ClientStreamRequest | None = None) -> None:
-        """Optionally write ``goodbye`` (bounded wait), then end the stream."""
-        if goodbye is not None and self._call is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._call.write(goodbye), 1.0)
+        """Write ``goodbye`` (if given) and half-close through the writer, so writes never
+        overlap, and let the broker end the stream; cancel it if that takes too long. A graceful
+        end leaves no gRPC operation pending when the event loop closes."""
         self._closing = True
         if self._call is not None:
-            self._call.cancel()
-        self._task.cancel()
+            with contextlib.suppress(asyncio.QueueFull):
+                if goodbye is not None:
+                    self._outbox.put_nowait((goodbye, None))
+                self._outbox.put_nowait((_HALF_CLOSE, None))
+                await asyncio.wait({self._task}, timeout=STREAM_CLOSE_WAIT_S)
+        if not self._task.done():
+            if self._call is not None:
+                self._call.cancel()
+            self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
         self._fail_acks()
@@ -552,25 +565,30 @@ class ClientInstance:
         with contextlib.suppress(Exception):
             await self.heartbeat_now()
 
-    async def heartbeat_now(self) -> None:
+    async def heartbeat_now(self) -> list[str]:
         """Heartbeat every broker of every route in use and wait (bounded) for their acks.
 
-        A broker that does not acknowledge within ``request_timeout_ms`` is logged, not raised:
-        its stream keeps reconnecting and the next heartbeat will reach it.
+        Returns the addresses of the brokers that acknowledged. One that does not within
+        ``request_timeout_ms`` is logged, not raised: its stream keeps reconnecting and the next
+        heartbeat will reach it.
         """
         self._open_streams()
         streams = list(self._streams.values())
         futs = [s.heartbeat() for s in streams]
         if not futs:
-            return
-        done, pending = await asyncio.wait(futs, timeout=self.config.request_timeout_ms / 1000)
+            return []
+        _done, pending = await asyncio.wait(futs, timeout=self.config.request_timeout_ms / 1000)
         for fut in pending:
             fut.cancel()
+        acked = []
         for stream, fut in zip(streams, futs, strict=True):
-            if fut in done and fut.exception() is not None:
-                log.debug("heartbeat to %s failed: %s", stream.addr, fut.exception())
-            elif fut in pending:
+            if fut in pending:
                 log.debug("heartbeat to %s not acknowledged in time", stream.addr)
+            elif fut.exception() is not None:
+                log.debug("heartbeat to %s failed: %s", stream.addr, fut.exception())
+            else:
+                acked.append(stream.addr)
+        return sorted(acked)
 
     async def _heartbeat_loop(self) -> None:
         interval_s = self.config.heartbeat_broker_interval_ms / 1000
