@@ -45,7 +45,7 @@ from rocketq.client.consumer.offset_store import parse_offsets
 from rocketq.client.errors import TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig, SyncProducer
 from rocketq.message import Message, MessageQueue, ReceivedMessage
-from tests.integration.cluster import Cluster, cluster
+from tests.integration.cluster import Cluster, ServiceProcess, cluster, restart
 
 pytestmark = pytest.mark.integration
 
@@ -718,3 +718,36 @@ def test_sync_consumers(env: Cluster) -> None:
             got += [m.body.decode() for m in lc.poll(200)]
         lc.commit_sync()
         assert sorted(got) == sorted(sent)
+
+
+# ---- broker restart ----------------------------------------------------------------------------
+
+
+def test_consumer_follows_a_restarted_broker_without_loss(tmp_path: Path) -> None:
+    """The broker comes back on another port: pulls fail, the route is asked again, and
+    consumption resumes from the offsets the broker kept (SPEC §10.1: no loss)."""
+    topic, group = "CBrokerRestart", "g-broker-restart"
+    with cluster(tmp_path) as c:
+        restarted: list[ServiceProcess] = []
+
+        async def main() -> None:
+            await make_topic(c, topic, 2)
+            rec = Recorder()
+            consumer = push(c, group, rec.listener("c"), topic)
+            await consumer.start()
+            async with producer(c, "restart-1") as p:
+                first = await send_all(p, topic, [f"p{i}" for i in range(20)])
+            await until(lambda: set(first) <= set(rec.bodies()), what="before the restart")
+            await asyncio.to_thread(c.brokers[0].stop)
+            restarted.append(await asyncio.to_thread(restart, c.brokers[0]))
+            async with producer(c, "restart-2") as p:
+                second = await send_all(p, topic, [f"q{i}" for i in range(20)])
+            await until(lambda: set(second) <= set(rec.bodies()), timeout_s=30, what="after")
+            await consumer.close()
+            assert set(rec.bodies()) == set(first + second)
+
+        try:
+            asyncio.run(main())
+        finally:
+            for sp in restarted:
+                sp.stop()

@@ -18,6 +18,7 @@ Every failure surfaces as a :class:`~rocketq.client.errors.RocketQError` naming 
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
@@ -26,11 +27,13 @@ import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
 from rocketq.client._route import MASTER_ID, TopicRoute
-from rocketq.client.errors import BrokerUnavailableError, from_rpc_error
+from rocketq.client.errors import BrokerUnavailableError, RocketQError, from_rpc_error
 from rocketq.codec import Prop
 from rocketq.message import MessageQueue, ReceivedMessage
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class InstanceLike(Protocol):
@@ -46,6 +49,8 @@ class InstanceLike(Protocol):
     def messaging(self, addr: str) -> messaging_pb2_grpc.MessagingAsyncStub: ...
 
     async def heartbeat_now(self) -> object: ...
+
+    async def refresh_routes(self) -> None: ...
 
 
 def _mq_pb(mq: MessageQueue) -> common_pb2.MessageQueue:
@@ -96,6 +101,19 @@ class BrokerApi:
 
         addr = await self._addr(mq, pick)
         return addr, found[-1]
+
+    async def refresh_route(self, topic: str) -> None:
+        """Ask the nameserver again (a broker stopped answering; it may have moved).
+
+        Every route of the client instance is refreshed, not only ``topic``'s: that also ends
+        the instance's streams to brokers no route names any more, so they stop being waited
+        on (heartbeats, unregistering at close).
+        """
+        try:
+            await self._instance.refresh_routes()
+            await self._instance.get_route(topic)
+        except RocketQError as exc:
+            log.debug("route refresh of %s failed: %s", topic, exc)
 
     async def _call(self, addr: str, call: Callable[[], Awaitable[T]]) -> T:
         try:

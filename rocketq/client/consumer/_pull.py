@@ -42,7 +42,7 @@ from rocketq.client.consumer._rebalance import PullRequest
 from rocketq.client.consumer._subscription import Subscription, filter_by_tags
 from rocketq.client.consumer.offset_store import OffsetStore, ReadOffsetType
 from rocketq.client.consumer.process_queue import ProcessQueue, wall_clock_ms
-from rocketq.client.errors import FailedPreconditionError, RocketQError
+from rocketq.client.errors import BrokerUnavailableError, FailedPreconditionError, RocketQError
 from rocketq.codec import Prop
 from rocketq.message import MessageQueue, ReceivedMessage, decode_records
 
@@ -158,7 +158,16 @@ class Puller:
             sub_version=sub.sub_version,
         )
         async with self._slots:
-            resp = await self._api.pull(addr, request, timeout_ms)
+            try:
+                resp = await self._api.pull(addr, request, timeout_ms)
+            except BrokerUnavailableError:
+                # The broker may have restarted elsewhere: ask the nameserver now rather than at
+                # the next 30 s route poll, and if the queue has moved, pull there at once.
+                await self._api.refresh_route(mq.topic)
+                moved, _ = await self._api.pull_addr(mq, req.broker_id)
+                if moved == addr:
+                    raise
+                resp = await self._api.pull(moved, request, timeout_ms)
         req.broker_id = int(resp.suggest_which_broker_id)
         msgs: list[ReceivedMessage] = []
         first_offset = -1

@@ -122,7 +122,7 @@ class _Handle:
 
     def on_route_changed(self, topic: str, route: TopicRoute) -> None:
         if self._c._rebalance_service is not None and topic in self._c._subscriptions:
-            self._c._rebalance_service.wakeup()
+            self._c._spawn(self._c._heartbeat_then_rebalance())
 
     def on_consumer_ids_changed(self) -> None:
         if self._c._rebalance_service is not None:
@@ -586,7 +586,17 @@ class LitePullConsumer:
             subscriptions=[s.to_pb() for _t, s in sorted(self._subscriptions.items())],
         )
 
+    async def _heartbeat_then_rebalance(self) -> None:
+        if self._instance is not None:
+            with contextlib.suppress(Exception):
+                await self._instance.heartbeat_now()
+        if self._rebalance_service is not None:
+            self._rebalance_service.wakeup()
+
     def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        if self._state != "RUNNING":  # a late notice while closing: nothing to do any more
+            coro.close()
+            return
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -98,8 +98,8 @@ class _Handle:
         return sorted(self._c._subscriptions)
 
     def on_route_changed(self, topic: str, route: TopicRoute) -> None:
-        if topic in self._c._subscriptions and self._c._rebalance_service is not None:
-            self._c._rebalance_service.wakeup()
+        if topic in self._c._subscriptions:
+            self._c._spawn(self._c._heartbeat_then_rebalance())
 
     def on_consumer_ids_changed(self) -> None:
         if self._c._rebalance_service is not None:
@@ -431,6 +431,15 @@ class PushConsumer:
         if self._rebalance_service is not None:
             self._rebalance_service.wakeup()
 
+    async def _heartbeat_then_rebalance(self) -> None:
+        """A route changed: let its (maybe new) brokers know us first, or they would answer
+        the rebalance with a member list without us."""
+        if self._instance is not None:
+            with contextlib.suppress(Exception):
+                await self._instance.heartbeat_now()
+        if self._rebalance_service is not None:
+            self._rebalance_service.wakeup()
+
     def _restart_queues_soon(self) -> None:
         """After an illegal offset dropped a queue: rebalance (restarting it) in a moment."""
 
@@ -444,6 +453,9 @@ class PushConsumer:
     # ---- background loops -------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        if self._state != "RUNNING":  # a late notice while closing: nothing to do any more
+            coro.close()
+            return
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
