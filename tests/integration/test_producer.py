@@ -39,6 +39,7 @@ from rocketq.client.producer import (
     Producer,
     ProducerConfig,
     SelectMessageQueueByHash,
+    SyncAccumulatingProducer,
     SyncProducer,
 )
 from rocketq.client.producer.selectors import java_hash_code
@@ -195,12 +196,18 @@ def test_every_send_mode_round_trips(one_broker: Cluster) -> None:
             )
             [r] = sp.send_batch([Message(topic, b"blocking-batch")])
             sent.append((r, b"blocking-batch"))
+        acc_cfg = AccumulatingProducerConfig("pg_modes_acc", one_broker.namesrv_addrs)
+        with SyncAccumulatingProducer(acc_cfg) as ap:
+            sent.append((ap.send(Message(topic, b"acc")), b"acc"))
+            futs = [ap.send_async(Message(topic, b"acc-%d" % i)) for i in range(20)]
+            ap.flush()
+            sent.extend((f.result(10), b"acc-%d" % i) for i, f in enumerate(futs))
 
     worker = threading.Thread(target=blocking_sends)
     worker.start()
     worker.join(60)
     stored = asyncio.run(main())
-    assert len(sent) == 3 + 10 + 3
+    assert len(sent) == 3 + 10 + 3 + 21
     for result, body in sent:
         assert result.status is SendStatus.SEND_OK
         assert len(result.msg_id) == 32

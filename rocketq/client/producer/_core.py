@@ -227,12 +227,9 @@ class ProducerCore:
             default_topic_queue_nums=cfg.default_topic_queue_nums,
             compress_over_bytes=cfg.compress_msg_body_over_bytes,
         )
-        handler = self._handler
-        if handler is None:
-            handler = self._handler = SendHandler(self.instance.messaging)
         started_ms = _now_ms()
         try:
-            results = await handler.send(addr, mq, req, timeout_ms)
+            results = await self._send_handler().send(addr, mq, req, timeout_ms)
         except RocketQError as exc:
             if self.fault is not None and exc.retriable:
                 self.fault.update(mq.broker_name, _now_ms() - started_ms, isolation=True)
@@ -240,6 +237,11 @@ class ProducerCore:
         if self.fault is not None:
             self.fault.update(mq.broker_name, _now_ms() - started_ms, isolation=False)
         return results
+
+    def _send_handler(self) -> SendHandler:
+        if self._handler is None:
+            self._handler = SendHandler(self.instance.messaging)
+        return self._handler
 
     async def send_oneway(
         self, mq: MessageQueue | None, item: PreparedMessage, timeout_ms: int
@@ -261,7 +263,7 @@ class ProducerCore:
             default_topic_queue_nums=cfg.default_topic_queue_nums,
             compress_over_bytes=cfg.compress_msg_body_over_bytes,
         )
-        return SendHandler(self.instance.messaging).send_oneway(addr, req, timeout_ms)
+        return self._send_handler().send_oneway(addr, req, timeout_ms)
 
     async def send_to_queue(
         self, mq: MessageQueue, items: Sequence[PreparedMessage], timeout_ms: int
