@@ -1,0 +1,275 @@
+"""Pull: read a queue from an offset, correct bad offsets, long-poll when there is nothing new.
+
+Steps (SPEC §6.7, proto ``Messaging.Pull`` for the codes):
+
+1. validate names, offset, ``max_msg_nums`` (1..1024, default 32) and sys flags
+   (FLAG_CLASS_FILTER is refused); the broker must be readable;
+2. the subscription group: ``find_or_create`` (NOT_FOUND SUBSCRIPTION_GROUP_NOT_EXIST when it is
+   unknown and auto-create is off), ``consume_enable`` (PERMISSION_DENIED);
+3. the topic: known (NOT_FOUND TOPIC_NOT_EXIST), readable, ``queue_id < read_queue_nums``;
+4. the subscription: from the request under FLAG_SUBSCRIPTION, else from the group's heartbeat
+   (FAILED_PRECONDITION when there is none, or when the broker's copy is older than the
+   request's ``sub_version`` — the client should heartbeat and retry);
+5. FLAG_COMMIT_OFFSET on a master stores ``commit_offset`` (SPEC §6.12: every pull carries it);
+6. ``store.get_messages`` with the tag-hash filter, and the status mapped as below;
+7. NO_NEW_MSG at the end of the queue with FLAG_SUSPEND: hold (long polling, SPEC §6.9), then
+   run step 6 once more without suspending.
+
+| store status (SPEC §6.7)                     | PullStatus (SPEC §6.8)                       |
+|----------------------------------------------|----------------------------------------------|
+| FOUND                                        | FOUND                                        |
+| NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING     | NO_MATCHED_MSG                               |
+| NO_MESSAGE_IN_QUEUE, NO_MATCHED_LOGIC_QUEUE  | OFFSET_ILLEGAL if offset != 0, else NO_NEW_MSG |
+| OFFSET_FOUND_NULL, OFFSET_OVERFLOW_ONE       | NO_NEW_MSG                                   |
+| OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL      | OFFSET_ILLEGAL                               |
+
+On a slave an OFFSET_ILLEGAL is not applied (RocketMQ's ``offsetCheckInSlave`` = false): the
+answer is NO_MATCHED_MSG at the requested offset with the group's normal broker id suggested,
+so the consumer retries on the master, which owns offset corrections.
+
+``suggest_which_broker_id`` is the group's ``which_broker_when_consume_slowly`` when the store
+says the backlog lies beyond memory, else the group's ``broker_id`` (0, the master, by default).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypeAlias
+
+import grpc
+
+from rocketq import codec
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq.validation import PULL_BATCH_MAX, check_group, check_topic, is_readable
+from services.broker.client_manager import ClientManager
+from services.broker.config import BrokerConfig
+from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.filter import SubscriptionData, parse_subscription, tags_filter_of
+from services.broker.model import SubscriptionGroupConfig
+from services.broker.pull_hold import PullHoldService
+from services.broker.query_processor import record_to_pb
+from services.broker.subscription_group_manager import SubscriptionGroupManager
+from services.broker.topic_config_manager import TopicConfigManager
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.errors import denied, invalid, not_found, precondition
+from services.store.message_store import GetResult, GetStatus, MessageStore
+
+log = logging.getLogger(__name__)
+
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+FLAG_CLASS_FILTER = 0x8
+"""PullSysFlag bits (SPEC §11.6)."""
+PULL_BATCH_DEFAULT = 32
+DEADLINE_MARGIN_MS = 50
+"""A hold ends this long before the call's gRPC deadline, so the client gets NO_NEW_MSG, not
+DEADLINE_EXCEEDED."""
+
+PullStatus: TypeAlias = "messaging_pb2.PullStatus.ValueType"
+FOUND = messaging_pb2.FOUND
+NO_NEW_MSG = messaging_pb2.NO_NEW_MSG
+NO_MATCHED_MSG = messaging_pb2.NO_MATCHED_MSG
+OFFSET_ILLEGAL = messaging_pb2.OFFSET_ILLEGAL
+
+_STATUS: dict[GetStatus, PullStatus] = {
+    GetStatus.FOUND: FOUND,
+    GetStatus.NO_MATCHED_MESSAGE: NO_MATCHED_MSG,
+    GetStatus.MESSAGE_WAS_REMOVING: NO_MATCHED_MSG,
+    GetStatus.OFFSET_FOUND_NULL: NO_NEW_MSG,
+    GetStatus.OFFSET_OVERFLOW_ONE: NO_NEW_MSG,
+    GetStatus.OFFSET_OVERFLOW_BADLY: OFFSET_ILLEGAL,
+    GetStatus.OFFSET_TOO_SMALL: OFFSET_ILLEGAL,
+}
+_EMPTY_QUEUE = frozenset({GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE})
+_HOLDABLE = frozenset({GetStatus.OFFSET_OVERFLOW_ONE, *_EMPTY_QUEUE})
+"""Statuses meaning "at the end of the queue": only these wait for an arrival."""
+
+
+def pull_status(get: GetStatus, request_offset: int) -> PullStatus:
+    """The PullStatus a client sees for a store status (the table above)."""
+    if get in _EMPTY_QUEUE:
+        return OFFSET_ILLEGAL if request_offset != 0 else NO_NEW_MSG
+    return _STATUS[get]
+
+
+class PullProcessor:
+    """Answers Pull requests (one per broker)."""
+
+    def __init__(
+        self,
+        *,
+        config: BrokerConfig,
+        store: MessageStore,
+        topics: TopicConfigManager,
+        groups: SubscriptionGroupManager,
+        offsets: ConsumerOffsetManager,
+        clients: ClientManager,
+        hold: PullHoldService,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.offsets = offsets
+        self.clients = clients
+        self.hold = hold
+        self.clock = clock
+
+    async def pull(
+        self, req: messaging_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any] | None
+    ) -> messaging_pb2.PullResponse:
+        """One Pull; raises ServiceError for a refused request (offset trouble is a status)."""
+        max_nums, group_cfg = self._check(req)
+        sub = self._subscription(req)
+        tags_filter = tags_filter_of(sub, enable_property_filter=self.config.enable_property_filter)
+        topic, qid, offset = req.topic, req.queue_id, req.queue_offset
+        flags = req.sys_flag
+        if flags & FLAG_COMMIT_OFFSET and self.config.is_master and req.commit_offset >= 0:
+            peer = context.peer() if context is not None else ""
+            self.offsets.commit(req.consumer_group, topic, qid, req.commit_offset, client=peer)
+        result = self.store.get_messages(topic, qid, offset, max_nums, tags_filter=tags_filter)
+        if (
+            result.status in _HOLDABLE
+            and flags & FLAG_SUSPEND
+            and pull_status(result.status, offset) == NO_NEW_MSG
+        ):
+            hold_ms = self._hold_ms(req.suspend_timeout_ms, context)
+            if hold_ms > 0:
+                await self.hold.hold(topic, qid, result.next_begin_offset, tags_filter, hold_ms)
+                result = self.store.get_messages(
+                    topic, qid, offset, max_nums, tags_filter=tags_filter
+                )
+        return self._response(req, result, group_cfg)
+
+    # -- steps -----------------------------------------------------------------------------
+    def _check(self, req: messaging_pb2.PullRequest) -> tuple[int, SubscriptionGroupConfig]:
+        try:
+            check_group(req.consumer_group)
+            check_topic(req.topic)
+        except ValueError as exc:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, str(exc))
+        if req.queue_offset < 0:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, f"queue_offset {req.queue_offset} is negative")
+        if req.queue_id < 0:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, f"queue id {req.queue_id} is negative")
+        max_nums = req.max_msg_nums if req.HasField("max_msg_nums") else PULL_BATCH_DEFAULT
+        if not 1 <= max_nums <= PULL_BATCH_MAX:
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                f"max_msg_nums {max_nums} is outside 1..{PULL_BATCH_MAX}",
+            )
+        if req.sys_flag & FLAG_CLASS_FILTER:
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                "FLAG_CLASS_FILTER (0x8): class-filter mode is not supported; subscribe by TAG",
+            )
+        if req.suspend_timeout_ms < 0:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, "suspend_timeout_ms must not be negative")
+        if not is_readable(self.config.broker_permission):
+            denied(f"broker {self.config.broker_name} is not readable")
+        group_cfg = self.groups.find_or_create(req.consumer_group)
+        if group_cfg is None:
+            not_found(
+                common_pb2.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"subscription group {req.consumer_group} does not exist and "
+                "autoCreateSubscriptionGroup is false; create it with the admin tool",
+                consumer_group=req.consumer_group,
+            )
+        if not group_cfg.consume_enable:
+            denied(f"consumer group {req.consumer_group} may not consume (consume_enable false)")
+        topic_cfg = self.topics.get(req.topic)
+        if topic_cfg is None:
+            not_found(
+                common_pb2.TOPIC_NOT_EXIST,
+                f"topic {req.topic} does not exist on broker {self.config.broker_name}",
+                topic=req.topic,
+            )
+        if not is_readable(topic_cfg.perm):
+            denied(f"topic {req.topic} is not readable (perm {topic_cfg.perm})", topic=req.topic)
+        if req.queue_id >= topic_cfg.read_queue_nums:
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                f"queue id {req.queue_id} is outside [0, {topic_cfg.read_queue_nums}) for "
+                f"topic {req.topic}",
+                topic=req.topic,
+            )
+        return max_nums, group_cfg
+
+    def _subscription(self, req: messaging_pb2.PullRequest) -> SubscriptionData:
+        if req.sys_flag & FLAG_SUBSCRIPTION:
+            return parse_subscription(
+                req.topic, req.subscription, req.expression_type, req.sub_version
+            )
+        sub = self.clients.subscription(req.consumer_group, req.topic)
+        if sub is None:
+            precondition(
+                f"consumer group {req.consumer_group} has no subscription to {req.topic} on "
+                "this broker; send a heartbeat on ClientStream first, or set FLAG_SUBSCRIPTION",
+                consumer_group=req.consumer_group,
+                topic=req.topic,
+            )
+        if sub.sub_version < req.sub_version:
+            precondition(
+                f"the broker holds subscription version {sub.sub_version} of group "
+                f"{req.consumer_group} to {req.topic}, older than the pull's {req.sub_version}; "
+                "heartbeat and retry",
+                consumer_group=req.consumer_group,
+                topic=req.topic,
+            )
+        return sub
+
+    def _hold_ms(
+        self, requested_ms: int, context: grpc.aio.ServicerContext[Any, Any] | None
+    ) -> int:
+        hold_ms = self.hold.hold_time_ms(requested_ms)
+        remaining_s = context.time_remaining() if context is not None else None
+        if remaining_s is not None:
+            hold_ms = min(hold_ms, int(remaining_s * 1000) - DEADLINE_MARGIN_MS)
+        return hold_ms
+
+    def _response(
+        self,
+        req: messaging_pb2.PullRequest,
+        result: GetResult,
+        group_cfg: SubscriptionGroupConfig,
+    ) -> messaging_pb2.PullResponse:
+        status = pull_status(result.status, req.queue_offset)
+        next_offset = result.next_begin_offset
+        suggest = (
+            group_cfg.which_broker_when_consume_slowly
+            if result.suggest_pull_from_slave
+            else group_cfg.broker_id
+        )
+        if status == OFFSET_ILLEGAL:
+            if self.config.is_master:
+                log.info(
+                    "pull offset moved: group=%s topic=%s queue=%d offset=%d -> %d (%s, "
+                    "min %d max %d)",
+                    req.consumer_group,
+                    req.topic,
+                    req.queue_id,
+                    req.queue_offset,
+                    next_offset,
+                    result.status.value,
+                    result.min_offset,
+                    result.max_offset,
+                )
+            else:
+                status, next_offset, suggest = NO_MATCHED_MSG, req.queue_offset, group_cfg.broker_id
+        resp = messaging_pb2.PullResponse(
+            status=status,
+            next_begin_offset=next_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+            suggest_which_broker_id=suggest,
+        )
+        if status == FOUND:
+            if req.decoded:
+                resp.messages.extend(
+                    record_to_pb(codec.decode_record(r, check_crc=False)) for r in result.records
+                )
+            else:
+                resp.records = b"".join(result.records)
+        return resp
