@@ -160,13 +160,26 @@ class FlushService:
             if sync and not self._waiters:
                 continue
             try:
-                flushed = await loop.run_in_executor(self._cl_executor, self._flush_cl_once)
+                flushed = await self._flush_expiring(loop)
             except OSError as exc:  # a failing disk: writers time out with FLUSH_DISK_TIMEOUT
                 log.error("commitlog flush failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
             self.flushed_offset = max(self.flushed_offset, flushed)
             self._release(self.flushed_offset)
+            self._expire(loop.time())
+
+    async def _flush_expiring(self, loop: asyncio.AbstractEventLoop) -> int:
+        """Run one fsync off the loop; writers whose deadline passes meanwhile get their
+        FLUSH_DISK_TIMEOUT on time instead of a late SEND_OK when a slow disk finally answers."""
+        flush = loop.run_in_executor(self._cl_executor, self._flush_cl_once)
+        while True:
+            timeout = None
+            if self._waiters:
+                timeout = max(0.0, self._waiters[0][2] - loop.time())
+            done, _ = await asyncio.wait({flush}, timeout=timeout)
+            if done:
+                return flush.result()
             self._expire(loop.time())
 
     async def _logics_loop(self) -> None:

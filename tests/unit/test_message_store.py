@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rocketq import codec
+from services.common import failpoints
 from services.common.clock import ManualClock
 from services.store.commitlog import MessageToStore
 from services.store.config import StoreConfig
@@ -520,6 +521,29 @@ def test_sync_flush_put_is_acknowledged_after_fsync(tmp_path: Path) -> None:
         assert store.max_offset("T", 0) == 21
     finally:
         store.close_files()
+
+
+def test_sync_flush_timeout_is_reported_while_a_slow_fsync_is_still_running(
+    tmp_path: Path,
+) -> None:
+    """A stuck fsync must not turn FLUSH_DISK_TIMEOUT into a late SEND_OK (regression)."""
+    config = _config(tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout_ms=50)
+
+    async def run() -> None:
+        store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
+        await store.start()
+        failpoints.reload("commitlog_before_flush=sleep(600)")
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            res = await store.put([_msg(body=b"slow disk")])
+            assert res.status is PutStatus.FLUSH_DISK_TIMEOUT
+            assert loop.time() - started < 0.5  # answered at its deadline, not after the fsync
+        finally:
+            failpoints.reload("")
+            await store.shutdown()
+
+    asyncio.run(run())
 
 
 def test_async_flush_put_returns_ok(tmp_path: Path) -> None:
