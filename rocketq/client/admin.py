@@ -423,7 +423,13 @@ class Admin:
         pb = await self._namesrv(
             "GetAllTopics", nameserver_pb2.GetAllTopicsRequest(cluster_name=cluster)
         )
-        return [t for t in pb.topics if include_system or not is_system_topic(t)]
+        if include_system:
+            return list(pb.topics)
+        # Brokers also register their cluster and broker names as topics (RocketMQ does the
+        # same, for auto-create by cluster); they are not user topics either.
+        info = await self.cluster_info()
+        internal = set(info.clusters) | set(info.brokers)
+        return [t for t in pb.topics if not is_system_topic(t) and t not in internal]
 
     async def broker_topics(
         self, broker: str | None = None, *, include_system: bool = False

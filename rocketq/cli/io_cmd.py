@@ -1,0 +1,377 @@
+"""``rocketq produce`` and ``rocketq consume``: messages from and to the terminal.
+
+``produce TOPIC`` sends ``--body`` (``--count`` times) or every non-empty line of stdin, with
+the SDK :class:`~rocketq.client.producer.Producer` (sync sends, retried on another broker), and
+prints where each message was stored; past ``PRINT_EACH_MAX`` messages it shows a progress bar
+and a total instead.
+
+``consume TOPIC`` prints messages as they arrive, with the SDK
+:class:`~rocketq.client.consumer.LitePullConsumer`:
+
+- without ``--group`` it reads every queue directly (assign mode) from ``--from first|last``
+  or a time, and commits nothing, so it never disturbs a real group (like mqadmin's
+  consumeMessage); ``--tag`` is applied here, on the client;
+- with ``--group`` it joins that group (subscribe mode: queues shared by rebalance, the
+  group's stored offsets win over ``--from``, ``--tag`` filtered by the broker) and commits
+  what it printed.
+
+It stops after ``--count`` messages, after ``--timeout`` seconds without a message, or on
+Ctrl-C. :func:`demo_round_trip` is the check ``rocketq dev up`` runs before it says "running".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+
+import click
+from rich.console import Console
+from rich.progress import Progress
+
+from rocketq.cli._common import (
+    body_preview,
+    fmt_time,
+    namesrv_list,
+    namesrv_option,
+    parse_time_ms,
+    run,
+    to_json,
+)
+from rocketq.client.admin import Admin, TopicConfig
+from rocketq.client.consumer import (
+    ConsumeContext,
+    ConsumeFromWhere,
+    ConsumeResult,
+    LitePullConsumer,
+    LitePullConsumerConfig,
+    PushConsumer,
+    PushConsumerConfig,
+)
+from rocketq.client.consumer.config import format_consume_timestamp
+from rocketq.client.errors import RocketQError, TopicNotFoundError
+from rocketq.client.producer import Producer, ProducerConfig
+from rocketq.message import Message, ReceivedMessage, SendResult
+
+PRINT_EACH_MAX = 20
+"""Up to this many sends print one line each; more show a progress bar."""
+SEND_WINDOW_MAX = 32
+"""Sends in flight at once when producing many messages."""
+CLI_PRODUCER_GROUP = "rocketq-cli-producer"
+CLI_CONSUMER_GROUP = "rocketq-cli"
+POLL_TIMEOUT_MS = 500
+ROUTE_WAIT_S = 10.0
+DEMO_TIMEOUT_S = 30.0
+
+
+# ---- produce ----------------------------------------------------------------------------------
+def _bodies(body: str | None, count: int | None) -> Iterable[bytes]:
+    if body is not None:
+        for _ in range(count or 1):
+            yield body.encode()
+        return
+    if sys.stdin.isatty():
+        raise click.UsageError("give --body TEXT, or pipe lines on stdin (one message each)")
+    sent = 0
+    for line in sys.stdin:
+        text = line.rstrip("\n")
+        if not text:
+            continue  # an empty body is not a message
+        yield text.encode()
+        sent += 1
+        if count is not None and sent >= count:
+            return
+
+
+def _parse_properties(items: tuple[str, ...]) -> dict[str, str]:
+    props = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--property")
+        props[key] = value
+    return props
+
+
+def _result_line(r: SendResult) -> str:
+    mq = r.message_queue
+    return (
+        f"{r.status.value}  msgId={r.msg_id}  offsetMsgId={r.offset_msg_id}  "
+        f"queue={mq.broker_name}#{mq.queue_id}  offset={r.queue_offset}"
+    )
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--body", help="Message body; without it, each line of stdin is a message.")
+@click.option("-c", "--count", type=click.IntRange(min=1), help="Send --body this many times.")
+@click.option("-t", "--tag", default="", help="Tag consumers can filter on.")
+@click.option("-k", "--key", "keys", multiple=True, help="Business key (repeatable).")
+@click.option("-p", "--property", "properties", multiple=True, metavar="KEY=VALUE")
+@click.option("-g", "--group", default=CLI_PRODUCER_GROUP, show_default=True)
+@namesrv_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per sent message.")
+def produce(
+    topic: str,
+    body: str | None,
+    count: int | None,
+    tag: str,
+    keys: tuple[str, ...],
+    properties: tuple[str, ...],
+    group: str,
+    namesrv: str,
+    as_json: bool,
+) -> None:
+    """Send messages to TOPIC and print where each was stored."""
+    props = _parse_properties(properties)
+    bodies = _bodies(body, count)
+    config = ProducerConfig(group, namesrv_list(namesrv))
+    many = body is not None and (count or 1) > PRINT_EACH_MAX
+
+    async def go() -> tuple[int, int]:
+        ok = failed = 0
+        async with Producer(config) as producer:
+            window: list[asyncio.Future[SendResult]] = []
+            with _progress(many and not as_json, count or 0) as advance:
+
+                async def drain() -> None:
+                    nonlocal ok, failed
+                    for outcome in await asyncio.gather(*window, return_exceptions=True):
+                        if isinstance(outcome, SendResult):
+                            ok += 1
+                            if as_json:
+                                click.echo(json.dumps(json.loads(to_json(outcome))))
+                            elif not many:
+                                click.echo(_result_line(outcome))
+                        elif isinstance(outcome, RocketQError) and not outcome.retriable:
+                            raise outcome  # bad input: every other send would fail alike
+                        else:
+                            failed += 1
+                            click.echo(f"send failed: {outcome}", err=True)
+                    advance(len(window))
+                    window.clear()
+
+                for data in bodies:
+                    msg = Message(topic, data, tags=tag, keys=list(keys), properties=props)
+                    window.append(asyncio.ensure_future(producer.send(msg)))
+                    if len(window) >= (SEND_WINDOW_MAX if many else 1):
+                        await drain()
+                await drain()
+        return ok, failed
+
+    ok, failed = run(go())
+    if many or failed:
+        click.echo(f"sent {ok} message(s) to {topic}" + (f", {failed} failed" if failed else ""))
+    if failed or ok == 0:
+        sys.exit(1)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on a terminal (stderr); ``advance(n)`` does nothing otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("sending", total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+# ---- consume ----------------------------------------------------------------------------------
+def _start_position(start: str) -> tuple[ConsumeFromWhere, str]:
+    """--from first|last|TIME -> where a queue without a stored offset starts."""
+    if start == "first":
+        return ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, ""
+    if start == "last":
+        return ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, ""
+    stamp = format_consume_timestamp(parse_time_ms(start))
+    return ConsumeFromWhere.CONSUME_FROM_TIMESTAMP, stamp
+
+
+def _tag_filter(expression: str) -> Callable[[ReceivedMessage], bool]:
+    tags = {t.strip() for t in expression.split("||") if t.strip()}
+    if not tags or "*" in tags:
+        return lambda m: True
+    return lambda m: m.tags in tags
+
+
+def _message_line(m: ReceivedMessage, show_properties: bool) -> str:
+    head = (
+        f"[{m.broker_name}#{m.queue_id} @{m.queue_offset}] {fmt_time(m.store_timestamp_ms)}"
+        f"  msgId={m.msg_id}"
+    )
+    if m.tags:
+        head += f"  tags={m.tags}"
+    if m.keys:
+        head += f"  keys={' '.join(m.keys)}"
+    if show_properties:
+        head += f"  properties={json.dumps(m.properties, sort_keys=True)}"
+    return f"{head}\n  {body_preview(m.body, 2000)}"
+
+
+async def _open_consumer(
+    topic: str, group: str | None, start: str, tag: str, namesrv: str
+) -> LitePullConsumer:
+    where, stamp = _start_position(start)
+    config = LitePullConsumerConfig(
+        consumer_group=group or CLI_CONSUMER_GROUP,
+        namesrv_addrs=tuple(namesrv_list(namesrv)),
+        consume_from_where=where,
+        auto_commit=group is not None,
+    )
+    if stamp:
+        config = dataclasses.replace(config, consume_timestamp=stamp)
+    consumer = LitePullConsumer(config)
+    if group is not None:
+        consumer.subscribe(topic, tag or "*")
+        await consumer.start()
+        return consumer
+    await consumer.start()
+    try:
+        queues = await consumer.fetch_message_queues(topic)
+        consumer.assign(queues)
+        if start in ("first", "last"):
+            # Exact positions whatever the CLI group may have stored: it never commits.
+            seek = consumer.seek_to_begin if start == "first" else consumer.seek_to_end
+            await asyncio.gather(*(seek(mq) for mq in queues))
+    except BaseException:
+        await consumer.close()
+        raise
+    return consumer
+
+
+@click.command()
+@click.argument("topic")
+@click.option("-g", "--group", help="Join this consumer group and commit (default: read only).")
+@click.option(
+    "--from",
+    "start",
+    default="last",
+    show_default=True,
+    help="first, last, or a time (ms, ISO date); with --group only for queues it never read.",
+)
+@click.option("-c", "--count", type=click.IntRange(min=1), help="Stop after this many messages.")
+@click.option("-t", "--tag", default="", help="Tag expression, e.g. 'TagA || TagB'.")
+@click.option("--timeout", type=float, help="Stop after this many seconds without a message.")
+@click.option("--properties", "show_properties", is_flag=True, help="Print every property.")
+@namesrv_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
+def consume(
+    topic: str,
+    group: str | None,
+    start: str,
+    count: int | None,
+    tag: str,
+    timeout: float | None,
+    show_properties: bool,
+    namesrv: str,
+    as_json: bool,
+) -> None:
+    """Print messages of TOPIC as they arrive (Ctrl-C to stop)."""
+    keep = _tag_filter(tag) if group is None else (lambda m: True)
+
+    async def go() -> int:
+        printed = 0
+        consumer = await _open_consumer(topic, group, start, tag, namesrv)
+        try:
+            idle_since = time.monotonic()
+            while count is None or printed < count:
+                batch = [m for m in await consumer.poll(POLL_TIMEOUT_MS) if keep(m)]
+                if not batch:
+                    if timeout is not None and time.monotonic() - idle_since >= timeout:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                for m in batch[: None if count is None else count - printed]:
+                    if as_json:
+                        click.echo(json.dumps(json.loads(to_json(m))))
+                    else:
+                        click.echo(_message_line(m, show_properties))
+                    printed += 1
+        finally:
+            await consumer.close()
+        return printed
+
+    printed = run(go())
+    if not as_json:
+        click.echo(f"{printed} message(s)", err=True)
+    if count is not None and printed < count:
+        sys.exit(1)
+
+
+# ---- the dev up demo --------------------------------------------------------------------------
+async def _wait_for_route(admin: Admin, topic: str) -> None:
+    deadline = time.monotonic() + ROUTE_WAIT_S
+    while True:
+        try:
+            await admin.route(topic)
+            return
+        except TopicNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def demo_round_trip(namesrv: str, topic: str, group: str, n: int) -> str:
+    """Create ``topic`` (if new), send ``n`` messages, receive them with a push consumer of
+    ``group``; returns a one-line report. Raises if they do not come back in time."""
+    started = time.monotonic()
+    async with Admin([namesrv]) as admin:
+        results = await admin.create_topic(TopicConfig(topic, 4, 4))
+        for r in results:
+            if not r.ok and r.code != "ALREADY_EXISTS":
+                raise RocketQError(f"creating {topic} on {r.broker_name}: {r.error_message}")
+        await _wait_for_route(admin, topic)
+    producer_config = ProducerConfig("demo-producer", [namesrv])
+    async with Producer(producer_config) as producer:
+        sent = {
+            (await producer.send(Message(topic, f"hello #{i}".encode(), keys="demo"))).msg_id
+            for i in range(n)
+        }
+    seen: set[str] = set()
+    all_back = asyncio.Event()
+
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        seen.update(m.msg_id for m in msgs)
+        if sent <= seen:
+            all_back.set()
+        return ConsumeResult.CONSUME_SUCCESS
+
+    consumer_config = PushConsumerConfig(
+        group,
+        (namesrv,),
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+    )
+    consumer = PushConsumer(consumer_config, _on_loop(listener))
+    consumer.subscribe(topic)
+    async with consumer:
+        try:
+            await asyncio.wait_for(all_back.wait(), DEMO_TIMEOUT_S)
+        except TimeoutError:
+            raise RocketQError(
+                f"demo: sent {n} messages to {topic} but received {len(sent & seen)} back "
+                f"within {DEMO_TIMEOUT_S:.0f}s; see the broker log"
+            ) from None
+    took_s = time.monotonic() - started
+    return (
+        f"demo: topic {topic} ready, sent {n} messages, consumed {n} back "
+        f"(group {group}) in {took_s:.1f} s"
+    )
+
+
+def _on_loop(
+    listener: Callable[[list[ReceivedMessage], ConsumeContext], ConsumeResult],
+) -> Callable[[list[ReceivedMessage], ConsumeContext], Awaitable[ConsumeResult]]:
+    """Run a listener on the event loop (as a coroutine), so it may touch asyncio objects."""
+
+    async def run_it(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        return listener(msgs, ctx)
+
+    return run_it
+
+
+IO_COMMANDS = (produce, consume)

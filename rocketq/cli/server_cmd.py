@@ -1,0 +1,336 @@
+"""``rocketq nameserver``, ``rocketq broker`` and ``rocketq dev up|down``: run RocketQ's servers.
+
+``nameserver`` and ``broker`` are the same programs as ``python -m services.nameserver`` and
+``python -m services.broker`` (flags passed through unchanged); the server side is imported only
+inside the commands, so ``import rocketq`` never pulls it in.
+
+``dev up`` is the embedded default for one machine: a nameserver and a broker as child
+processes, data and logs under one directory::
+
+    DIR/store/        the broker's store (commitlog, consume queues, index, config)
+    DIR/logs/         namesrv.log, broker.log
+    DIR/run/          ready files ({"addr", "pid"}, written by each process once serving)
+    DIR/pids.json     with --detach: what ``dev down`` stops
+
+It waits for both ready files, creates a demo topic, sends a few messages and reads them back
+(proving the round trip before saying "running"), prints how to use it, and stays in the
+foreground until Ctrl-C, stopping the broker and then the nameserver cleanly. The children run
+in their own session so Ctrl-C reaches only this supervisor, which stops them in that order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rocketq.cli._common import run
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+DEMO_TOPIC = "DemoTopic"
+DEMO_GROUP = "demo-consumer"
+DEMO_MESSAGES = 3
+_MODULES = {"namesrv": "services.nameserver", "broker": "services.broker"}
+
+
+# ---- the servers themselves -----------------------------------------------------------------
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--listen", default="0.0.0.0:9876", show_default=True, help="host:port to bind.")
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--scan-interval-ms", type=int, help="How often dead brokers are removed (10000).")
+def nameserver(listen: str, ready_file: Path | None, scan_interval_ms: int | None) -> None:
+    """Run a nameserver (route registry) in the foreground; Ctrl-C or SIGTERM stops it."""
+    from services.nameserver.server import main as nameserver_main
+
+    argv = ["--listen", listen]
+    if ready_file is not None:
+        argv += ["--ready-file", str(ready_file)]
+    if scan_interval_ms is not None:
+        argv += ["--scan-interval-ms", str(scan_interval_ms)]
+    sys.exit(nameserver_main(argv))
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-c",
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="broker.conf: key=value lines with RocketMQ key names.",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override one key, e.g. --set brokerName=broker-b (repeatable).",
+)
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path))
+def broker(config: Path | None, overrides: tuple[str, ...], ready_file: Path | None) -> None:
+    """Run a broker in the foreground; Ctrl-C or SIGTERM stops it cleanly.
+
+    Configuration, later sources winning: defaults, the -c file, environment variables
+    ROCKETQ_<KEY> (ROCKETQ_BROKERNAME or ROCKETQ_BROKER_NAME), then --set.
+    """
+    from services.broker.server import main as broker_main
+
+    argv: list[str] = []
+    if config is not None:
+        argv += ["-c", str(config)]
+    for item in overrides:
+        argv += ["--set", item]
+    if ready_file is not None:
+        argv += ["--ready-file", str(ready_file)]
+    sys.exit(broker_main(argv))
+
+
+# ---- dev up / down --------------------------------------------------------------------------
+@dataclass
+class _Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    addr: str = ""
+
+
+def _spawn(name: str, args: list[str], base: Path) -> _Child:
+    ready = base / "run" / f"{name}.ready"
+    ready.unlink(missing_ok=True)
+    log_path = base / "logs" / f"{name}.log"
+    argv = [sys.executable, "-m", _MODULES[name], *args, "--ready-file", str(ready)]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops us in order
+        )
+    child = _Child(name, proc, log_path)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise click.ClickException(
+                f"{name} exited with code {proc.returncode} while starting; "
+                f"last lines of {log_path}:\n{_tail(log_path)}"
+            )
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            child.addr = json.loads(ready.read_text())["addr"]
+            return child
+        time.sleep(0.05)
+    _stop_pid(proc.pid, name)
+    raise click.ClickException(
+        f"{name} was not ready within {READY_TIMEOUT_S:.0f}s; see {log_path}"
+    )
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _is_ours(pid: int, name: str) -> bool:
+    """Whether ``pid`` still runs our server module (guards against recycled pids)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return _MODULES[name].encode() in cmdline
+
+
+def _stop_pid(pid: int, name: str, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+    """SIGTERM, wait for exit, SIGKILL after ``timeout_s``. True if it stopped cleanly."""
+    if not _is_ours(pid, name):
+        return True
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+            if done:
+                return True
+        if not _is_ours(pid, name) or _is_zombie(pid):
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return False
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def _pids_file(base: Path) -> Path:
+    return base / "pids.json"
+
+
+def _running(base: Path) -> dict[str, Any] | None:
+    """The detached instance recorded in DIR/pids.json, if any of its processes still runs."""
+    try:
+        data: dict[str, Any] = json.loads(_pids_file(base).read_text())
+    except (OSError, ValueError):
+        return None
+    alive = any(_is_ours(int(p["pid"]), name) for name, p in data.get("processes", {}).items())
+    return data if alive else None
+
+
+@click.group()
+def dev() -> None:
+    """A one-machine RocketQ (nameserver + broker) for development."""
+
+
+@dev.command("up")
+@click.option(
+    "--dir",
+    "base",
+    default=".rocketq-dev",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Data and logs directory.",
+)
+@click.option("--namesrv-port", type=int, default=9876, show_default=True, help="0 = any free.")
+@click.option("--broker-port", type=int, default=10911, show_default=True, help="0 = any free.")
+@click.option("--detach", is_flag=True, help="Return once running; stop with `rocketq dev down`.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Broker key.")
+@click.option("--no-demo", is_flag=True, help="Skip the demo topic and round trip.")
+def dev_up(
+    base: Path,
+    namesrv_port: int,
+    broker_port: int,
+    detach: bool,
+    overrides: tuple[str, ...],
+    no_demo: bool,
+) -> None:
+    """Start a nameserver and a broker with data under --dir, prove a round trip, and run."""
+    base = base.resolve()
+    if (running := _running(base)) is not None:
+        raise click.ClickException(
+            f"RocketQ is already running from {base} (nameserver {running['namesrv']}); "
+            f"stop it with: rocketq dev down --dir {base}"
+        )
+    for sub in ("logs", "run", "store"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    children: list[_Child] = []
+    try:
+        ns = _spawn("namesrv", ["--listen", f"127.0.0.1:{namesrv_port}"], base)
+        children.append(ns)
+        args = [
+            *("--set", "brokerName=broker-a", "--set", "listenAddress=127.0.0.1"),
+            *("--set", f"listenPort={broker_port}", "--set", "brokerIP1=127.0.0.1"),
+            *("--set", f"namesrvAddr={ns.addr}", "--set", f"storePathRootDir={base / 'store'}"),
+        ]
+        for item in overrides:
+            args += ["--set", item]
+        br = _spawn("broker", args, base)
+        children.append(br)
+        if not no_demo:
+            from rocketq.cli.io_cmd import demo_round_trip
+
+            click.echo(run(demo_round_trip(ns.addr, DEMO_TOPIC, DEMO_GROUP, DEMO_MESSAGES)))
+    except BaseException:
+        for child in reversed(children):
+            _stop_pid(child.proc.pid, child.name)
+        raise
+    if detach:
+        _pids_file(base).write_text(
+            json.dumps(
+                {
+                    "namesrv": ns.addr,
+                    "broker": br.addr,
+                    "processes": {c.name: {"pid": c.proc.pid, "addr": c.addr} for c in children},
+                },
+                indent=2,
+            )
+        )
+    _summary(base, ns.addr, br.addr, detach)
+    if not detach:
+        _supervise(children)
+
+
+def _summary(base: Path, ns_addr: str, br_addr: str, detach: bool) -> None:
+    stop = f"rocketq dev down --dir {base}" if detach else "press Ctrl-C"
+    env = f"ROCKETQ_NAMESRV={ns_addr}"
+    click.echo(
+        f"\nRocketQ is running\n"
+        f"  nameserver  {ns_addr}\n"
+        f"  broker      {br_addr}  (broker-a, cluster DefaultCluster)\n"
+        f"  data        {base / 'store'}\n"
+        f"  logs        {base / 'logs'}\n"
+        f"  stop        {stop}\n"
+        f"next:\n"
+        f"  export {env}\n"
+        f"  rocketq cluster list\n"
+        f"  rocketq topic create Orders\n"
+        f"  echo hello | rocketq produce Orders\n"
+        f"  rocketq consume Orders --from first --count 1\n"
+        f"  rocketq bench produce --topic Orders --duration 10\n"
+    )
+
+
+def _supervise(children: list[_Child]) -> None:
+    """Stay in the foreground until Ctrl-C/SIGTERM or a child dies; then stop them all."""
+    stop = {"requested": False}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop["requested"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    died: _Child | None = None
+    while not stop["requested"] and died is None:
+        died = next((c for c in children if c.proc.poll() is not None), None)
+        time.sleep(0.2)
+    if died is not None:
+        click.echo(
+            f"{died.name} exited with code {died.proc.returncode}; last lines of "
+            f"{died.log_path}:\n{_tail(died.log_path)}",
+            err=True,
+        )
+    click.echo("stopping RocketQ ...")
+    clean = all(_stop_pid(c.proc.pid, c.name) for c in reversed(children))  # broker first
+    click.echo("stopped" if clean else "stopped (some processes had to be killed)")
+    sys.exit(1 if died is not None else 0)
+
+
+@dev.command("down")
+@click.option(
+    "--dir",
+    "base",
+    default=".rocketq-dev",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+)
+def dev_down(base: Path) -> None:
+    """Stop a RocketQ started with `rocketq dev up --detach` (broker first, then nameserver)."""
+    base = base.resolve()
+    data = _running(base)
+    if data is None:
+        _pids_file(base).unlink(missing_ok=True)
+        raise click.ClickException(f"no detached RocketQ is running from {base}")
+    processes: dict[str, Any] = data["processes"]
+    clean = True
+    for name in ("broker", "namesrv"):
+        if name in processes:
+            clean = _stop_pid(int(processes[name]["pid"]), name) and clean
+    _pids_file(base).unlink(missing_ok=True)
+    click.echo("RocketQ stopped" if clean else "RocketQ stopped (some processes were killed)")
+
+
+SERVER_COMMANDS = (nameserver, broker, dev)
