@@ -1,16 +1,104 @@
 """RocketQ: a message queue that does what Apache RocketMQ does.
 
-The client API (producers, consumers, admin) arrives with the messaging issue; for now the
-package offers the record codec shared by clients and brokers, :mod:`rocketq.codec`.
+The public API, asyncio first with blocking wrappers::
+
+    from rocketq import Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
+
+Producers (:class:`Producer`, :class:`AccumulatingProducer`), consumers (:class:`PushConsumer`,
+:class:`LitePullConsumer`), the admin client (:class:`Admin`), the message model
+(:class:`Message`, :class:`ReceivedMessage`, :class:`SendResult`) and the error types
+(:mod:`rocketq.client.errors`, base :class:`RocketQError`). :mod:`rocketq.codec` is the commitlog
+record codec shared with the broker.
 """
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from rocketq.client import (
+    AccumulatingProducer,
+    AccumulatingProducerConfig,
+    Admin,
+    AllocateAveragely,
+    AllocateAveragelyByCircle,
+    AllocateByConfig,
+    AllocateByMachineRoom,
+    AllocateConsistentHash,
+    AllocateMachineRoomNearby,
+    AllocateStrategy,
+    ConsumeContext,
+    ConsumeFromWhere,
+    ConsumeResult,
+    ExpressionType,
+    LitePullConsumer,
+    LitePullConsumerConfig,
+    LocalFileOffsetStore,
+    MessageListener,
+    MessageModel,
+    MessageQueueSelector,
+    OffsetStore,
+    Producer,
+    ProducerConfig,
+    PushConsumer,
+    PushConsumerConfig,
+    ReadOffsetType,
+    RemoteBrokerOffsetStore,
+    SelectMessageQueueByHash,
+    SelectMessageQueueByRandom,
+    SendCallback,
+    SyncAccumulatingProducer,
+    SyncLitePullConsumer,
+    SyncProducer,
+    SyncPushConsumer,
+)
+from rocketq.client.errors import RocketQError
+from rocketq.message import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
+
 try:
     __version__ = version("rocketq")
 except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "AccumulatingProducer",
+    "AccumulatingProducerConfig",
+    "Admin",
+    "AllocateAveragely",
+    "AllocateAveragelyByCircle",
+    "AllocateByConfig",
+    "AllocateByMachineRoom",
+    "AllocateConsistentHash",
+    "AllocateMachineRoomNearby",
+    "AllocateStrategy",
+    "ConsumeContext",
+    "ConsumeFromWhere",
+    "ConsumeResult",
+    "ExpressionType",
+    "LitePullConsumer",
+    "LitePullConsumerConfig",
+    "LocalFileOffsetStore",
+    "Message",
+    "MessageListener",
+    "MessageModel",
+    "MessageQueue",
+    "MessageQueueSelector",
+    "OffsetStore",
+    "Producer",
+    "ProducerConfig",
+    "PushConsumer",
+    "PushConsumerConfig",
+    "ReadOffsetType",
+    "ReceivedMessage",
+    "RemoteBrokerOffsetStore",
+    "RocketQError",
+    "SelectMessageQueueByHash",
+    "SelectMessageQueueByRandom",
+    "SendCallback",
+    "SendResult",
+    "SendStatus",
+    "SyncAccumulatingProducer",
+    "SyncLitePullConsumer",
+    "SyncProducer",
+    "SyncPushConsumer",
+    "__version__",
+]
