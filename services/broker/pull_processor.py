@@ -179,6 +179,13 @@ class PullProcessor:
             )
         if not group_cfg.consume_enable:
             denied(f"consumer group {req.consumer_group} may not consume (consume_enable false)")
+        info = self.clients.consumer_group_info(req.consumer_group)
+        if (
+            info is not None
+            and info.message_model == messaging_pb2.BROADCASTING
+            and not group_cfg.consume_broadcast_enable
+        ):
+            denied(f"consumer group {req.consumer_group} may not consume in broadcasting mode")
         topic_cfg = self.topics.get(req.topic)
         if topic_cfg is None:
             not_found(

@@ -387,3 +387,22 @@ def test_read_queue_nums_bound_the_queue_id(b: BrokerParts) -> None:
     _pull(b, pull_request("R", queue_id=3))
     with pytest.raises(ServiceError):
         _pull(b, pull_request("R", queue_id=4))
+
+
+def test_broadcasting_needs_consume_broadcast_enable(b: BrokerParts) -> None:
+    b.groups.put(SubscriptionGroupConfig("bc", consume_broadcast_enable=False))
+    channel = b.clients.open_channel("c1")
+    b.clients.heartbeat(
+        channel,
+        messaging_pb2.Heartbeat(
+            client_id="c1",
+            consumers=[
+                messaging_pb2.ConsumerData(
+                    consumer_group="bc", message_model=messaging_pb2.BROADCASTING
+                )
+            ],
+        ),
+    )
+    with pytest.raises(ServiceError) as err:
+        _pull(b, pull_request("T", group="bc"))
+    assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
