@@ -267,3 +267,22 @@ def test_unique_ids_are_distinct_and_well_formed() -> None:
     assert len(set(got)) == 1000
     assert all(len(i) == 32 and bytes.fromhex(i) for i in got)
     assert got[0].startswith("7F000001")
+
+
+def test_sync_flush_waits_for_the_fsync_unless_wait_is_false(tmp_path: Path) -> None:
+    parts = BrokerParts(tmp_path, flush_disk_type="SYNC_FLUSH")
+    parts.create_topic("T")
+
+    async def main() -> None:
+        # Not started: a waiting send would need the flusher, WAIT=false must not touch it.
+        resp = await parts.sender.send(send_request("T", properties={"WAIT": "false"}), PEER)
+        assert resp.results[0].status == messaging_pb2.SEND_OK
+        await parts.store.start()
+        try:
+            resp = await parts.sender.send(send_request("T", [b"a", b"b"]), PEER)
+            assert [r.status for r in resp.results] == [messaging_pb2.SEND_OK] * 2
+            assert parts.store.flusher.flushed_offset >= parts.store.commitlog.max_offset
+        finally:
+            await parts.store.shutdown()
+
+    asyncio.run(main())
