@@ -104,6 +104,10 @@ class BrokerConfig:
     """[syncFlushTimeout]"""
     flush_interval_commitlog_ms: int = 500
     """[flushIntervalCommitLog]"""
+    max_transfer_count_on_message_in_memory: int = 32
+    """[maxTransferCountOnMessageInMemory] Most messages one pull returns from the page cache."""
+    max_transfer_bytes_on_message_in_memory: int = 256 * 1024
+    """[maxTransferBytesOnMessageInMemory] Most bytes one pull returns from the page cache."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -121,6 +125,8 @@ class BrokerConfig:
             raise ValueError("defaultTopicQueueNums must be 1..1024")
         if not 1024 <= self.max_message_size_bytes <= 64 * 1024 * 1024:
             raise ValueError("maxMessageSize must be between 1 KiB and 64 MiB")
+        if not 1 <= self.max_transfer_count_on_message_in_memory <= 1024:
+            raise ValueError("maxTransferCountOnMessageInMemory must be 1..1024")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listenPort {self.listen_port} is not a port number")
 
@@ -142,6 +148,8 @@ class BrokerConfig:
             disk_max_used_space_ratio=self.disk_max_used_space_ratio,
             disk_space_clean_forcibly_ratio=max(85, self.disk_max_used_space_ratio),
             disk_space_warning_level_ratio=max(90, self.disk_max_used_space_ratio),
+            max_transfer_count_in_memory=self.max_transfer_count_on_message_in_memory,
+            max_transfer_bytes_in_memory=self.max_transfer_bytes_on_message_in_memory,
             store_host=codec.HostAddress.parse(f"{self.advertised_host}:{advertised_port}"),
         )
 
@@ -219,6 +227,8 @@ KEYS: dict[str, tuple[str, Parser]] = {
     "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", int),
     "syncFlushTimeout": ("sync_flush_timeout_ms", int),
     "flushIntervalCommitLog": ("flush_interval_commitlog_ms", int),
+    "maxTransferCountOnMessageInMemory": ("max_transfer_count_on_message_in_memory", int),
+    "maxTransferBytesOnMessageInMemory": ("max_transfer_bytes_on_message_in_memory", int),
 }
 
 #: Keys that only take effect at startup (UpdateBrokerConfig answers FAILED_PRECONDITION).
@@ -236,6 +246,8 @@ STARTUP_ONLY_KEYS = frozenset(
         "mappedFileSizeCommitLog",
         "mappedFileUnitsConsumeQueue",
         "messageIndexEnable",
+        "maxTransferCountOnMessageInMemory",
+        "maxTransferBytesOnMessageInMemory",
     }
 )
 

@@ -50,6 +50,15 @@ class StoreConfig:
     """At most this many commitlog files are deleted per retention run (spreads the IO)."""
     clean_resource_interval_ms: int = 10_000
     """How often retention runs."""
+    max_transfer_count_in_memory: int = 32
+    """A pull returns at most this many messages when they are in the page cache
+    (``maxTransferCountOnMessageInMemory``)."""
+    max_transfer_bytes_in_memory: int = 256 * 1024
+    """…and at most this many bytes (``maxTransferBytesOnMessageInMemory``)."""
+    max_transfer_count_on_disk: int = 8
+    """Limits when the messages are likely on disk (``maxTransferCountOnMessageInDisk``)."""
+    max_transfer_bytes_on_disk: int = 64 * 1024
+    """(``maxTransferBytesOnMessageInDisk``)."""
     store_host: HostAddress = codec.LOCALHOST
     """The broker address written into every record (STOREHOSTADDRESS, offset message ids)."""
 

@@ -95,11 +95,6 @@ TagsFilter = Callable[[int], bool]
 RecordFilter = Callable[[memoryview], bool]
 """Given the stored record, True if it matches (property-level check, e.g. SQL92)."""
 
-MAX_PULL_BYTES_IN_MEMORY = 256 * 1024
-MAX_PULL_MSGS_IN_MEMORY = 32
-MAX_PULL_MSGS_ON_DISK = 8
-MAX_PULL_BYTES_ON_DISK = 64 * 1024
-
 
 class MessageStore:
     """One broker's store."""
@@ -356,6 +351,7 @@ class MessageStore:
         record_filter: RecordFilter | None,
     ) -> GetResult:
         result = GetResult(GetStatus.NO_MATCHED_MESSAGE, offset, min_off, max_off)
+        cfg = self.config
         max_py = self.commitlog.max_offset
         memory_limit = self.memory_bytes * self.access_message_in_memory_max_ratio // 100
         next_file_start = 0
@@ -372,12 +368,16 @@ class MessageStore:
                 count >= max_msgs
                 or (
                     in_disk
-                    and (total + size > MAX_PULL_BYTES_ON_DISK or count >= MAX_PULL_MSGS_ON_DISK)
+                    and (
+                        total + size > cfg.max_transfer_bytes_on_disk
+                        or count >= cfg.max_transfer_count_on_disk
+                    )
                 )
                 or (
                     not in_disk
                     and (
-                        total + size > MAX_PULL_BYTES_IN_MEMORY or count >= MAX_PULL_MSGS_IN_MEMORY
+                        total + size > cfg.max_transfer_bytes_in_memory
+                        or count >= cfg.max_transfer_count_in_memory
                     )
                 )
             ):
