@@ -80,6 +80,11 @@ class LatencyRecorder:
         self._i_sum_ms = 0.0
         self._i_max_ms = 0.0
 
+    def start(self, now_s: float | None = None) -> None:
+        """(Re)start the run's clock, e.g. once connected; samples so far are kept."""
+        self._start_s = time.monotonic() if now_s is None else now_s
+        self._interval_start_s = self._start_s
+
     def record(self, latency_ms: float, n: int = 1) -> None:
         """``n`` operations done, each taking ``latency_ms`` (a batch counts its messages)."""
         latency_ms = max(latency_ms, 0.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from rocketq.cli.admin_cmd import ADMIN_COMMANDS
+from rocketq.cli.bench_cmd import BENCH_COMMANDS
 from rocketq.cli.io_cmd import IO_COMMANDS
 from rocketq.cli.server_cmd import SERVER_COMMANDS
 from rocketq.cli.store_cmd import store
@@ -17,7 +18,7 @@ def cli() -> None:
 
 
 cli.add_command(store)
-for _command in (*SERVER_COMMANDS, *ADMIN_COMMANDS, *IO_COMMANDS):
+for _command in (*SERVER_COMMANDS, *ADMIN_COMMANDS, *IO_COMMANDS, *BENCH_COMMANDS):
     cli.add_command(_command)
 
 
