@@ -1,0 +1,127 @@
+"""The Admin SDK client against two real brokers: what it adds over the broker's Admin service
+is the fan-out (describe, consume stats, offset reset, queries over every broker of a topic),
+target resolution (cluster mode, broker mode by name) and partial-failure reporting."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from rocketq.client.admin import Admin, GroupConfig, TopicConfig
+from rocketq.client.errors import (
+    InvalidArgumentError,
+    MessageNotFoundError,
+    NotFoundError,
+    TopicNotFoundError,
+)
+from rocketq.client.producer import Producer, ProducerConfig
+from rocketq.message import Message
+from tests.integration.cluster import ServiceProcess, cluster
+
+pytestmark = pytest.mark.integration
+
+
+async def _wait_route(admin: Admin, topic: str, brokers: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if len((await admin.route(topic)).brokers) == brokers:
+                return
+        except TopicNotFoundError:
+            pass
+        assert time.monotonic() < deadline, f"route of {topic} never showed {brokers} brokers"
+        await asyncio.sleep(0.05)
+
+
+def test_fan_out_over_two_brokers(tmp_path: Path) -> None:
+    with cluster(tmp_path, brokers=2) as c:
+        asyncio.run(_fan_out(c.namesrv_addrs, c.brokers[1]))
+
+
+async def _fan_out(namesrv: list[str], broker_b: ServiceProcess) -> None:
+    async with Admin(namesrv) as admin:
+        info = await admin.cluster_info()
+        assert info.clusters == {"DefaultCluster": ("broker-a", "broker-b")}
+        assert sorted(info.masters()) == ["broker-a", "broker-b"]
+
+        # cluster mode (the only cluster is the default target) reaches both masters
+        results = await admin.create_topic(TopicConfig("fan", 2, 2))
+        assert [(r.broker_name, r.code) for r in results] == [
+            ("broker-a", "OK"),
+            ("broker-b", "OK"),
+        ]
+        # broker mode, by name: only broker-b
+        only_b = await admin.create_topic(TopicConfig("only-b", 3, 3), broker="broker-b")
+        assert [(r.broker_name, r.code) for r in only_b] == [("broker-b", "OK")]
+        await _wait_route(admin, "fan", 2)
+        await _wait_route(admin, "only-b", 1)
+        per_broker = await admin.broker_topics()
+        assert "only-b" not in {t.topic_name for t in per_broker["broker-a"]}
+        assert "only-b" in {t.topic_name for t in per_broker["broker-b"]}
+        assert {"fan", "only-b"} <= set(await admin.list_topics())
+
+        # messages land on both brokers; queries and stats gather them from both
+        async with Producer(ProducerConfig("admin-it", namesrv)) as producer:
+            sent = [
+                await producer.send(Message("fan", f"m{i}".encode(), keys=["k-fan"]))
+                for i in range(8)
+            ]
+        assert {r.message_queue.broker_name for r in sent} == {"broker-a", "broker-b"}
+        desc = await admin.describe_topic("fan")
+        assert [b.broker_name for b in desc.brokers] == ["broker-a", "broker-b"]
+        assert sum(q.max_offset for b in desc.brokers for q in b.queues) == 8
+        assert not desc.errors
+
+        found = await admin.query_by_key("fan", "k-fan")
+        assert {m.msg_id for m in found} == {r.msg_id for r in sent}
+        assert {m.broker_name for m in found} == {"broker-a", "broker-b"}
+        stamps = [m.store_timestamp_ms for m in found]
+        assert stamps == sorted(stamps, reverse=True)
+        assert len(await admin.query_by_key("fan", "k-fan", max_num=3)) == 3
+        by_id = await admin.query_by_id("fan", sent[5].msg_id)
+        assert [m.body for m in by_id] == [b"m5"]
+        viewed = await admin.view_message(sent[6].offset_msg_id)
+        assert viewed.body == b"m6"
+        assert viewed.broker_name == sent[6].message_queue.broker_name
+        with pytest.raises(MessageNotFoundError):
+            await admin.query_by_id("fan", "0" * 32)
+
+        # a group on both brokers: create, list, progress, reset to the end
+        assert all(r.ok for r in await admin.create_group(GroupConfig("fan-g", retry_max_times=3)))
+        groups = await admin.list_groups()
+        assert {g.group_name: g.retry_max_times for g in groups["broker-b"]}["fan-g"] == 3
+        reset = await admin.reset_offset("fan-g", "fan", queue_offset=0)
+        assert {q.broker_name for q in reset.queues} == {"broker-a", "broker-b"}
+        stats = await admin.consume_stats("fan-g", "fan")
+        assert stats.total_lag == 8
+        assert {q.broker_name for q in stats.queues} == {"broker-a", "broker-b"}
+        end = await admin.reset_offset("fan-g", "fan", timestamp_ms=int(time.time() * 1000) + 1000)
+        assert all(q.new_offset >= q.old_offset for q in end.queues)
+        assert (await admin.consume_stats("fan-g", "fan")).total_lag == 0
+        assert await admin.consumer_ids("fan-g") == []
+
+        # mistakes are reported as such, before or by the brokers
+        with pytest.raises(InvalidArgumentError):
+            await admin.create_topic(TopicConfig("bad name"))
+        with pytest.raises(InvalidArgumentError):
+            await admin.create_topic(TopicConfig("q0", 0, 0))
+        with pytest.raises(NotFoundError, match="no broker named"):
+            await admin.create_topic("x", broker="broker-zz")
+        with pytest.raises(NotFoundError, match="no cluster named"):
+            await admin.create_topic("x", cluster="Nope")
+        with pytest.raises(TopicNotFoundError):
+            await admin.describe_topic("never-created")
+        stats_b = await admin.runtime_stats("broker-b")
+        assert (stats_b.broker_name, stats_b.role) == ("broker-b", "ASYNC_MASTER")
+        config = await admin.broker_config("broker-a")
+        assert config["brokerName"] == "broker-a"
+
+        # a broker that stops answering is reported per broker, the rest still described
+        broker_b.kill()
+        partial = await admin.describe_topic("fan")
+        assert [b.broker_name for b in partial.brokers] == ["broker-a"]
+        assert "broker-b" in partial.errors
+        assert (await admin.query_by_key("fan", "k-fan")) != []
