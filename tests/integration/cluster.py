@@ -84,6 +84,21 @@ class ServiceProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
+#: Every process this module started; :func:`reap_all` (an autouse fixture of the integration
+#: tier) kills whatever a test left running, e.g. a broker started again with :func:`restart`.
+_SPAWNED: list[ServiceProcess] = []
+
+
+def reap_all() -> list[str]:
+    """Kill every still-running process started here; returns their names."""
+    leaked = [sp.name for sp in _SPAWNED if sp.alive()]
+    for sp in _SPAWNED:
+        if sp.alive():
+            sp.kill()
+    _SPAWNED.clear()
+    return leaked
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -112,6 +127,7 @@ def spawn(
             argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=str(workdir)
         )
     sp = ServiceProcess(name, proc, "", workdir, log_path, argv)
+    _SPAWNED.append(sp)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
