@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo check lint fmt typecheck test test-unit bench gen-protos verify-protos clean
+.PHONY: setup demo demo-store check lint fmt typecheck test test-unit bench gen-protos verify-protos clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)  ## create .venv and install RocketQ with its dev tools
 
-demo: setup  ## write a small demo store and inspect it with the store tool
+demo: setup  ## start a local RocketQ (nameserver + broker), show a produce/consume round trip; Ctrl-C stops
+	$(VENV)/bin/rocketq dev up --dir .rocketq-dev
+
+demo-store: setup  ## write a small demo store through the engine and inspect it with the store tool
 	$(PY) -m tools.demo_store demo-store
 	$(VENV)/bin/rocketq store dump demo-store --limit 5
 	$(VENV)/bin/rocketq store verify demo-store
@@ -38,8 +41,9 @@ test: setup  ## every tier: unit, integration, e2e, robustness
 test-unit: setup
 	$(PY) -m pytest -q -m unit
 
-bench: setup  ## storage benchmarks; figures are printed, never asserted
+bench: setup  ## storage and messaging benchmarks; figures are printed, never asserted
 	$(PY) -m tools.bench.store_bench
+	$(PY) -m tools.bench.messaging_bench
 
 gen-protos: setup  ## regenerate rocketq/_api from proto/
 	$(PY) tools/gen_protos.py
@@ -48,4 +52,4 @@ verify-protos: setup  ## fail if rocketq/_api differs from what proto/ generates
 	$(PY) tools/gen_protos.py --check
 
 clean:
-	rm -rf $(VENV) demo-store .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) demo-store .rocketq-dev .pytest_cache .mypy_cache .ruff_cache .hypothesis
