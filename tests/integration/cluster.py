@@ -89,13 +89,18 @@ class ServiceProcess:
 _SPAWNED: list[ServiceProcess] = []
 
 
-def reap_all() -> list[str]:
-    """Kill every still-running process started here; returns their names."""
-    leaked = [sp.name for sp in _SPAWNED if sp.alive()]
-    for sp in _SPAWNED:
+def spawned_count() -> int:
+    return len(_SPAWNED)
+
+
+def reap_since(mark: int) -> list[str]:
+    """Kill every still-running process started after ``mark`` (a :func:`spawned_count`);
+    processes of longer-lived fixtures started before it are left alone."""
+    leaked = [sp.name for sp in _SPAWNED[mark:] if sp.alive()]
+    for sp in _SPAWNED[mark:]:
         if sp.alive():
             sp.kill()
-    _SPAWNED.clear()
+    del _SPAWNED[mark:]
     return leaked
 
 
