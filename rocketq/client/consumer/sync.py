@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from rocketq.client._sync import LoopThread
 from rocketq.client.consumer._subscription import SUB_ALL
@@ -27,18 +27,68 @@ from rocketq.client.errors import ClientStateError
 from rocketq.message import MessageQueue, ReceivedMessage
 
 T = TypeVar("T")
+C = TypeVar("C", PushConsumer, LitePullConsumer)
 
 
 async def _call(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-class _Wrapper:
-    """Runs calls on a private loop thread once started; directly before that."""
+class _Wrapper(Generic[C]):
+    """Runs calls on a private loop thread once started; directly before that. Holds what both
+    blocking consumers share: life cycle, context manager, client id and subscriptions."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, consumer: C) -> None:
         self._name = name
         self._loop: LoopThread | None = None
+        self._consumer: C = consumer
+
+    @property
+    def client_id(self) -> str:
+        return self._consumer.client_id
+
+    def subscribe(
+        self,
+        topic: str,
+        expression: str = SUB_ALL,
+        expression_type: ExpressionType = ExpressionType.TAG,
+    ) -> None:
+        """See :meth:`PushConsumer.subscribe`."""
+        self._on_loop(self._consumer.subscribe, topic, expression, expression_type)
+
+    def unsubscribe(self, topic: str) -> None:
+        """See :meth:`PushConsumer.unsubscribe`."""
+        self._on_loop(self._consumer.unsubscribe, topic)
+
+    def start(self) -> None:
+        """Start the consumer on its own loop thread."""
+        loop = self._start_loop()
+        try:
+            loop.run(self._consumer.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def close(self) -> None:
+        """Close the consumer cleanly (offsets persisted), then stop the loop thread."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.run(self._consumer.close())
+        finally:
+            self._stop_loop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
         if self._loop is None:
@@ -61,47 +111,11 @@ class _Wrapper:
         return self._loop
 
 
-class SyncPushConsumer(_Wrapper):
+class SyncPushConsumer(_Wrapper[PushConsumer]):
     """The blocking :class:`PushConsumer`: ``with SyncPushConsumer(cfg, listener) as c: ...``."""
 
     def __init__(self, config: PushConsumerConfig, listener: MessageListener) -> None:
-        super().__init__(f"rocketq-push-{config.consumer_group}")
-        self._consumer = PushConsumer(config, listener)
-
-    @property
-    def client_id(self) -> str:
-        return self._consumer.client_id
-
-    def subscribe(
-        self,
-        topic: str,
-        expression: str = SUB_ALL,
-        expression_type: ExpressionType = ExpressionType.TAG,
-    ) -> None:
-        """See :meth:`PushConsumer.subscribe`."""
-        self._on_loop(self._consumer.subscribe, topic, expression, expression_type)
-
-    def unsubscribe(self, topic: str) -> None:
-        """See :meth:`PushConsumer.unsubscribe`."""
-        self._on_loop(self._consumer.unsubscribe, topic)
-
-    def start(self) -> None:
-        """Join the group and start consuming."""
-        loop = self._start_loop()
-        try:
-            loop.run(self._consumer.start())
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    def close(self) -> None:
-        """Leave the group cleanly (offsets persisted), then stop the loop thread."""
-        if self._loop is None:
-            return
-        try:
-            self._loop.run(self._consumer.close())
-        finally:
-            self._stop_loop()
+        super().__init__(f"rocketq-push-{config.consumer_group}", PushConsumer(config, listener))
 
     def suspend(self) -> None:
         self._on_loop(self._consumer.suspend)
@@ -118,40 +132,12 @@ class SyncPushConsumer(_Wrapper):
     def persist_offsets(self) -> None:
         self._running().run(self._consumer.persist_offsets())
 
-    def __enter__(self) -> SyncPushConsumer:
-        self.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class SyncLitePullConsumer(_Wrapper):
+class SyncLitePullConsumer(_Wrapper[LitePullConsumer]):
     """The blocking :class:`LitePullConsumer`."""
 
     def __init__(self, config: LitePullConsumerConfig) -> None:
-        super().__init__(f"rocketq-lite-pull-{config.consumer_group}")
-        self._consumer = LitePullConsumer(config)
-
-    @property
-    def client_id(self) -> str:
-        return self._consumer.client_id
-
-    def subscribe(
-        self,
-        topic: str,
-        expression: str = SUB_ALL,
-        expression_type: ExpressionType = ExpressionType.TAG,
-    ) -> None:
-        self._on_loop(self._consumer.subscribe, topic, expression, expression_type)
-
-    def unsubscribe(self, topic: str) -> None:
-        self._on_loop(self._consumer.unsubscribe, topic)
+        super().__init__(f"rocketq-lite-pull-{config.consumer_group}", LitePullConsumer(config))
 
     def assign(self, queues: Iterable[MessageQueue]) -> None:
         self._on_loop(self._consumer.assign, list(queues))
@@ -164,22 +150,6 @@ class SyncLitePullConsumer(_Wrapper):
 
     def resume(self, queues: Iterable[MessageQueue]) -> None:
         self._on_loop(self._consumer.resume, list(queues))
-
-    def start(self) -> None:
-        loop = self._start_loop()
-        try:
-            loop.run(self._consumer.start())
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    def close(self) -> None:
-        if self._loop is None:
-            return
-        try:
-            self._loop.run(self._consumer.close())
-        finally:
-            self._stop_loop()
 
     def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
         return self._running().run(self._consumer.fetch_message_queues(topic))
@@ -205,15 +175,3 @@ class SyncLitePullConsumer(_Wrapper):
 
     def committed(self, mq: MessageQueue) -> int:
         return self._running().run(self._consumer.committed(mq))
-
-    def __enter__(self) -> SyncLitePullConsumer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
