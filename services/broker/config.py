@@ -88,6 +88,15 @@ class BrokerConfig:
     """How often expired clients are looked for."""
     enable_property_filter: bool = False
     """[enablePropertyFilter] Allow SQL92 subscriptions."""
+    rebalance_lock_max_live_time_ms: int = 60_000
+    """[rebalanceLockMaxLiveTime] An orderly queue lock not renewed for this long is free
+    (RocketMQ's rocketmq.broker.rebalance.lockMaxLiveTime). Clients renew every 20 s and give
+    a lock up after 30 s, so keep it above both."""
+    strict_subscription_consistency: bool = True
+    """[strictSubscriptionConsistency] While the live members of a clustering group subscribe
+    to a topic differently, refuse their pulls of it (FAILED_PRECONDITION,
+    SUBSCRIPTION_INCONSISTENT) instead of letting each member's filter skip messages another
+    member wanted (SPEC §6.17). False only reports the conflict, as RocketMQ does."""
     commitlog_file_bytes: int = 1024 * 1024 * 1024
     """[mappedFileSizeCommitLog]"""
     consume_queue_units_per_file: int = 300_000
@@ -127,6 +136,8 @@ class BrokerConfig:
             raise ValueError("maxMessageSize must be between 1 KiB and 64 MiB")
         if not 1 <= self.max_transfer_count_on_message_in_memory <= 1024:
             raise ValueError("maxTransferCountOnMessageInMemory must be 1..1024")
+        if not 1000 <= self.rebalance_lock_max_live_time_ms <= 3_600_000:
+            raise ValueError("rebalanceLockMaxLiveTime must be 1000..3600000 ms")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listenPort {self.listen_port} is not a port number")
 
@@ -219,6 +230,8 @@ KEYS: dict[str, tuple[str, Parser]] = {
     "channelExpiredTimeout": ("channel_expired_timeout_ms", int),
     "clientScanIntervalMs": ("client_scan_interval_ms", int),
     "enablePropertyFilter": ("enable_property_filter", _bool),
+    "rebalanceLockMaxLiveTime": ("rebalance_lock_max_live_time_ms", int),
+    "strictSubscriptionConsistency": ("strict_subscription_consistency", _bool),
     "mappedFileSizeCommitLog": ("commitlog_file_bytes", int),
     "mappedFileUnitsConsumeQueue": ("consume_queue_units_per_file", int),
     "messageIndexEnable": ("message_index_enable", _bool),

@@ -69,6 +69,7 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
             "DeleteSubscriptionGroup",
             "ListSubscriptionGroups",
             "GetConsumeStats",
+            "GetConsumerConnection",
             "ResetOffset",
             "GetBrokerConfig",
             "UpdateBrokerConfig",

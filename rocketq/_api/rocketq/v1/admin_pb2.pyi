@@ -16,6 +16,7 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from rocketq._api.rocketq.v1 import common_pb2 as _common_pb2
+from rocketq._api.rocketq.v1 import messaging_pb2 as _messaging_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -746,6 +747,150 @@ class GetConsumeStatsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetConsumeStatsResponse: _TypeAlias = GetConsumeStatsResponse  # noqa: Y015
+
+@_typing.final
+class GetConsumerConnectionRequest(_message.Message):
+    """Asks for a consumer group's live members."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    """Consumer group."""
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetConsumerConnectionRequest: _TypeAlias = GetConsumerConnectionRequest  # noqa: Y015
+
+@_typing.final
+class ConsumerConnection(_message.Message):
+    """One live member of a consumer group."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    PEER_FIELD_NUMBER: _builtins.int
+    LAST_HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """The member's client id."""
+    peer: _builtins.str
+    """Its address as the broker sees it (host:port)."""
+    last_heartbeat_ms: _builtins.int
+    """When its last heartbeat arrived."""
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[_messaging_pb2.SubscriptionData]:
+        """Topics it subscribes to (its retry topic included), sorted by topic."""
+
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        peer: _builtins.str = ...,
+        last_heartbeat_ms: _builtins.int = ...,
+        subscriptions: _abc.Iterable[_messaging_pb2.SubscriptionData] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "last_heartbeat_ms", b"last_heartbeat_ms", "peer", b"peer", "subscriptions", b"subscriptions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerConnection: _TypeAlias = ConsumerConnection  # noqa: Y015
+
+@_typing.final
+class QueueLock(_message.Message):
+    """Who holds an orderly queue lock on the receiving broker."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    LAST_LOCK_MS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Topic."""
+    queue_id: _builtins.int
+    """Queue, 0-based."""
+    client_id: _builtins.str
+    """Client id of the holder."""
+    last_lock_ms: _builtins.int
+    """When the holder last took or renewed the lock; it expires rebalanceLockMaxLiveTime later."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        client_id: _builtins.str = ...,
+        last_lock_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "last_lock_ms", b"last_lock_ms", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueLock: _TypeAlias = QueueLock  # noqa: Y015
+
+@_typing.final
+class GetConsumerConnectionResponse(_message.Message):
+    """A consumer group's live members on the receiving broker."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONNECTIONS_FIELD_NUMBER: _builtins.int
+    CONSUME_TYPE_FIELD_NUMBER: _builtins.int
+    MESSAGE_MODEL_FIELD_NUMBER: _builtins.int
+    CONSUME_FROM_WHERE_FIELD_NUMBER: _builtins.int
+    CONSUME_ORDERLY_FIELD_NUMBER: _builtins.int
+    CONFLICTS_FIELD_NUMBER: _builtins.int
+    LOCKS_FIELD_NUMBER: _builtins.int
+    consume_type: _builtins.str
+    """"CONSUME_TYPE_PUSH" or "CONSUME_TYPE_PULL", as the last heartbeat said."""
+    message_model: _builtins.str
+    """"CLUSTERING" or "BROADCASTING"."""
+    consume_from_where: _builtins.str
+    """"CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET" or "CONSUME_FROM_TIMESTAMP"."""
+    consume_orderly: _builtins.bool
+    """True for an orderly group."""
+    @_builtins.property
+    def connections(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerConnection]:
+        """Members, sorted by client id."""
+
+    @_builtins.property
+    def conflicts(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SubscriptionConflict]:
+        """Topics the members disagree about, sorted by topic; empty when they all agree."""
+
+    @_builtins.property
+    def locks(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueLock]:
+        """Queue locks held by the group's clients on this broker, sorted by topic and queue id."""
+
+    def __init__(
+        self,
+        *,
+        connections: _abc.Iterable[Global___ConsumerConnection] | None = ...,
+        consume_type: _builtins.str = ...,
+        message_model: _builtins.str = ...,
+        consume_from_where: _builtins.str = ...,
+        consume_orderly: _builtins.bool = ...,
+        conflicts: _abc.Iterable[_common_pb2.SubscriptionConflict] | None = ...,
+        locks: _abc.Iterable[Global___QueueLock] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conflicts", b"conflicts", "connections", b"connections", "consume_from_where", b"consume_from_where", "consume_orderly", b"consume_orderly", "consume_type", b"consume_type", "locks", b"locks", "message_model", b"message_model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetConsumerConnectionResponse: _TypeAlias = GetConsumerConnectionResponse  # noqa: Y015
 
 @_typing.final
 class ResetOffsetRequest(_message.Message):

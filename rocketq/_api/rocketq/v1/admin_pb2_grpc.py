@@ -85,6 +85,11 @@ class AdminStub:
                 request_serializer=rocketq_dot_v1_dot_admin__pb2.GetConsumeStatsRequest.SerializeToString,
                 response_deserializer=rocketq_dot_v1_dot_admin__pb2.GetConsumeStatsResponse.FromString,
                 _registered_method=True)
+        self.GetConsumerConnection = channel.unary_unary(
+                '/rocketq.v1.Admin/GetConsumerConnection',
+                request_serializer=rocketq_dot_v1_dot_admin__pb2.GetConsumerConnectionRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_admin__pb2.GetConsumerConnectionResponse.FromString,
+                _registered_method=True)
         self.ResetOffset = channel.unary_unary(
                 '/rocketq.v1.Admin/ResetOffset',
                 request_serializer=rocketq_dot_v1_dot_admin__pb2.ResetOffsetRequest.SerializeToString,
@@ -202,6 +207,16 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetConsumerConnection(self, request, context):
+        """Returns a consumer group's live members as the receiving broker knows them from heartbeats:
+        each member's subscriptions, the group's subscription conflicts (SPEC §6.17), and, for
+        orderly groups, who holds each queue lock (SPEC §6.15).
+        INVALID_ARGUMENT: bad group name. NOT_FOUND: no live member of the group on this broker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ResetOffset(self, request, context):
         """Moves a consumer group's offsets on the receiving broker to a time or an offset, and tells
         the group's live members over their ClientStreams (ResetOffsetNotice).
@@ -289,6 +304,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetConsumeStats,
                     request_deserializer=rocketq_dot_v1_dot_admin__pb2.GetConsumeStatsRequest.FromString,
                     response_serializer=rocketq_dot_v1_dot_admin__pb2.GetConsumeStatsResponse.SerializeToString,
+            ),
+            'GetConsumerConnection': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConsumerConnection,
+                    request_deserializer=rocketq_dot_v1_dot_admin__pb2.GetConsumerConnectionRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_admin__pb2.GetConsumerConnectionResponse.SerializeToString,
             ),
             'ResetOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.ResetOffset,
@@ -582,6 +602,33 @@ class Admin:
             '/rocketq.v1.Admin/GetConsumeStats',
             rocketq_dot_v1_dot_admin__pb2.GetConsumeStatsRequest.SerializeToString,
             rocketq_dot_v1_dot_admin__pb2.GetConsumeStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConsumerConnection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Admin/GetConsumerConnection',
+            rocketq_dot_v1_dot_admin__pb2.GetConsumerConnectionRequest.SerializeToString,
+            rocketq_dot_v1_dot_admin__pb2.GetConsumerConnectionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -89,6 +89,12 @@ class AdminStub:
     INVALID_ARGUMENT: bad group or topic name.
     NOT_FOUND: the group has no offsets on this broker (for that topic, if one was given).
     """
+    GetConsumerConnection: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetConsumerConnectionRequest, _admin_pb2.GetConsumerConnectionResponse]
+    """Returns a consumer group's live members as the receiving broker knows them from heartbeats:
+    each member's subscriptions, the group's subscription conflicts (SPEC §6.17), and, for
+    orderly groups, who holds each queue lock (SPEC §6.15).
+    INVALID_ARGUMENT: bad group name. NOT_FOUND: no live member of the group on this broker.
+    """
     ResetOffset: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResetOffsetRequest, _admin_pb2.ResetOffsetResponse]
     """Moves a consumer group's offsets on the receiving broker to a time or an offset, and tells
     the group's live members over their ClientStreams (ResetOffsetNotice).
@@ -161,6 +167,12 @@ class AdminAsyncStub(AdminStub):
     """Returns a consumer group's progress and lag on each queue of the receiving broker.
     INVALID_ARGUMENT: bad group or topic name.
     NOT_FOUND: the group has no offsets on this broker (for that topic, if one was given).
+    """
+    GetConsumerConnection: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetConsumerConnectionRequest, _admin_pb2.GetConsumerConnectionResponse]  # type: ignore[assignment]
+    """Returns a consumer group's live members as the receiving broker knows them from heartbeats:
+    each member's subscriptions, the group's subscription conflicts (SPEC §6.17), and, for
+    orderly groups, who holds each queue lock (SPEC §6.15).
+    INVALID_ARGUMENT: bad group name. NOT_FOUND: no live member of the group on this broker.
     """
     ResetOffset: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResetOffsetRequest, _admin_pb2.ResetOffsetResponse]  # type: ignore[assignment]
     """Moves a consumer group's offsets on the receiving broker to a time or an offset, and tells
@@ -291,6 +303,18 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         """Returns a consumer group's progress and lag on each queue of the receiving broker.
         INVALID_ARGUMENT: bad group or topic name.
         NOT_FOUND: the group has no offsets on this broker (for that topic, if one was given).
+        """
+
+    @_abc_1.abstractmethod
+    def GetConsumerConnection(
+        self,
+        request: _admin_pb2.GetConsumerConnectionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetConsumerConnectionResponse, _abc.Awaitable[_admin_pb2.GetConsumerConnectionResponse]]:
+        """Returns a consumer group's live members as the receiving broker knows them from heartbeats:
+        each member's subscriptions, the group's subscription conflicts (SPEC §6.17), and, for
+        orderly groups, who holds each queue lock (SPEC §6.15).
+        INVALID_ARGUMENT: bad group name. NOT_FOUND: no live member of the group on this broker.
         """
 
     @_abc_1.abstractmethod

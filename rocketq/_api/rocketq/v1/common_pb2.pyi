@@ -94,6 +94,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The service is starting, stopping or recovering (UNAVAILABLE)."""
     MESSAGE_NOT_FOUND: _ErrorReason.ValueType  # 11
     """The message asked for does not exist or has been removed by retention (NOT_FOUND)."""
+    SUBSCRIPTION_INCONSISTENT: _ErrorReason.ValueType  # 12
+    """Live members of a clustering consumer group subscribe to the topic differently, so any
+    member's filter could skip messages another member wanted; pulls of that topic are refused
+    until they agree (FAILED_PRECONDITION, strictSubscriptionConsistency, SPEC §6.17).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Stable machine-readable reasons carried in ErrorDetail. The gRPC status code says what kind of
@@ -124,6 +129,11 @@ SERVICE_NOT_AVAILABLE: ErrorReason.ValueType  # 10
 """The service is starting, stopping or recovering (UNAVAILABLE)."""
 MESSAGE_NOT_FOUND: ErrorReason.ValueType  # 11
 """The message asked for does not exist or has been removed by retention (NOT_FOUND)."""
+SUBSCRIPTION_INCONSISTENT: ErrorReason.ValueType  # 12
+"""Live members of a clustering consumer group subscribe to the topic differently, so any
+member's filter could skip messages another member wanted; pulls of that topic are refused
+until they agree (FAILED_PRECONDITION, strictSubscriptionConsistency, SPEC §6.17).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
@@ -599,3 +609,76 @@ class ErrorDetail(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ErrorDetail: _TypeAlias = ErrorDetail  # noqa: Y015
+
+@_typing.final
+class MemberSubscription(_message.Message):
+    """What one member of a consumer group subscribes to a topic, from its last heartbeat."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIBED_FIELD_NUMBER: _builtins.int
+    EXPRESSION_FIELD_NUMBER: _builtins.int
+    EXPRESSION_TYPE_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """The member's client id."""
+    subscribed: _builtins.bool
+    """False when the member does not subscribe to the topic at all (a topic mismatch)."""
+    expression: _builtins.str
+    """Its expression when subscribed: "*", "TAGA || TAGB" or a SQL92 predicate."""
+    expression_type: Global___ExpressionType.ValueType
+    """How to read expression."""
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        subscribed: _builtins.bool = ...,
+        expression: _builtins.str = ...,
+        expression_type: Global___ExpressionType.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "expression", b"expression", "expression_type", b"expression_type", "subscribed", b"subscribed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemberSubscription: _TypeAlias = MemberSubscription  # noqa: Y015
+
+@_typing.final
+class SubscriptionConflict(_message.Message):
+    """Members of one clustering consumer group that disagree about one topic (SPEC §6.17). Queues
+    are shared out among all members whatever they subscribe to, so a disagreement means some
+    messages reach a member whose filter drops them: RocketMQ loses them silently.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    PULLS_REFUSED_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    """The consumer group."""
+    topic: _builtins.str
+    """The topic the members disagree about."""
+    pulls_refused: _builtins.bool
+    """True while the broker refuses the group's pulls of the topic (strictSubscriptionConsistency)."""
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemberSubscription]:
+        """Every live member's view of the topic, sorted by client id."""
+
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        members: _abc.Iterable[Global___MemberSubscription] | None = ...,
+        pulls_refused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "members", b"members", "pulls_refused", b"pulls_refused", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubscriptionConflict: _TypeAlias = SubscriptionConflict  # noqa: Y015

@@ -408,8 +408,9 @@ class PullRequest(_message.Message):
     expression_type: _common_pb2.ExpressionType.ValueType
     """How to read subscription."""
     sub_version: _builtins.int
-    """Version of the client's subscription (a timestamp); a broker holding a newer one for this
-    group and topic answers FAILED_PRECONDITION.
+    """Version of the client's subscription (a timestamp). Without FLAG_SUBSCRIPTION, a broker
+    whose copy from the group's heartbeats is older than this answers FAILED_PRECONDITION (the
+    client should heartbeat and retry).
     """
     decoded: _builtins.bool
     """False (the default, the fast path): return the stored commitlog records concatenated in
@@ -1543,6 +1544,7 @@ class ClientStreamResponse(_message.Message):
     CHECK_TRANSACTION_STATE_FIELD_NUMBER: _builtins.int
     CONSUMER_IDS_CHANGED_FIELD_NUMBER: _builtins.int
     RESET_OFFSET_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_CONFLICT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def heartbeat_ack(self) -> Global___HeartbeatAck:
         """Answer to each Heartbeat."""
@@ -1559,6 +1561,13 @@ class ClientStreamResponse(_message.Message):
     def reset_offset(self) -> Global___ResetOffsetNotice:
         """An administrative offset reset for one of the client's consumer groups."""
 
+    @_builtins.property
+    def subscription_conflict(self) -> _common_pb2.SubscriptionConflict:
+        """Members of one of the client's consumer groups subscribe to a topic differently (sent to
+        every live member when a conflict starts or changes, and when it ends with an empty
+        member list).
+        """
+
     def __init__(
         self,
         *,
@@ -1566,12 +1575,13 @@ class ClientStreamResponse(_message.Message):
         check_transaction_state: Global___CheckTransactionState | None = ...,
         consumer_ids_changed: Global___ConsumerIdsChanged | None = ...,
         reset_offset: Global___ResetOffsetNotice | None = ...,
+        subscription_conflict: _common_pb2.SubscriptionConflict | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["check_transaction_state", b"check_transaction_state", "command", b"command", "consumer_ids_changed", b"consumer_ids_changed", "heartbeat_ack", b"heartbeat_ack", "reset_offset", b"reset_offset"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["check_transaction_state", b"check_transaction_state", "command", b"command", "consumer_ids_changed", b"consumer_ids_changed", "heartbeat_ack", b"heartbeat_ack", "reset_offset", b"reset_offset", "subscription_conflict", b"subscription_conflict"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_transaction_state", b"check_transaction_state", "command", b"command", "consumer_ids_changed", b"consumer_ids_changed", "heartbeat_ack", b"heartbeat_ack", "reset_offset", b"reset_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_transaction_state", b"check_transaction_state", "command", b"command", "consumer_ids_changed", b"consumer_ids_changed", "heartbeat_ack", b"heartbeat_ack", "reset_offset", b"reset_offset", "subscription_conflict", b"subscription_conflict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["heartbeat_ack", "check_transaction_state", "consumer_ids_changed", "reset_offset"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["heartbeat_ack", "check_transaction_state", "consumer_ids_changed", "reset_offset", "subscription_conflict"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 

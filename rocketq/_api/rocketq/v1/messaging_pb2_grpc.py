@@ -149,8 +149,11 @@ class MessagingServicer:
         NOT_FOUND: no subscription group config and auto-create is off.
         PERMISSION_DENIED: topic or broker not readable, group consume disabled, or ACL.
         FAILED_PRECONDITION: no subscription flag and the broker has no subscription from this
-        group's heartbeat, or sub_version is older than the one the broker holds (the client
-        should heartbeat and retry).
+        group's heartbeat, or the broker's copy of it is older than the request's sub_version
+        (the client should heartbeat and retry); or the group's live members subscribe to the
+        topic differently and strictSubscriptionConsistency is on (reason
+        SUBSCRIPTION_INCONSISTENT; ErrorDetail.metadata names the members; the pull succeeds
+        once they agree).
         UNAVAILABLE: the broker is starting or stopping.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -204,7 +207,10 @@ class MessagingServicer:
         """Locks queues for one client of an orderly consumer group (SPEC §6.15). A lock expires 60 s
         after it was last taken or renewed; clients renew every 20 s. Queues held by another live
         client are left out of the response, which is not an error.
-        INVALID_ARGUMENT: empty client id or group, queues of another broker name.
+        The expiry is the broker's rebalanceLockMaxLiveTime (60 s). A client that disconnects keeps
+        its locks until they expire: it may still be finishing a batch.
+        INVALID_ARGUMENT: empty or malformed client id or group, no queue or more than 1024, queues
+        of another broker name or a topic this broker does not hold.
         UNAVAILABLE: the broker is a slave.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
