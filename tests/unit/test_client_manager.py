@@ -1,14 +1,22 @@
-"""ClientManager: heartbeats, groups, membership notices and expiry (SPEC §4.2), no sockets."""
+"""ClientManager: heartbeats, groups, membership notices and expiry (SPEC §4.2), and
+subscription-consistency detection (SPEC §6.17); no sockets."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
+import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import messaging_pb2
-from services.broker.client_manager import ClientChannel, ClientLimitError, ClientManager
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from services.broker import client_manager
+from services.broker.client_manager import (
+    ClientChannel,
+    ClientLimitError,
+    ClientManager,
+    normalise_sql92,
+)
 from services.broker.config import BrokerConfig
 from services.broker.model import SubscriptionGroupConfig
 from services.common.clock import ManualClock
@@ -226,5 +234,253 @@ def test_client_cap() -> None:
         cm.open_channel("a")  # the same client reconnecting is fine
         with pytest.raises(ClientLimitError):
             cm.open_channel("b")
+
+    _run(body)
+
+
+# -- subscription consistency (SPEC §6.17) ---------------------------------------------------
+Sub = tuple[str, str] | tuple[str, str, int]
+"""(topic, expression) as TAG, or (topic, expression, common_pb2.SQL92 / TAG)."""
+
+
+def _kind(sub: Sub) -> common_pb2.ExpressionType.ValueType:
+    return common_pb2.ExpressionType.ValueType(sub[2]) if len(sub) == 3 else common_pb2.TAG
+
+
+def _join(
+    cm: ClientManager,
+    client_id: str,
+    *subs: Sub,
+    model: int = messaging_pb2.CLUSTERING,
+    version: int = 1,
+) -> ClientChannel:
+    """Heartbeat ``client_id`` into group "g" with ``subs`` (opening its stream if needed)."""
+    channel = cm.channel(client_id) or cm.open_channel(client_id, "ipv4:10.0.0.1:4000")
+    cm.heartbeat(
+        channel,
+        messaging_pb2.Heartbeat(
+            client_id=client_id,
+            consumers=[
+                messaging_pb2.ConsumerData(
+                    consumer_group="g",
+                    message_model=messaging_pb2.MessageModel.ValueType(model),
+                    subscriptions=[
+                        messaging_pb2.SubscriptionData(
+                            topic=s[0],
+                            expression=s[1],
+                            expression_type=_kind(s),
+                            sub_version=version,
+                        )
+                        for s in subs
+                    ],
+                )
+            ],
+        ),
+    )
+    return channel
+
+
+def _conflicts_pushed(channel: ClientChannel) -> list[tuple[str, list[tuple[str, str | None]]]]:
+    """(topic, [(client id, expression or None)]) of every conflict notice queued, in order."""
+    out = []
+    while not channel.queue.empty():
+        item = channel.queue.get_nowait()
+        if item is not None and item.HasField("subscription_conflict"):
+            c = item.subscription_conflict
+            out.append(
+                (
+                    c.topic,
+                    [(m.client_id, m.expression if m.subscribed else None) for m in c.members],
+                )
+            )
+    return out
+
+
+def _topics_in_conflict(cm: ClientManager) -> list[str]:
+    return [c.topic for c in cm.conflicts("g")]
+
+
+def test_tag_subscriptions_compare_as_tag_sets() -> None:
+    def body() -> None:
+        cm = ClientManager(BrokerConfig(), ManualClock())
+        _join(cm, "a", ("T", "A || B"), ("U", "*"))
+        _join(cm, "b", ("T", "B||A"), ("U", "X || *"))
+        assert cm.conflicts("g") == []
+        cm.check_subscription_consistent("g", "T")  # no conflict: no error
+        _join(cm, "b", ("T", "A"), ("U", "*"), version=2)
+        [conflict] = cm.conflicts("g")
+        assert (conflict.consumer_group, conflict.topic, conflict.pulls_refused) == ("g", "T", True)
+        assert [(m.client_id, m.subscribed, m.expression) for m in conflict.members] == [
+            ("a", True, "A || B"),
+            ("b", True, "A"),
+        ]
+        assert all(m.expression_type == common_pb2.TAG for m in conflict.members)
+
+    _run(body)
+
+
+def test_sql92_compares_whitespace_normalised_text_and_the_type_counts() -> None:
+    assert normalise_sql92(" a  >  1   AND (b = 'x  y') ") == "a>1 AND(b='x  y')"
+    assert normalise_sql92("a IS  NOT NULL") == "a IS NOT NULL"
+
+    def body() -> None:
+        cm = ClientManager(BrokerConfig(), ManualClock())
+        _join(cm, "a", ("T", "a > 1 AND b = 'x  y'", common_pb2.SQL92))
+        _join(cm, "b", ("T", "a>1   AND b='x  y'", common_pb2.SQL92))
+        assert cm.conflicts("g") == []
+        # whitespace inside a string literal is part of the value
+        _join(cm, "b", ("T", "a>1 AND b='x y'", common_pb2.SQL92), version=2)
+        assert _topics_in_conflict(cm) == ["T"]
+        # same text, other type: a TAG "*" is not the SQL92 predicate
+        _join(cm, "b", ("T", "a > 1 AND b = 'x  y'", common_pb2.TAG), version=3)
+        [conflict] = cm.conflicts("g")
+        assert [m.expression_type for m in conflict.members] == [common_pb2.SQL92, common_pb2.TAG]
+
+    _run(body)
+
+
+def test_a_member_without_the_topic_counts_as_not_subscribed() -> None:
+    def body() -> None:
+        cm = ClientManager(BrokerConfig(), ManualClock())
+        a = _join(cm, "a", ("T", "*"), ("U", "*"), ("%RETRY%g", "*"))
+        b = _join(cm, "b", ("T", "*"))  # no U, and no retry subscription (ignored)
+        assert _topics_in_conflict(cm) == ["U"]
+        [conflict] = cm.conflicts("g")
+        assert [(m.client_id, m.subscribed) for m in conflict.members] == [
+            ("a", True),
+            ("b", False),
+        ]
+        assert _conflicts_pushed(a) == [("U", [("a", "*"), ("b", None)])]
+        assert _conflicts_pushed(b) == [("U", [("a", "*"), ("b", None)])]
+
+    _run(body)
+
+
+def test_broadcasting_groups_never_conflict() -> None:
+    def body() -> None:
+        cm = ClientManager(BrokerConfig(), ManualClock())
+        bc = messaging_pb2.BROADCASTING
+        a = _join(cm, "a", ("T", "A"), model=bc)
+        _join(cm, "b", ("T", "B"), model=bc)
+        assert cm.conflicts("g") == []
+        cm.check_subscription_consistent("g", "T")
+        assert _conflicts_pushed(a) == []
+
+    _run(body)
+
+
+def test_a_leaving_member_resolves_the_conflict_and_members_are_told() -> None:
+    def body() -> None:
+        clock = ManualClock()
+        cm = ClientManager(BrokerConfig(channel_expired_timeout_ms=1000), clock)
+        a = _join(cm, "a", ("T", "A"))
+        b = _join(cm, "b", ("T", "B"))
+        c = _join(cm, "c", ("T", "A"))
+        assert _conflicts_pushed(a) == [
+            ("T", [("a", "A"), ("b", "B")]),  # b joined
+            ("T", [("a", "A"), ("b", "B"), ("c", "A")]),  # c joined: the conflict changed
+        ]
+        _conflicts_pushed(b)
+        _conflicts_pushed(c)
+        cm.close_channel(b, "stream ended")
+        assert cm.conflicts("g") == []
+        assert _conflicts_pushed(a) == [("T", [])]  # empty member list: resolved
+        assert _conflicts_pushed(c) == [("T", [])]
+        assert _conflicts_pushed(b) == []  # it left: nothing more for it
+        cm.check_subscription_consistent("g", "T")
+
+        # expiry ends a conflict too
+        _join(cm, "d", ("T", "D"))
+        assert _topics_in_conflict(cm) == ["T"]
+        clock.advance_ms(600)
+        _join(cm, "a", ("T", "A"))
+        _join(cm, "c", ("T", "A"))
+        _conflicts_pushed(a)
+        clock.advance_ms(600)
+        assert cm.scan_expired() == ["d"]
+        assert cm.conflicts("g") == [] and _conflicts_pushed(a) == [("T", [])]
+
+    _run(body)
+
+
+def test_notices_only_when_the_conflict_changes() -> None:
+    def body() -> None:
+        cm = ClientManager(BrokerConfig(), ManualClock())
+        a = _join(cm, "a", ("T", "A"))
+        b = _join(cm, "b", ("T", "B"))
+        assert len(_conflicts_pushed(a)) == 1 and len(_conflicts_pushed(b)) == 1
+        # periodic heartbeats, and a re-subscription to the same expression: no notice
+        _join(cm, "a", ("T", "A"))
+        _join(cm, "b", ("T", "B"), version=7)
+        assert _conflicts_pushed(a) == [] and _conflicts_pushed(b) == []
+        # another expression in the conflict: a new notice
+        _join(cm, "b", ("T", "C"), version=8)
+        assert _conflicts_pushed(a) == [("T", [("a", "A"), ("b", "C")])]
+        # agreement
+        _join(cm, "b", ("T", "A"), version=9)
+        assert _conflicts_pushed(a) == [("T", [])]
+        assert _conflicts_pushed(b) == [("T", [("a", "A"), ("b", "C")]), ("T", [])]
+
+    _run(body)
+
+
+def test_check_refuses_pulls_only_when_strict() -> None:
+    def body() -> None:
+        config = BrokerConfig(broker_name="broker-x")
+        cm = ClientManager(config, ManualClock())
+        _join(cm, "a", ("T", "tag1 || tag2"), ("U", "*"))
+        _join(cm, "b", ("T", "tag3"), ("U", "*"))
+        with pytest.raises(ServiceError) as info:
+            cm.check_subscription_consistent("g", "T")
+        err = info.value
+        assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.reason == common_pb2.SUBSCRIPTION_INCONSISTENT
+        assert err.metadata["consumer_group"] == "g" and err.metadata["topic"] == "T"
+        assert "TAG 'tag1 || tag2': a; TAG 'tag3': b" in err.message
+        assert "broker-x" in err.message
+        cm.check_subscription_consistent("g", "U")  # members agree about U
+        cm.check_subscription_consistent("other", "T")  # unknown group
+
+        config.strict_subscription_consistency = False  # a runtime config update
+        cm.check_subscription_consistent("g", "T")
+        [conflict] = cm.conflicts("g")
+        assert conflict.topic == "T" and not conflict.pulls_refused
+
+    _run(body)
+
+
+def test_a_lone_dissenter_is_listed_even_beyond_the_member_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(client_manager, "CONFLICT_MEMBERS_MAX", 3)
+    monkeypatch.setattr(client_manager, "SUMMARY_MEMBERS_PER_VIEW_MAX", 2)
+
+    def body() -> None:
+        cm = ClientManager(BrokerConfig(), ManualClock())
+        for cid in ("a1", "a2", "a3", "a4"):
+            _join(cm, cid, ("T", "A"))
+        _join(cm, "z", ("T", "Z"))
+        [conflict] = cm.conflicts("g")
+        assert [m.client_id for m in conflict.members] == ["a1", "a2", "z"]
+        with pytest.raises(ServiceError) as info:
+            cm.check_subscription_consistent("g", "T")
+        assert "TAG 'A': a1, a2 and 2 more; TAG 'Z': z" in info.value.message
+
+    _run(body)
+
+
+def test_members_own_subscriptions_and_peer_address() -> None:
+    def body() -> None:
+        cm = ClientManager(BrokerConfig(), ManualClock())
+        a = _join(cm, "a", ("U", "*"), ("T", "A"))
+        info = cm.consumer_group_info("g")
+        assert info is not None
+        assert [(s.topic, s.expression) for s in info.subscriptions_of("a")] == [
+            ("T", "A"),
+            ("U", "*"),
+        ]
+        assert info.subscriptions_of("nobody") == []
+        assert a.peer_addr == "10.0.0.1:4000"
+        assert ClientChannel("x", asyncio.Queue(), 0, "ipv6:[::1]:5").peer_addr == "[::1]:5"
 
     _run(body)
