@@ -15,6 +15,12 @@ Targets of a change (``ApplyTarget``, mqadmin's ``-b`` / ``-c``):
   caller sees partial outcomes instead of a single error hiding them. Going through the network
   even for ourselves keeps one code path; the cost is one loopback call.
 
+GetConsumerConnection answers from this broker's own view: the group's live members with their
+own subscriptions (from their heartbeats), the topics they disagree about (SPEC §6.17, see
+services/broker/client_manager.py) and, for orderly groups, who holds each queue lock here. A
+group with more than ``CONNECTIONS_LISTED_MAX`` live members lists the first ones by client id;
+its conflicts still consider every member.
+
 Changes (topics, groups, offset resets, config updates) are for masters only: a slave answers
 UNAVAILABLE with reason NOT_MASTER and gets the same changes through replication.
 
@@ -43,6 +49,7 @@ from rocketq._api.rocketq.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     common_pb2,
+    messaging_pb2,
     nameserver_pb2,
     nameserver_pb2_grpc,
 )
@@ -85,6 +92,7 @@ from services.store.message_store import MessageStore
 if TYPE_CHECKING:
     from services.broker.client_manager import ClientManager
     from services.broker.pull_hold import PullHoldService
+    from services.broker.rebalance_lock import RebalanceLockManager
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +104,8 @@ BROKER_PROPERTIES = "broker.properties"
 #: How long a cluster-mode change waits for each master, and a nameserver for cluster info.
 FANOUT_TIMEOUT_MS = 5000
 NAMESRV_TIMEOUT_MS = 3000
+#: Members one GetConsumerConnection answer lists (each with up to 1024 subscriptions).
+CONNECTIONS_LISTED_MAX = 1000
 
 _ROLES = {
     "SYNC_MASTER": admin_pb2.SYNC_MASTER,
@@ -164,6 +174,14 @@ def _invalid_arg(exc: ValueError, **meta: object) -> ServiceError:
     return ServiceError(StatusCode.INVALID_ARGUMENT, common_pb2.ILLEGAL_ARGUMENT, str(exc), **meta)
 
 
+def _enum_name(enum: Any, number: int) -> str:
+    """The proto enum value's name; the number as text for one this build does not know."""
+    try:
+        return str(enum.Name(number))
+    except ValueError:
+        return str(number)
+
+
 class AdminService(admin_pb2_grpc.AdminServicer):
     """Admin RPCs of one broker; every handler runs on the broker's event loop."""
 
@@ -185,6 +203,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         put_rate: Callable[[], float] | None = None,
         get_rate: Callable[[], float] | None = None,
         fanout_timeout_ms: int = FANOUT_TIMEOUT_MS,
+        locks: RebalanceLockManager | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -201,6 +220,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self.put_rate = put_rate
         self.get_rate = get_rate
         self.fanout_timeout_ms = fanout_timeout_ms
+        self.locks = locks
+        """Orderly queue locks, for GetConsumerConnection; None = no lock is listed."""
 
     # -- common checks ---------------------------------------------------------------------
     def _require_master(self) -> None:
@@ -625,6 +646,49 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 )
             )
         return out
+
+    @rpc
+    async def GetConsumerConnection(
+        self, request: admin_pb2.GetConsumerConnectionRequest, context: Context
+    ) -> admin_pb2.GetConsumerConnectionResponse:
+        group = request.consumer_group
+        self._check_group_name(group)
+        info = self.clients.consumer_group_info(group)
+        if info is None or not info.members:
+            not_found(
+                common_pb2.ERROR_REASON_UNSPECIFIED,
+                f"consumer group {group} has no live member on broker {self.config.broker_name}",
+                consumer_group=group,
+            )
+        connections = []
+        for cid in info.member_ids()[:CONNECTIONS_LISTED_MAX]:
+            channel = self.clients.channel(cid)
+            connections.append(
+                admin_pb2.ConsumerConnection(
+                    client_id=cid,
+                    peer=channel.peer_addr if channel is not None else "",
+                    last_heartbeat_ms=info.members[cid],
+                    subscriptions=[s.to_pb() for s in info.subscriptions_of(cid)],
+                )
+            )
+        locks = self.locks.locks_of_group(group) if self.locks is not None else []
+        return admin_pb2.GetConsumerConnectionResponse(
+            connections=connections,
+            consume_type=_enum_name(messaging_pb2.ConsumeType, info.consume_type),
+            message_model=_enum_name(messaging_pb2.MessageModel, info.message_model),
+            consume_from_where=_enum_name(messaging_pb2.ConsumeFromWhere, info.consume_from_where),
+            consume_orderly=info.consume_orderly,
+            conflicts=self.clients.conflicts(group),
+            locks=[
+                admin_pb2.QueueLock(
+                    topic=lk.topic,
+                    queue_id=lk.queue_id,
+                    client_id=lk.client_id,
+                    last_lock_ms=lk.last_lock_ms,
+                )
+                for lk in locks
+            ],
+        )
 
     @rpc
     async def ResetOffset(
