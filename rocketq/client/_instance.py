@@ -17,7 +17,15 @@ an ``MQClientInstance``:
   SPEC §4.2) and at once on :meth:`ClientInstance.heartbeat_now`. A broken stream reconnects with
   exponential backoff (0.2 s doubling to 5 s). Commands the broker pushes down a stream go to
   the registered handles: ``consumer_ids_changed`` -> ``on_consumer_ids_changed``,
-  ``reset_offset`` -> ``on_reset_offset``, ``check_transaction_state`` -> ``on_check_transaction``.
+  ``reset_offset`` -> ``on_reset_offset``, ``check_transaction_state`` -> ``on_check_transaction``,
+  ``subscription_conflict`` -> ``on_subscription_conflict``.
+- **Subscription conflicts** (SPEC §6.17). A broker tells every live member of a clustering
+  group when the members start, change or stop disagreeing about a topic's subscription (see
+  services/broker/client_manager.py). The instance logs it once per change — at ERROR, since
+  some messages would reach a member whose filter drops them (the broker refuses the group's
+  pulls of the topic meanwhile, unless strictSubscriptionConsistency is off), at INFO when it is
+  resolved — and hands it to the group's consumer handle. Every broker of the topic sends the
+  same notice; repeats are not logged again.
 
 The instance is reference counted: each user calls ``start()`` once and ``close()`` once; the
 last ``close()`` says goodbye to the brokers (UnregisterClient), ends the streams and channels.
@@ -38,7 +46,7 @@ from typing import ClassVar, Protocol
 
 import grpc
 
-from rocketq._api.rocketq.v1 import admin_pb2_grpc, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import admin_pb2_grpc, common_pb2, messaging_pb2, messaging_pb2_grpc
 from rocketq.client._channels import open_channel
 from rocketq.client._nameserver import NameServerClient, parse_addrs
 from rocketq.client._route import TopicRoute
@@ -54,6 +62,8 @@ STREAM_BACKOFF_MAX_S = 5.0
 STREAM_OUTBOX_MAX = 64
 #: How long closing a stream waits for each step of a graceful end before cancelling it.
 STREAM_CLOSE_WAIT_S = 1.0
+#: Conflicts remembered (group, topic) to log each change once rather than once per broker.
+CONFLICTS_REMEMBERED_MAX = 4096
 
 
 @functools.cache
@@ -110,6 +120,25 @@ class ConsumerHandle(Protocol):
     def on_route_changed(self, topic: str, route: TopicRoute) -> None: ...
     def on_consumer_ids_changed(self) -> None: ...
     def on_reset_offset(self, topic: str, broker_name: str, offsets: dict[int, int]) -> None: ...
+
+
+class SubscriptionConflictHandle(Protocol):
+    """A consumer handle that wants subscription-conflict notices (SPEC §6.17)."""
+
+    def on_subscription_conflict(self, conflict: common_pb2.SubscriptionConflict) -> None:
+        """The broker's notice; an empty ``members`` list means the conflict is resolved."""
+
+
+def describe_conflict_members(conflict: common_pb2.SubscriptionConflict) -> str:
+    """'client-1: "tag1 || tag2", client-2: not subscribed' for logs."""
+    parts = []
+    for m in conflict.members:
+        if not m.subscribed:
+            parts.append(f"{m.client_id}: not subscribed")
+        else:
+            kind = "SQL92 " if m.expression_type == common_pb2.SQL92 else ""
+            parts.append(f'{m.client_id}: {kind}"{m.expression}"')
+    return ", ".join(parts)
 
 
 class ProducerHandle(Protocol):
@@ -269,6 +298,8 @@ class _BrokerStream:
                 if consumer is not None:
                     offsets = {int(q): int(o) for q, o in notice.queue_offsets.items()}
                     consumer.on_reset_offset(notice.topic, self.broker_name, offsets)
+            elif kind == "subscription_conflict":
+                inst._on_subscription_conflict(resp.subscription_conflict, self.addr)
             elif kind == "check_transaction_state":
                 check = resp.check_transaction_state
                 producer = inst._producers.get(check.producer_group)
@@ -343,6 +374,8 @@ class ClientInstance:
         self._producers: dict[str, ProducerHandle] = {}
         self._consumers: dict[str, ConsumerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # (group, topic) -> what was last logged of a conflict, so each change is logged once.
+        self._conflicts_logged: dict[tuple[str, str], tuple[object, ...]] = {}
 
     # ---- life cycle ----------------------------------------------------------------------
 
@@ -548,6 +581,48 @@ class ClientInstance:
         futs = [s.send(req) for s in self._streams.values()]
         if futs:
             await asyncio.wait(futs, timeout=self.config.request_timeout_ms / 1000)
+
+    def _on_subscription_conflict(
+        self, conflict: common_pb2.SubscriptionConflict, broker_addr: str
+    ) -> None:
+        """Log a conflict notice once per change and hand it to the group's consumer."""
+        group, topic = conflict.consumer_group, conflict.topic
+        consumer = self._consumers.get(group)
+        if consumer is None:
+            return  # a late notice for a consumer that has closed
+        key = (group, topic)
+        shown: tuple[object, ...] = (
+            conflict.pulls_refused,
+            *(
+                (m.client_id, m.subscribed, m.expression_type, m.expression)
+                for m in conflict.members
+            ),
+        )
+        if not conflict.members:
+            if self._conflicts_logged.pop(key, None) is not None:
+                log.info("group %s: the members agree about %s again", group, topic)
+        elif self._conflicts_logged.get(key) != shown:
+            if key not in self._conflicts_logged and (
+                len(self._conflicts_logged) >= CONFLICTS_REMEMBERED_MAX
+            ):
+                self._conflicts_logged.pop(next(iter(self._conflicts_logged)))
+            self._conflicts_logged[key] = shown
+            log.error(
+                "group %s: members subscribe to %s differently (%s; reported by %s). They share "
+                "its queues, so a member's filter would drop messages another member wants: %s",
+                group,
+                topic,
+                describe_conflict_members(conflict),
+                broker_addr,
+                "the broker refuses the group's pulls of it until every member subscribes the "
+                "same way"
+                if conflict.pulls_refused
+                else "the broker only reports it (strictSubscriptionConsistency=false), so "
+                "messages can be lost",
+            )
+        handler = getattr(consumer, "on_subscription_conflict", None)
+        if handler is not None:
+            handler(conflict)
 
     def _heartbeat_pb(self) -> messaging_pb2.Heartbeat:
         hb = messaging_pb2.Heartbeat(client_id=self.client_id)

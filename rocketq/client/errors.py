@@ -19,6 +19,8 @@ attempt (on another broker) can help.
 | NameServerUnavailableError   | no nameserver answered                                     |
 | RequestTimeoutError          | no answer within the timeout (e.g. sendMsgTimeout 3 s)     |
 | FailedPreconditionError      | the server needs something first (e.g. a heartbeat)        |
+| SubscriptionInconsistentError| the group's members subscribe to the topic differently;    |
+|                              | pulls resume once they agree (a FailedPreconditionError)   |
 | AlreadyExistsError           | creating something that exists                             |
 | ClientStateError             | the producer/consumer is not started, or already closed    |
 | ServerError                  | the server failed unexpectedly (INTERNAL/UNKNOWN)          |
@@ -105,6 +107,13 @@ class FailedPreconditionError(RocketQError):
     pass
 
 
+class SubscriptionInconsistentError(FailedPreconditionError):
+    """The broker refuses a pull because the consumer group's live members subscribe to the
+    topic differently (SPEC §6.17, strictSubscriptionConsistency). ``metadata`` has
+    ``consumer_group``, ``topic`` and ``members`` (each expression and who holds it). Nothing is
+    lost: pulls succeed again once every member subscribes the same way."""
+
+
 class AlreadyExistsError(RocketQError):
     pass
 
@@ -122,6 +131,7 @@ _BY_REASON: dict[int, type[RocketQError]] = {
     common_pb2.SUBSCRIPTION_GROUP_NOT_EXIST: GroupNotFoundError,
     common_pb2.MESSAGE_NOT_FOUND: MessageNotFoundError,
     common_pb2.MESSAGE_TOO_LARGE: MessageTooLargeError,
+    common_pb2.SUBSCRIPTION_INCONSISTENT: SubscriptionInconsistentError,
 }
 
 _BY_CODE: dict[grpc.StatusCode, type[RocketQError]] = {
