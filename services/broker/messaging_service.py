@@ -17,10 +17,12 @@ heartbeat does for a consumer group: the subscription group is found or auto-cre
 clustering consumers, its ``%RETRY%{group}`` topic is created so the group's automatic retry
 subscription can be pulled.
 
-LockBatch, UnlockBatch, ConsumerSendBack and EndTransaction belong to later issues (orderly
-consumption, consume retry through the timer wheel, transactions) and answer UNIMPLEMENTED with
-a message that says so; a push consumer whose send-back fails falls back to resubmitting the
-message itself, so consumption keeps working.
+LockBatch and UnlockBatch check their queues (this broker's name, a topic it holds, a read
+queue) and hand them to the :class:`RebalanceLockManager` (orderly consumption, SPEC §6.15).
+ConsumerSendBack lives in ``send_back``: the dead-letter path works; the delayed retry through
+%RETRY%{group} needs the timer wheel (issue 5) and answers FAILED_PRECONDITION until then, and a
+push consumer whose send-back fails consumes the message again itself. EndTransaction belongs
+to the transactions issue and answers UNIMPLEMENTED with a message that says so.
 """
 
 # ruff: noqa: N802  (servicer methods carry the proto's RPC names)
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, NoReturn, TypeAlias
 
 import grpc
@@ -56,6 +58,8 @@ from services.broker.model import TopicConfig
 from services.broker.pull_hold import PullHoldService
 from services.broker.pull_processor import PullProcessor
 from services.broker.query_processor import QueryProcessor
+from services.broker.rebalance_lock import QUEUES_PER_REQUEST_MAX, QueueKey, RebalanceLockManager
+from services.broker.send_back import SendBackProcessor
 from services.broker.send_processor import SendProcessor
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
@@ -112,6 +116,7 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         offsets: ConsumerOffsetManager,
         clients: ClientManager,
         hold: PullHoldService,
+        locks: RebalanceLockManager | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
@@ -136,6 +141,10 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
             clock=clock,
         )
         self.queries = QueryProcessor(store=store, topics=topics, clock=clock)
+        self.locks = locks if locks is not None else RebalanceLockManager(config, clock)
+        self.send_backs = SendBackProcessor(
+            config=config, store=store, topics=topics, groups=groups, clock=clock
+        )
 
     # -- produce / consume -----------------------------------------------------------------
     @rpc
@@ -235,29 +244,101 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
             offset=self.store.offset_by_time(request.topic, request.queue_id, request.timestamp_ms)
         )
 
-    # -- later issues ----------------------------------------------------------------------
+    # -- queue locks (orderly consumption) -------------------------------------------------
+    def _lock_request(self, group: str, client_id: str) -> None:
+        _group(group)
+        if not client_id:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, "client id is empty")
+        if len(client_id) > CLIENT_ID_MAX_CHARS or not client_id.isprintable():
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                f"client id must be at most {CLIENT_ID_MAX_CHARS} printable characters",
+            )
+
+    def _lock_queues(self, queues: Sequence[common_pb2.MessageQueue]) -> list[QueueKey]:
+        """The requested queues as (topic, queue_id); INVALID_ARGUMENT for any queue this
+        broker cannot lock (another broker name, an unknown topic, not a read queue)."""
+        if not queues:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, "the request names no queue")
+        if len(queues) > QUEUES_PER_REQUEST_MAX:
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                f"the request names {len(queues)} queues; the limit is {QUEUES_PER_REQUEST_MAX}",
+            )
+        name = self.config.broker_name
+        out: list[QueueKey] = []
+        for mq in queues:
+            if mq.broker_name != name:
+                invalid(
+                    common_pb2.ILLEGAL_ARGUMENT,
+                    f"queue {mq.topic}:{mq.queue_id} belongs to broker {mq.broker_name!r}; "
+                    f"this is {name!r}",
+                    broker_name=name,
+                )
+            _topic(mq.topic)
+            cfg = self.topics.get(mq.topic)
+            if cfg is None:
+                invalid(
+                    common_pb2.ILLEGAL_ARGUMENT,
+                    f"topic {mq.topic} is not held by broker {name}",
+                    topic=mq.topic,
+                )
+            if not 0 <= mq.queue_id < cfg.read_queue_nums:
+                invalid(
+                    common_pb2.ILLEGAL_ARGUMENT,
+                    f"queue id {mq.queue_id} is outside [0, {cfg.read_queue_nums}) for topic "
+                    f"{mq.topic}",
+                    topic=mq.topic,
+                )
+            out.append((mq.topic, mq.queue_id))
+        return out
+
     @rpc
     async def LockBatch(
         self, request: messaging_pb2.LockBatchRequest, context: Context
     ) -> messaging_pb2.LockBatchResponse:
-        _unimplemented("LockBatch (queue locks)", "orderly consumption")
+        if not self.config.is_master:
+            unavailable(common_pb2.NOT_MASTER, "this broker is a slave; lock queues on its master")
+        self._lock_request(request.consumer_group, request.client_id)
+        queues = self._lock_queues(request.queues)
+        held = self.locks.try_lock_batch(request.consumer_group, request.client_id, queues)
+        name = self.config.broker_name
+        return messaging_pb2.LockBatchResponse(
+            locked_queues=[
+                common_pb2.MessageQueue(topic=topic, broker_name=name, queue_id=qid)
+                for topic, qid in held
+            ]
+        )
 
     @rpc
     async def UnlockBatch(
         self, request: messaging_pb2.UnlockBatchRequest, context: Context
     ) -> messaging_pb2.UnlockBatchResponse:
-        _unimplemented("UnlockBatch (queue locks)", "orderly consumption")
+        self._lock_request(request.consumer_group, request.client_id)
+        if len(request.queues) > QUEUES_PER_REQUEST_MAX:
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                f"the request names {len(request.queues)} queues; the limit is "
+                f"{QUEUES_PER_REQUEST_MAX}",
+            )
+        # Locks are released, never checked: a queue this broker cannot hold is simply not
+        # locked, and a slave holds no locks at all.
+        name = self.config.broker_name
+        self.locks.unlock_batch(
+            request.consumer_group,
+            request.client_id,
+            [(mq.topic, mq.queue_id) for mq in request.queues if mq.broker_name == name],
+        )
+        return messaging_pb2.UnlockBatchResponse()
 
+    # -- consume retry ---------------------------------------------------------------------
     @rpc
     async def ConsumerSendBack(
         self, request: messaging_pb2.ConsumerSendBackRequest, context: Context
     ) -> messaging_pb2.ConsumerSendBackResponse:
-        _unimplemented(
-            "ConsumerSendBack (broker-side consume retry)",
-            "consume retry through the timer wheel; clients resubmit failed messages themselves "
-            "until then",
-        )
+        return await self.send_backs.send_back(request)
 
+    # -- later issues ----------------------------------------------------------------------
     @rpc
     async def EndTransaction(
         self, request: messaging_pb2.EndTransactionRequest, context: Context

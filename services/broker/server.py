@@ -45,6 +45,7 @@ from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.messaging_service import MessagingService
 from services.broker.model import TopicConfig
 from services.broker.pull_hold import PullHoldService
+from services.broker.rebalance_lock import RebalanceLockManager
 from services.broker.registration import BrokerRegistrar
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
@@ -95,6 +96,7 @@ class Broker:
         self.offsets.load()
         self.clients = ClientManager(cfg, self.clock, group_config=self.groups.get)
         self.hold = PullHoldService(cfg, self.store, self.clock)
+        self.locks = RebalanceLockManager(cfg, self.clock)
         self.registrar = BrokerRegistrar(
             cfg.namesrv_addrs,
             self._registration,
@@ -109,6 +111,7 @@ class Broker:
             offsets=self.offsets,
             clients=self.clients,
             hold=self.hold,
+            locks=self.locks,
             clock=self.clock,
         )
         admin = AdminService(
@@ -119,6 +122,7 @@ class Broker:
             offsets=self.offsets,
             clients=self.clients,
             hold=self.hold,
+            locks=self.locks,
             registrar_trigger=self.registrar.trigger,
             advertised_addr=self.advertised_addr,
             started_ms=self.clock.now_ms(),
@@ -131,6 +135,7 @@ class Broker:
         self._spawn(self.offsets.run_persist_loop(cfg.flush_consumer_offset_interval_ms))
         self._spawn(self.clients.run_scan_loop())
         self._spawn(self.hold.run())
+        self._spawn(self.locks.run_purge_loop())
         await grpc_server.set_serving(health, SERVICE_NAMES)
         if cfg.namesrv_addrs:
             await self.registrar.start()
