@@ -51,6 +51,12 @@ from rocketq.client import (
     SyncProducer,
     SyncPushConsumer,
 )
+from rocketq.client.consumer import (
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    OrderlyMessageListener,
+    SubscriptionConflict,
+)
 from rocketq.client.errors import RocketQError
 from rocketq.message import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
 
@@ -72,6 +78,8 @@ __all__ = [
     "AllocateStrategy",
     "ConsumeContext",
     "ConsumeFromWhere",
+    "ConsumeOrderlyContext",
+    "ConsumeOrderlyStatus",
     "ConsumeResult",
     "ExpressionType",
     "LitePullConsumer",
@@ -83,6 +91,7 @@ __all__ = [
     "MessageQueue",
     "MessageQueueSelector",
     "OffsetStore",
+    "OrderlyMessageListener",
     "Producer",
     "ProducerConfig",
     "PushConsumer",
@@ -96,6 +105,7 @@ __all__ = [
     "SendCallback",
     "SendResult",
     "SendStatus",
+    "SubscriptionConflict",
     "SyncAccumulatingProducer",
     "SyncLitePullConsumer",
     "SyncProducer",

@@ -3,7 +3,11 @@
 Public names are re-exported here from the private modules that implement them (SPEC §6):
 
 - :class:`PushConsumer` / :class:`SyncPushConsumer` with :class:`PushConsumerConfig`, a
-  listener returning :class:`ConsumeResult` and receiving a :class:`ConsumeContext`;
+  listener returning :class:`ConsumeResult` and receiving a :class:`ConsumeContext`, or with
+  ``orderly=True`` one returning :class:`ConsumeOrderlyStatus` and receiving a
+  :class:`ConsumeOrderlyContext`;
+- :class:`SubscriptionConflict`: group members disagreeing about a topic, from
+  ``subscription_conflicts()``;
 - :class:`LitePullConsumer` / :class:`SyncLitePullConsumer` with :class:`LitePullConsumerConfig`;
 - :class:`MessageModel`, :class:`ConsumeFromWhere`, :class:`ExpressionType`;
 - allocation strategies (``Allocate*``) and offset stores, for custom setups.
@@ -23,12 +27,16 @@ from rocketq.client.consumer.allocate import (
 from rocketq.client.consumer.config import (
     ConsumeContext,
     ConsumeFromWhere,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
     ConsumeResult,
     ExpressionType,
     LitePullConsumerConfig,
     MessageListener,
     MessageModel,
+    OrderlyMessageListener,
     PushConsumerConfig,
+    SubscriptionConflict,
 )
 from rocketq.client.consumer.lite_pull import LitePullConsumer
 from rocketq.client.consumer.offset_store import (
@@ -51,6 +59,8 @@ __all__ = [
     "AllocateStrategy",
     "ConsumeContext",
     "ConsumeFromWhere",
+    "ConsumeOrderlyContext",
+    "ConsumeOrderlyStatus",
     "ConsumeResult",
     "ExpressionType",
     "LitePullConsumer",
@@ -59,11 +69,13 @@ __all__ = [
     "MessageListener",
     "MessageModel",
     "OffsetStore",
+    "OrderlyMessageListener",
     "ProcessQueue",
     "PushConsumer",
     "PushConsumerConfig",
     "ReadOffsetType",
     "RemoteBrokerOffsetStore",
+    "SubscriptionConflict",
     "SyncLitePullConsumer",
     "SyncPushConsumer",
 ]

@@ -12,6 +12,8 @@ Which broker answers what (SPEC §6.6, §6.12, DESIGN.md §6):
 | SearchOffsetByTimestamp   |                                          |                          |
 | GetConsumerIdList         | a random broker of the topic's route     | -                        |
 | ConsumerSendBack          | master of the message's broker group     | same                     |
+| LockBatch / UnlockBatch   | master of the queues' broker group (one  | same                     |
+|                           | call per broker name, ≤ 1024 queues)     |                          |
 
 Every failure surfaces as a :class:`~rocketq.client.errors.RocketQError` naming the broker.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol, TypeVar
 
 import grpc
@@ -32,6 +34,9 @@ from rocketq.codec import Prop
 from rocketq.message import MessageQueue, ReceivedMessage
 
 T = TypeVar("T")
+
+LOCK_BATCH_MAX = 1024
+"""Queues per LockBatch/UnlockBatch call (messaging.proto's limit); more go in several calls."""
 
 log = logging.getLogger(__name__)
 
@@ -205,3 +210,55 @@ class BrokerApi:
         if max_reconsume_times >= 0:
             req.max_reconsume_times = max_reconsume_times
         await self._call(addr, lambda: stub.ConsumerSendBack(req, timeout=self._timeout_s))
+
+    # ---- queue locks (orderly consumption, SPEC §6.15) --------------------------------------
+
+    def _lock_chunks(
+        self, broker_name: str, queues: Iterable[MessageQueue]
+    ) -> list[list[MessageQueue]]:
+        mqs = sorted(set(queues))
+        for mq in mqs:
+            if mq.broker_name != broker_name:
+                raise ValueError(f"{mq} is not a queue of broker {broker_name}")
+        return [mqs[i : i + LOCK_BATCH_MAX] for i in range(0, len(mqs), LOCK_BATCH_MAX)]
+
+    async def lock_batch(
+        self, broker_name: str, queues: Iterable[MessageQueue]
+    ) -> set[MessageQueue]:
+        """Lock ``queues`` (all of ``broker_name``) for this client on their master; returns
+        the ones this client now holds (the rest are held by another live member)."""
+        locked: set[MessageQueue] = set()
+        for chunk in self._lock_chunks(broker_name, queues):
+            locked |= await self._lock_chunk(broker_name, chunk)
+        return locked
+
+    async def _lock_chunk(self, broker_name: str, chunk: list[MessageQueue]) -> set[MessageQueue]:
+        addr = await self.master_addr(chunk[0])
+        stub = self._instance.messaging(addr)
+        req = messaging_pb2.LockBatchRequest(
+            consumer_group=self.group,
+            client_id=self._instance.client_id,
+            queues=[_mq_pb(mq) for mq in chunk],
+        )
+        resp = await self._call(addr, lambda: stub.LockBatch(req, timeout=self._timeout_s))
+        wanted = set(chunk)
+        answered = {
+            MessageQueue(pb.topic, pb.broker_name or broker_name, pb.queue_id)
+            for pb in resp.locked_queues
+        }
+        return answered & wanted
+
+    async def unlock_batch(self, broker_name: str, queues: Iterable[MessageQueue]) -> None:
+        """Release this client's locks of ``queues`` (all of ``broker_name``)."""
+        for chunk in self._lock_chunks(broker_name, queues):
+            await self._unlock_chunk(chunk)
+
+    async def _unlock_chunk(self, chunk: list[MessageQueue]) -> None:
+        addr = await self.master_addr(chunk[0])
+        stub = self._instance.messaging(addr)
+        req = messaging_pb2.UnlockBatchRequest(
+            consumer_group=self.group,
+            client_id=self._instance.client_id,
+            queues=[_mq_pb(mq) for mq in chunk],
+        )
+        await self._call(addr, lambda: stub.UnlockBatch(req, timeout=self._timeout_s))

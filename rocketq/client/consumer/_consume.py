@@ -77,6 +77,26 @@ def is_async_listener(listener: object) -> bool:
     )
 
 
+async def invoke_listener(
+    listener: Callable[..., Any],
+    executor: ThreadPoolExecutor | None,
+    msgs: list[ReceivedMessage],
+    context: object,
+) -> Any:
+    """Call ``listener(msgs, context)``: on ``executor`` when given (a plain function), else on
+    the loop, awaiting what it returns if that is awaitable. Exceptions propagate."""
+    if executor is not None:
+        loop = asyncio.get_running_loop()
+        outcome: Any = await loop.run_in_executor(
+            executor, functools.partial(listener, msgs, context)
+        )
+    else:
+        outcome = listener(msgs, context)
+    if inspect.isawaitable(outcome):
+        outcome = await outcome
+    return outcome
+
+
 def reset_retry_topic(msgs: list[ReceivedMessage], group: str) -> None:
     """Show redelivered messages under their original topic, as RocketMQ does before a call."""
     group_retry_topic = retry_topic(group)
@@ -185,15 +205,7 @@ class ConsumeService:
         self, msgs: list[ReceivedMessage], context: ConsumeContext, mq: MessageQueue
     ) -> ConsumeResult | None:
         try:
-            if self._executor is not None:
-                loop = asyncio.get_running_loop()
-                outcome: Any = await loop.run_in_executor(
-                    self._executor, functools.partial(self._listener, msgs, context)
-                )
-            else:
-                outcome = self._listener(msgs, context)
-            if inspect.isawaitable(outcome):
-                outcome = await outcome
+            outcome = await invoke_listener(self._listener, self._executor, msgs, context)
         except asyncio.CancelledError:
             raise
         except Exception:

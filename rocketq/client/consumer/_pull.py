@@ -14,7 +14,12 @@ One pass of a push consumer's loop (``PullService._pull_once``), with the delay 
 | flow control: > 1000 cached messages, > 100 MiB cached, or  | 50 ms (logged every 1000th|
 | cached offsets span > 2000 (SPEC §6.6)                      | time)                     |
 | no subscription for the topic                               | 3 s                       |
+| orderly, clustering: the queue's broker lock is not held or | 3 s                       |
+| not renewed within rebalance_lock_max_live_ms               |                           |
+| orderly: start offset not readable at the first locked pull | 3 s                       |
 | pull failed (broker down, timeout, ...)                     | 3 s                       |
+| refused: the group's subscriptions disagree (SPEC §6.17)    | 3 s, ERROR logged at most |
+|                                                             | every 30 s per topic      |
 | FOUND                                                       | pull_interval_ms (0)      |
 | FOUND but every message filtered out by tag string          | at once                   |
 | NO_NEW_MSG / NO_MATCHED_MSG (after a 15 s broker hold)      | at once                   |
@@ -27,6 +32,11 @@ Pull request (SPEC §6.6 step 4): FLAG_SUSPEND always (long polling, 15 s hold, 
 the broker stores progress with every pull (cleared when pulling from a slave, which ignores
 it); FLAG_SUBSCRIPTION always, so a pull made before the broker has seen this consumer's first
 heartbeat is still filtered right instead of being refused.
+
+Orderly consumers (SPEC §6.15) skip the span flow control (their queue is consumed strictly
+in order, so the span cannot come from one stuck message), and the first pull a PullRequest
+makes while holding the lock reads the start offset from the broker again: the previous owner
+persisted it just before unlocking.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from dataclasses import dataclass
 
 from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.client.consumer._api import BrokerApi
+from rocketq.client.consumer._common import is_subscription_inconsistent
 from rocketq.client.consumer._rebalance import PullRequest
 from rocketq.client.consumer._subscription import Subscription, filter_by_tags
 from rocketq.client.consumer.offset_store import OffsetStore, ReadOffsetType
@@ -207,6 +218,9 @@ class PullSettings:
     consume_concurrently_max_span: int | None
     broker_suspend_max_time_ms: int
     consumer_timeout_when_suspend_ms: int
+    orderly: bool = False
+    rebalance_lock_max_live_ms: int = 30_000
+    """Orderly, clustering: pull only while the broker lock is this fresh."""
 
 
 class PullService:
@@ -225,6 +239,8 @@ class PullService:
         on_offset_illegal: Callable[[], None],
         heartbeat: Callable[[], Awaitable[object]],
         is_paused: Callable[[], bool] = lambda: False,
+        compute_offset: Callable[[MessageQueue], Awaitable[int]] | None = None,
+        on_refused: Callable[[str, Exception], None] | None = None,
     ) -> None:
         self._group = group
         self._puller = puller
@@ -236,6 +252,10 @@ class PullService:
         self._on_offset_illegal = on_offset_illegal
         self._heartbeat = heartbeat
         self._is_paused = is_paused
+        self._compute_offset = compute_offset
+        """Orderly: re-reads a queue's start offset at its first locked pull."""
+        self._on_refused = on_refused
+        """Logs a pull refused for a subscription conflict (throttled by the consumer)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.flow_control_times = 0
@@ -305,6 +325,8 @@ class PullService:
         if sub is None:
             log.warning("group %s: no subscription for %s; pulling later", self._group, mq)
             return PULL_DELAY_WHEN_NO_SUBSCRIPTION_S
+        if s.orderly and s.clustering and not await self._orderly_ready(req):
+            return PULL_DELAY_WHEN_EXCEPTION_S
         commit_offset = 0
         if s.clustering:
             commit_offset = await self._offsets.read_offset(mq, ReadOffsetType.READ_FROM_MEMORY)
@@ -318,6 +340,12 @@ class PullService:
                 timeout_ms=s.consumer_timeout_when_suspend_ms,
             )
         except FailedPreconditionError as exc:
+            if is_subscription_inconsistent(exc):
+                # Members disagree: a heartbeat cannot help, and each one would make the broker
+                # recompute the group. Wait; the conflict notice says when it is resolved.
+                if self._on_refused is not None:
+                    self._on_refused(mq.topic, exc)
+                return PULL_DELAY_WHEN_EXCEPTION_S
             # The broker has not seen (or has an older) subscription of ours: heartbeat first.
             log.info("group %s: pull of %s refused (%s); heartbeating", self._group, mq, exc)
             await self._heartbeat_quietly()
@@ -329,6 +357,38 @@ class PullService:
         if pq.dropped:
             return None
         return await self._on_result(req, result)
+
+    async def _orderly_ready(self, req: PullRequest) -> bool:
+        """Orderly, clustering: True if ``req`` may be pulled now (lock held and fresh, start
+        offset re-read at the first locked pull)."""
+        mq, pq = req.message_queue, req.process_queue
+        if not pq.holds_lock(wall_clock_ms(), self._s.rebalance_lock_max_live_ms):
+            log.info(
+                "group %s: not pulling %s: its broker lock is not held (locked=%s, last lock "
+                "%d ms ago); trying again in 3 s",
+                self._group,
+                mq,
+                pq.locked,
+                wall_clock_ms() - pq.last_lock_timestamp_ms,
+            )
+            return False
+        if req.locked_first or self._compute_offset is None:
+            return True
+        offset = await self._compute_offset(mq)
+        if offset < 0:
+            log.warning("group %s: start offset of %s unreadable; pulling later", self._group, mq)
+            return False
+        if offset != req.next_offset:
+            log.info(
+                "group %s: first locked pull of %s starts at the broker's offset %d, not %d",
+                self._group,
+                mq,
+                offset,
+                req.next_offset,
+            )
+        req.next_offset = offset
+        req.locked_first = True
+        return True
 
     async def _heartbeat_quietly(self) -> None:
         try:

@@ -22,6 +22,25 @@ smallest offset still in flight.
 
 Rebalances run one at a time (an asyncio lock), every ``rebalance_interval_ms`` (20 s) and at
 once when a broker pushes ConsumerIdsChanged (:meth:`RebalanceService.wakeup`).
+
+Orderly consumption in clustering mode (SPEC §6.15; a ``locker`` is given) adds broker locks,
+so that two members never consume one queue at once, even while they disagree about the
+allocation for a moment:
+
+* a newly allocated queue is locked on its broker (one LockBatch per broker) before its
+  ProcessQueue exists; a queue another member still holds is skipped and tried again at the
+  next rebalance;
+* a queue leaving this member is released in this order: take its consume lock (waiting at
+  most 1 s for a running listener call, else keep the queue, count ``try_unlock_times`` and
+  try again at the next rebalance), mark it dropped, persist its offset, UnlockBatch it,
+  forget it — so the next owner, which can lock it only now, reads an offset that includes
+  everything consumed here;
+* :meth:`RebalanceImpl.lock_all` renews every owned queue's lock (every 20 s): a queue left
+  out of the answer is marked not locked, and pulls and listener calls stop until a later
+  renewal or :meth:`RebalanceImpl.lock_one` gets it back.
+
+Lock calls run under the rebalance's asyncio lock too, so a renewal can never re-lock a queue
+that a concurrent release has just unlocked.
 """
 
 from __future__ import annotations
@@ -29,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +62,9 @@ log = logging.getLogger(__name__)
 
 NO_OFFSET = -1
 """An offset source's answer when nothing is stored (first start)."""
+CONSUME_LOCK_WAIT_S = 1.0
+"""Orderly: how long a release waits for a running listener call of the queue (RocketMQ's
+tryLock(1000 ms) in removeUnnecessaryMessageQueue)."""
 
 
 @dataclass(eq=False)
@@ -54,6 +76,27 @@ class PullRequest:
     next_offset: int
     broker_id: int = 0
     """Broker id the last pull response suggested (0 master, else a slave; SPEC §6.7 step 5)."""
+    locked_first: bool = False
+    """Orderly: set by the first pull made while holding the lock, which re-reads the start
+    offset from the broker (RocketMQ's previouslyLocked)."""
+
+
+class QueueLocker(Protocol):
+    """The broker lock calls of an orderly consumer (:class:`BrokerApi` implements them)."""
+
+    async def lock_batch(
+        self, broker_name: str, queues: Iterable[MessageQueue]
+    ) -> set[MessageQueue]: ...
+
+    async def unlock_batch(self, broker_name: str, queues: Iterable[MessageQueue]) -> None: ...
+
+
+def by_broker(queues: Iterable[MessageQueue]) -> dict[str, list[MessageQueue]]:
+    """Queues grouped by broker name, each list sorted (one lock call per broker)."""
+    groups: dict[str, list[MessageQueue]] = {}
+    for mq in sorted(queues):
+        groups.setdefault(mq.broker_name, []).append(mq)
+    return groups
 
 
 class OffsetSource(Protocol):
@@ -127,6 +170,7 @@ class RebalanceImpl:
         queues_changed: QueuesChanged | None = None,
         check_pull_expired: bool = True,
         clock: Callable[[], int] = wall_clock_ms,
+        locker: QueueLocker | None = None,
     ) -> None:
         self.group = group
         self.client_id = client_id
@@ -140,6 +184,8 @@ class RebalanceImpl:
         self._queues_changed = queues_changed
         self._check_pull_expired = check_pull_expired
         self._clock = clock
+        self._locker = locker
+        """Set for orderly clustering consumers: broker queue locks (see the module docs)."""
         self._lock = asyncio.Lock()
         self.process_queue_table: dict[MessageQueue, ProcessQueue] = {}
         """The queues this consumer owns now."""
@@ -200,14 +246,15 @@ class RebalanceImpl:
                 reason = "no longer allocated to this consumer"
             elif self._check_pull_expired and pq.is_pull_expired(now_ms):
                 reason = "[BUG] its pull loop stopped; rebuilding it"
+            elif pq.dropped:
+                reason = "dropped earlier; releasing it now"
             else:
                 continue
-            pq.dropped = True
-            if await self._remove_queue(mq, pq):
-                self.process_queue_table.pop(mq, None)
+            if await self._release(mq, pq, reason):
                 changed = True
-                log.info("group %s: dropped %s: %s", self.group, mq, reason)
         fresh = sorted(mq for mq in allocated if mq not in self.process_queue_table)
+        if self._locker is not None and fresh:
+            fresh = await self._lock_fresh(fresh)
         starts = await asyncio.gather(*(self._compute_offset(mq) for mq in fresh))
         requests: list[PullRequest] = []
         for mq, next_offset in zip(fresh, starts, strict=True):
@@ -219,6 +266,8 @@ class RebalanceImpl:
             if mq in self.process_queue_table:
                 continue
             pq = ProcessQueue(self._clock)
+            if self._locker is not None:
+                pq.locked = True  # _lock_fresh just locked it
             self.process_queue_table[mq] = pq
             requests.append(PullRequest(mq, pq, next_offset))
             changed = True
@@ -227,21 +276,142 @@ class RebalanceImpl:
             self._dispatch(requests)
         return changed
 
+    async def _release(self, mq: MessageQueue, pq: ProcessQueue, reason: str) -> bool:
+        """Give ``mq`` up (see the module docs for the orderly order); False if kept for now."""
+        if self._locker is not None:
+            if not await pq.consume_lock.acquire_async(CONSUME_LOCK_WAIT_S):
+                pq.try_unlock_times += 1
+                log.warning(
+                    "group %s: %s is being consumed; not released now (%s), tried again at the "
+                    "next rebalance (attempt %d)",
+                    self.group,
+                    mq,
+                    reason,
+                    pq.try_unlock_times,
+                )
+                return False
+            try:
+                pq.dropped = True  # no listener call starts after this
+            finally:
+                pq.consume_lock.release()
+        pq.dropped = True
+        if not await self._remove_queue(mq, pq):
+            return False
+        if self._locker is not None:
+            await self._unlock(mq.broker_name, [mq])
+        self.process_queue_table.pop(mq, None)
+        log.info("group %s: dropped %s: %s", self.group, mq, reason)
+        return True
+
+    # ---- broker locks (orderly, clustering) -------------------------------------------------
+
+    async def _lock_fresh(self, fresh: list[MessageQueue]) -> list[MessageQueue]:
+        """Lock newly allocated queues; returns those now held, in order."""
+        assert self._locker is not None
+        held: set[MessageQueue] = set()
+        for broker_name, mqs in sorted(by_broker(fresh).items()):
+            try:
+                held |= await self._locker.lock_batch(broker_name, mqs)
+            except Exception as exc:  # broker down: retried at the next rebalance
+                log.warning("group %s: cannot lock queues on %s: %s", self.group, broker_name, exc)
+        for mq in fresh:
+            if mq not in held:
+                log.warning(
+                    "group %s: %s not taken now: another member still holds its lock; retried "
+                    "at the next rebalance",
+                    self.group,
+                    mq,
+                )
+        return [mq for mq in fresh if mq in held]
+
+    async def _unlock(self, broker_name: str, mqs: list[MessageQueue]) -> None:
+        assert self._locker is not None
+        try:
+            await self._locker.unlock_batch(broker_name, mqs)
+        except Exception as exc:  # the lock then lapses on the broker (rebalanceLockMaxLiveTime)
+            log.warning(
+                "group %s: cannot unlock %d queue(s) on %s: %s",
+                self.group,
+                len(mqs),
+                broker_name,
+                exc,
+            )
+
+    async def lock_all(self) -> None:
+        """Renew the lock of every owned queue, one LockBatch per broker (every 20 s)."""
+        if self._locker is None:
+            return
+        async with self._lock:
+            owned = [mq for mq, pq in self.process_queue_table.items() if not pq.dropped]
+            for broker_name, mqs in sorted(by_broker(owned).items()):
+                try:
+                    held = await self._locker.lock_batch(broker_name, mqs)
+                except Exception as exc:  # keep the old state; it expires if this persists
+                    log.warning(
+                        "group %s: cannot renew locks on %s: %s", self.group, broker_name, exc
+                    )
+                    continue
+                self._apply_lock_answer(mqs, held)
+
+    async def lock_one(self, mq: MessageQueue) -> bool:
+        """Lock one owned queue now (its consumer found the lock lost or expired)."""
+        if self._locker is None:
+            return False
+        async with self._lock:
+            pq = self.process_queue_table.get(mq)
+            if pq is None or pq.dropped:
+                return False
+            try:
+                held = await self._locker.lock_batch(mq.broker_name, [mq])
+            except Exception as exc:
+                log.warning("group %s: cannot lock %s: %s", self.group, mq, exc)
+                return False
+            self._apply_lock_answer([mq], held)
+            return mq in held
+
+    def _apply_lock_answer(self, asked: list[MessageQueue], held: set[MessageQueue]) -> None:
+        now_ms = self._clock()
+        for mq in asked:
+            pq = self.process_queue_table.get(mq)
+            if pq is None:
+                continue
+            if mq in held:
+                if not pq.locked:
+                    log.info("group %s: %s locked again", self.group, mq)
+                pq.locked = True
+                pq.last_lock_timestamp_ms = now_ms
+            else:
+                if pq.locked:
+                    log.warning(
+                        "group %s: lost the lock of %s; not consuming it until it is back",
+                        self.group,
+                        mq,
+                    )
+                pq.locked = False
+
+    async def unlock_all(self) -> None:
+        """Release every owned queue's lock (close, after offsets are persisted)."""
+        if self._locker is None:
+            return
+        async with self._lock:
+            for broker_name, mqs in sorted(by_broker(self.process_queue_table).items()):
+                await self._unlock(broker_name, mqs)
+            for pq in self.process_queue_table.values():
+                pq.locked = False
+
+    # ---- removal ----------------------------------------------------------------------------
+
     async def _truncate_not_my_topics(self) -> None:
         for mq, pq in list(self.process_queue_table.items()):
             if mq.topic not in self.topics:
-                pq.dropped = True
-                await self._remove_queue(mq, pq)
-                self.process_queue_table.pop(mq, None)
-                log.info("group %s: dropped %s, its topic is no longer subscribed", self.group, mq)
+                await self._release(mq, pq, "its topic is no longer subscribed")
 
     async def remove_process_queue(self, mq: MessageQueue) -> None:
         """Drop one queue now (an illegal offset); the next rebalance starts it again."""
         async with self._lock:
-            pq = self.process_queue_table.pop(mq, None)
+            pq = self.process_queue_table.get(mq)
             if pq is not None:
-                pq.dropped = True
-                await self._remove_queue(mq, pq)
+                await self._release(mq, pq, "removed (offset reset or illegal)")
 
     async def drop_all(self) -> None:
         """Mark every owned queue dropped and empty the table (shutdown)."""

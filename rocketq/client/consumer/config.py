@@ -18,6 +18,9 @@ RocketMQ user finds the numbers they know, renamed only to put units last:
 | pullBatchSize                   | pull_batch_size                      | 32             |
 | maxReconsumeTimes               | max_reconsume_times                  | -1 (group's)   |
 | consumeTimeout (minutes)        | consume_timeout_minutes              | 15             |
+| suspendCurrentQueueTimeMillis   | suspend_current_queue_time_ms        | 1000           |
+| rebalance.lockInterval          | rebalance_lock_interval_ms           | 20000          |
+| (client lock expiry)            | rebalance_lock_max_live_ms           | 30000          |
 | rebalance waitInterval          | rebalance_interval_ms                | 20000          |
 | persistConsumerOffsetInterval   | persist_consumer_offset_interval_ms  | 5000           |
 | BROKER_SUSPEND_MAX_TIME_MILLIS  | broker_suspend_max_time_ms           | 15000          |
@@ -46,7 +49,10 @@ CONSUME_TIMESTAMP_DEFAULT_AGO_S = 30 * 60
 PULL_BATCH_SIZE_MAX = 1024
 """The broker accepts at most this many messages per pull (messaging.proto)."""
 CONSUME_BATCH_MAX = 1024
-"""Hard ceiling of consume_message_batch_max_size; SPEC §6.18 advises ≤ pull_batch_size."""
+"""Hard ceiling of consume_message_batch_max_size; it must also be ≤ pull_batch_size (§6.18)."""
+SUSPEND_CURRENT_QUEUE_TIME_MIN_MS = 10
+SUSPEND_CURRENT_QUEUE_TIME_MAX_MS = 30_000
+"""RocketMQ's range of suspendCurrentQueueTimeMillis (an orderly queue's pause after a failure)."""
 
 
 class MessageModel(enum.Enum):
@@ -109,6 +115,56 @@ MessageListener = Callable[
 function (run on the consumer's event loop). It must be safe to call concurrently."""
 
 
+class ConsumeOrderlyStatus(enum.Enum):
+    """What an orderly listener returns for a batch (SPEC §6.15)."""
+
+    SUCCESS = "SUCCESS"
+    """The batch is done: its offset is committed and the queue's next messages follow."""
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+    """Stop the queue for ``suspend_current_queue_time_ms``, then deliver the same batch again
+    (locally: a retry topic would break the order). Returning None or raising means the same."""
+
+
+@dataclass
+class ConsumeOrderlyContext:
+    """Handed to an orderly listener with each batch; the listener may change the two tuning
+    fields for this batch."""
+
+    message_queue: MessageQueue
+    """The queue the batch was pulled from; every batch of a queue comes in offset order."""
+    auto_commit: bool = True
+    """Kept for RocketMQ compatibility. RocketMQ's COMMIT/ROLLBACK statuses are deprecated and
+    not offered here, so SUCCESS commits the batch's offset whatever this says (with False,
+    RocketMQ would wait for a COMMIT; with no COMMIT status, SUCCESS plays that part)."""
+    suspend_current_queue_time_ms: int = -1
+    """For SUSPEND_CURRENT_QUEUE_A_MOMENT: the pause before redelivery; -1 = the consumer's
+    ``suspend_current_queue_time_ms``. Clamped to 10..30000."""
+
+
+OrderlyMessageListener = Callable[
+    [list[ReceivedMessage], ConsumeOrderlyContext],
+    ConsumeOrderlyStatus | Awaitable[ConsumeOrderlyStatus | None] | None,
+]
+"""An orderly listener (``PushConsumer(..., orderly=True)``): a plain function (run in the
+consume thread pool) or a coroutine function (run on the event loop). It is called for at most
+one batch of a queue at a time, but batches of different queues run concurrently."""
+
+
+@dataclass(frozen=True)
+class SubscriptionConflict:
+    """Members of this consumer's group that subscribe to one topic differently (SPEC §6.17),
+    as the broker last reported it. Queues are shared among all members whatever they
+    subscribe to, so a member whose filter drops what another wants would lose messages; while
+    ``pulls_refused`` the broker refuses the group's pulls of the topic instead (nothing is
+    skipped; pulls are retried every 3 s until the members agree)."""
+
+    consumer_group: str
+    topic: str
+    members: tuple[tuple[str, str | None], ...]
+    """(client id, expression) per live member, sorted by client id; None = not subscribed."""
+    pulls_refused: bool
+
+
 def _default_consume_timestamp() -> str:
     return time.strftime(
         CONSUME_TIMESTAMP_FORMAT, time.localtime(time.time() - CONSUME_TIMESTAMP_DEFAULT_AGO_S)
@@ -149,6 +205,26 @@ def _check_common(
         raise ValueError(f"pull_batch_size is {pull_batch_size}; allowed 1..{PULL_BATCH_SIZE_MAX}")
 
 
+def _check_orderly(suspend_ms: int, lock_interval_ms: int, lock_max_live_ms: int) -> None:
+    low, high = SUSPEND_CURRENT_QUEUE_TIME_MIN_MS, SUSPEND_CURRENT_QUEUE_TIME_MAX_MS
+    if not low <= suspend_ms <= high:
+        raise ValueError(f"suspend_current_queue_time_ms is {suspend_ms}; allowed {low}..{high}")
+    if lock_interval_ms < 1:
+        raise ValueError(f"rebalance_lock_interval_ms is {lock_interval_ms}; it must be ≥ 1")
+    if lock_max_live_ms <= lock_interval_ms:
+        raise ValueError(
+            f"rebalance_lock_max_live_ms ({lock_max_live_ms}) must exceed "
+            f"rebalance_lock_interval_ms ({lock_interval_ms}), or locks lapse between renewals"
+        )
+
+
+def clamp_suspend_ms(value_ms: int, default_ms: int) -> int:
+    """The pause of an orderly queue: the context's value (-1 = ``default_ms``), clamped to
+    RocketMQ's 10..30000 ms."""
+    chosen = default_ms if value_ms == -1 else value_ms
+    return min(max(chosen, SUSPEND_CURRENT_QUEUE_TIME_MIN_MS), SUSPEND_CURRENT_QUEUE_TIME_MAX_MS)
+
+
 @dataclass(frozen=True)
 class PushConsumerConfig:
     """Settings of a :class:`PushConsumer` (RocketMQ's ``DefaultMQPushConsumer``, SPEC §6.2)."""
@@ -174,7 +250,7 @@ class PushConsumerConfig:
     """Listener calls running at once (thread pool size for plain listeners, semaphore for async
     ones)."""
     consume_message_batch_max_size: int = 1
-    """Messages per listener call (SPEC §6.18); keep it ≤ pull_batch_size."""
+    """Messages per listener call (SPEC §6.18), 1..pull_batch_size."""
     pull_batch_size: int = 32
     """Messages asked for per pull, 1..1024."""
     pull_interval_ms: int = 0
@@ -186,9 +262,19 @@ class PushConsumerConfig:
     consume_concurrently_max_span: int = 2000
     """Flow control: no pull while the cached offsets of a queue span more than this."""
     max_reconsume_times: int = -1
-    """Redeliveries before the dead-letter topic; -1 = the group's setting (16)."""
+    """Redeliveries before the dead-letter topic; -1 = the group's setting (16). Orderly: -1
+    means unlimited (a failing message blocks its queue until it succeeds, SPEC §6.15)."""
     consume_timeout_minutes: int = 15
-    """A message in flight this long is sent back for retry and released (SPEC §6.13)."""
+    """A message in flight this long is sent back for retry and released (SPEC §6.13).
+    Not used by orderly consumers: a stuck call there holds its queue by design."""
+    suspend_current_queue_time_ms: int = 1_000
+    """Orderly: the pause of a queue after SUSPEND_CURRENT_QUEUE_A_MOMENT, 10..30000 (§6.15)."""
+    rebalance_lock_interval_ms: int = 20_000
+    """Orderly, clustering: how often the broker locks of all owned queues are renewed."""
+    rebalance_lock_max_live_ms: int = 30_000
+    """Orderly, clustering: a lock not renewed for this long is treated as lost (no pulls, no
+    listener calls). Keep it below the broker's rebalanceLockMaxLiveTime (60 s), so this client
+    stops before the broker may give the queue to another member."""
     rebalance_interval_ms: int = 20_000
     """Periodic rebalance; membership notices from brokers trigger one at once (SPEC §6.10)."""
     persist_consumer_offset_interval_ms: int = 5_000
@@ -221,6 +307,17 @@ class PushConsumerConfig:
                 f"consume_message_batch_max_size is {self.consume_message_batch_max_size}; "
                 f"allowed 1..{CONSUME_BATCH_MAX}"
             )
+        if self.consume_message_batch_max_size > self.pull_batch_size:
+            raise ValueError(
+                f"consume_message_batch_max_size ({self.consume_message_batch_max_size}) must "
+                f"not exceed pull_batch_size ({self.pull_batch_size}): a listener call never "
+                "gets more than one pull returns (SPEC §6.18)"
+            )
+        _check_orderly(
+            self.suspend_current_queue_time_ms,
+            self.rebalance_lock_interval_ms,
+            self.rebalance_lock_max_live_ms,
+        )
         positive = {
             "consume_thread_max": self.consume_thread_max,
             "pull_threshold_for_queue": self.pull_threshold_for_queue,

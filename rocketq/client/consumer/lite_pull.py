@@ -32,13 +32,15 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from rocketq._api.rocketq.v1 import messaging_pb2
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client._instance import ClientInstance
 from rocketq.client._route import TopicRoute
 from rocketq.client.consumer._api import BrokerApi
 from rocketq.client.consumer._common import (
     OffsetSourceImpl,
+    SubscriptionConflicts,
     client_config,
+    is_subscription_inconsistent,
     make_offset_store,
     readable_queues,
 )
@@ -62,6 +64,7 @@ from rocketq.client.consumer.config import (
     ExpressionType,
     LitePullConsumerConfig,
     MessageModel,
+    SubscriptionConflict,
     parse_consume_timestamp,
 )
 from rocketq.client.consumer.offset_store import OffsetStore, ReadOffsetType
@@ -74,6 +77,8 @@ log = logging.getLogger(__name__)
 PULL_DELAY_WHEN_EXCEPTION_S = 1.0
 """RocketMQ lite pull's pullTimeDelayMillsWhenException."""
 PULL_DELAY_WHEN_PAUSED_S = 1.0
+PULL_DELAY_WHEN_REFUSED_S = 3.0
+"""A pull refused because the group's subscriptions disagree is retried this much later."""
 PULL_DELAY_WHEN_FLOW_CONTROL_S = 0.05
 FLOW_CONTROL_LOG_EVERY = 1000
 BUFFERED_BATCHES_MAX = 1_000_000
@@ -134,12 +139,16 @@ class _Handle:
             if mq in self._c._queues:
                 self._c._seek_now(mq, offset)
 
+    def on_subscription_conflict(self, conflict: common_pb2.SubscriptionConflict) -> None:
+        self._c._conflicts.on_notice(conflict)
+
 
 class LitePullConsumer:
     """Fetches messages for the application to :meth:`poll` (see the module docstring)."""
 
     def __init__(self, config: LitePullConsumerConfig) -> None:
         self.config = config
+        self._conflicts = SubscriptionConflicts(config.consumer_group, log)
         self._mode = _Mode.NONE
         self._subscriptions: dict[str, Subscription] = {}
         self._assigned: set[MessageQueue] = set()
@@ -220,6 +229,11 @@ class LitePullConsumer:
         if not queues:
             raise RocketQError(f"topic {topic!r} has no readable queue")
         return queues
+
+    def subscription_conflicts(self) -> list[SubscriptionConflict]:
+        """Topics whose group members subscribe differently, as the brokers last reported
+        (SPEC §6.17); see :meth:`PushConsumer.subscription_conflicts`."""
+        return self._conflicts.current()
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
         """Stop fetching these queues (already buffered messages are still returned)."""
@@ -547,6 +561,9 @@ class LitePullConsumer:
                 timeout_ms=self.config.consumer_timeout_when_suspend_ms,
             )
         except RocketQError as exc:
+            if is_subscription_inconsistent(exc):
+                self._conflicts.log_refused_pull(mq.topic, exc)
+                return PULL_DELAY_WHEN_REFUSED_S
             log.warning("group %s: pull of %s failed: %s", self.config.consumer_group, mq, exc)
             return PULL_DELAY_WHEN_EXCEPTION_S
         if not self._current(st):

@@ -16,7 +16,9 @@ listener has handled them. The structure serves four jobs:
   pull loop died; :meth:`expired_messages` finds messages stuck in a listener longer than the
   consume timeout (15 min, SPEC §6.13) so they can be sent back for retry.
 * **Orderly consumption (SPEC §6.15).** :meth:`take_messages` / :meth:`commit` /
-  :meth:`make_messages_to_consume_again` and the ``locked`` fields.
+  :meth:`make_messages_to_consume_again`, the ``locked`` fields (the broker lock as this client
+  last saw it) and :attr:`ProcessQueue.consume_lock`, held around every listener call so the
+  rebalance can wait for a running call before it gives the queue away.
 
 Design: offsets are kept in a plain sorted list (``bisect``) beside a dict of messages. Offsets
 arrive almost always in increasing order, so inserts are appends, and removals are a memmove of
@@ -27,6 +29,7 @@ while synchronous listeners finish on a thread pool.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import threading
 import time
@@ -43,9 +46,79 @@ CONSUME_TIMEOUT_MS = 15 * 60 * 1000
 EXPIRED_SCAN_MAX = 16
 
 
+#: Longest pause between two tries of :meth:`ConsumeLock.acquire_async` (it polls).
+CONSUME_LOCK_POLL_MAX_S = 0.02
+
+
 def wall_clock_ms() -> int:
     """Milliseconds since the epoch."""
     return time.time_ns() // 1_000_000
+
+
+class ConsumeLock:
+    """Orderly: held around each listener call of one queue (RocketMQ's ``consumeLock``).
+
+    Usable from threads (:meth:`acquire`, :meth:`release`, ``with``) and from asyncio
+    (:meth:`acquire_async`, which polls, so the event loop never blocks on it). Fairness: an
+    async waiter registers itself, and a holder taking the lock again for its next batch with
+    ``yield_to_waiters`` lets registered waiters go first — so the rebalance, which waits up to
+    1 s to release a queue, gets the lock as soon as the running call ends instead of losing
+    the race to the next batch.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._waiters = 0
+
+    def acquire(self, timeout_s: float = -1) -> bool:
+        """Blocking acquire for threads; ``timeout_s`` < 0 waits for ever."""
+        return self._lock.acquire(timeout=timeout_s)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    @property
+    def waiters(self) -> int:
+        """Async acquirers waiting now."""
+        return self._waiters
+
+    def __enter__(self) -> ConsumeLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _add_waiter(self, delta: int) -> None:
+        with self._count_lock:
+            self._waiters += delta
+
+    async def acquire_async(
+        self, timeout_s: float | None = None, *, yield_to_waiters: bool = False
+    ) -> bool:
+        """Acquire without blocking the loop; False if ``timeout_s`` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        delay_s = 0.001
+        if yield_to_waiters:
+            while self._waiters > 0 and (deadline is None or loop.time() < deadline):
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, CONSUME_LOCK_POLL_MAX_S)
+        self._add_waiter(1)
+        try:
+            while not self._lock.acquire(blocking=False):
+                if deadline is not None and loop.time() >= deadline:
+                    return False
+                pause_s = delay_s if deadline is None else min(delay_s, deadline - loop.time())
+                await asyncio.sleep(max(pause_s, 0.0))
+                delay_s = min(delay_s * 2, CONSUME_LOCK_POLL_MAX_S)
+            return True
+        finally:
+            self._add_waiter(-1)
 
 
 class ProcessQueue:
@@ -84,6 +157,8 @@ class ProcessQueue:
         """Orderly mode: when the broker lock was last taken or renewed."""
         self.try_unlock_times = 0
         """Orderly mode: failed attempts to unlock while a batch was being consumed."""
+        self.consume_lock = ConsumeLock()
+        """Orderly mode: held around each listener call (and its result) of this queue."""
 
     # ---- counters ---------------------------------------------------------------------------
 
@@ -111,6 +186,16 @@ class ProcessQueue:
         """Largest minus smallest waiting offset (0 when fewer than two are waiting)."""
         with self._lock:
             return self._offsets[-1] - self._offsets[0] if self._offsets else 0
+
+    def is_lock_expired(self, now_ms: int, lock_max_live_ms: int) -> bool:
+        """Orderly: True if the broker lock was not taken or renewed within
+        ``lock_max_live_ms`` before ``now_ms`` (this client then treats it as lost)."""
+        return now_ms - self.last_lock_timestamp_ms > lock_max_live_ms
+
+    def holds_lock(self, now_ms: int, lock_max_live_ms: int) -> bool:
+        """Orderly, clustering: locked on the broker and not expired; pull and consume only
+        then."""
+        return self.locked and not self.is_lock_expired(now_ms, lock_max_live_ms)
 
     def is_pull_expired(self, now_ms: int, pull_max_idle_ms: int = PULL_MAX_IDLE_MS) -> bool:
         """True if no pull started within ``pull_max_idle_ms`` before ``now_ms``."""

@@ -8,8 +8,13 @@ pulls with a 15 s broker hold and hands what arrives to the listener. The pieces
       │                                       when a broker says the group's members changed)
       ├── PullService (Puller)               one long-polling loop per owned queue
       ├── ConsumeService                     listener calls, results, offsets, local retries
+      │   or ConsumeOrderlyService           (orderly=True: one call per queue at a time)
       └── OffsetStore                        broker (clustering) or offsets.json (broadcasting),
                                              persisted every 5 s and on close
+
+Orderly consumption (``orderly=True``, SPEC §6.15) in clustering mode also locks every owned
+queue on its broker (at allocation, renewed every ``rebalance_lock_interval_ms``) and pulls and
+consumes a queue only while the lock is held; see ``_rebalance`` and ``_consume_orderly``.
 
 Start (SPEC §6.3): copy the subscriptions (plus ``%RETRY%{group}`` with "*" in clustering
 mode), pick the client id (instance "DEFAULT" becomes "{pid}#{ns}" in clustering mode, so every
@@ -17,9 +22,9 @@ consumer object is its own group member), load the offset store, register with t
 ClientInstance, heartbeat every broker, rebalance.
 
 Clean close: stop rebalancing and pulling, let running listener calls finish (up to
-``await_termination_ms``), persist offsets, then unregister from the brokers — in that order,
-so the members that take over this consumer's queues (the brokers tell them at once) read
-offsets that include everything it consumed.
+``await_termination_ms``), persist offsets, release the queue locks (orderly), then unregister
+from the brokers — in that order, so the members that take over this consumer's queues (the
+brokers tell them at once) read offsets that include everything it consumed.
 """
 
 from __future__ import annotations
@@ -31,17 +36,19 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
 
-from rocketq._api.rocketq.v1 import messaging_pb2
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client._instance import ClientInstance
 from rocketq.client._route import TopicRoute
 from rocketq.client.consumer._api import BrokerApi
 from rocketq.client.consumer._common import (
     OffsetSourceImpl,
+    SubscriptionConflicts,
     client_config,
     make_offset_store,
     readable_queues,
 )
 from rocketq.client.consumer._consume import ConsumeService
+from rocketq.client.consumer._consume_orderly import ConsumeOrderlyService
 from rocketq.client.consumer._pull import Puller, PullService, PullSettings
 from rocketq.client.consumer._rebalance import (
     PullRequest,
@@ -56,7 +63,9 @@ from rocketq.client.consumer.config import (
     ExpressionType,
     MessageListener,
     MessageModel,
+    OrderlyMessageListener,
     PushConsumerConfig,
+    SubscriptionConflict,
     parse_consume_timestamp,
 )
 from rocketq.client.consumer.offset_store import OffsetStore
@@ -109,6 +118,9 @@ class _Handle:
     def on_reset_offset(self, topic: str, broker_name: str, offsets: dict[int, int]) -> None:
         self._c._spawn(self._c._reset_offset(topic, broker_name, offsets))
 
+    def on_subscription_conflict(self, conflict: common_pb2.SubscriptionConflict) -> None:
+        self._c._conflicts.on_notice(conflict)
+
 
 class PushConsumer:
     """Consumes subscribed topics by calling ``listener`` with batches of messages.
@@ -118,13 +130,29 @@ class PushConsumer:
     function runs on a pool of ``consume_thread_max`` threads, a coroutine function on the
     event loop; either may be called concurrently. Use as ``async with PushConsumer(...)`` or
     call :meth:`start` and :meth:`close`.
+
+    With ``orderly=True`` (SPEC §6.15) each queue's messages reach ``listener(messages,
+    ConsumeOrderlyContext)`` in offset order, one call per queue at a time, and it returns
+    ``ConsumeOrderlyStatus.SUCCESS`` or ``SUSPEND_CURRENT_QUEUE_A_MOMENT`` (None or an
+    exception count as the latter: the batch is redelivered locally after
+    ``suspend_current_queue_time_ms``). In clustering mode every owned queue is locked on its
+    broker, so no two members consume one queue at once, even during a rebalance.
     """
 
-    def __init__(self, config: PushConsumerConfig, listener: MessageListener) -> None:
+    def __init__(
+        self,
+        config: PushConsumerConfig,
+        listener: MessageListener | OrderlyMessageListener,
+        *,
+        orderly: bool = False,
+    ) -> None:
         if not callable(listener):
             raise TypeError("listener must be callable: listener(messages, context) -> result")
         self.config = config
+        self.orderly = orderly
+        """True for orderly consumption (queue locks, one call per queue at a time)."""
         self._listener = listener
+        self._conflicts = SubscriptionConflicts(config.consumer_group, log)
         self._subscriptions: dict[str, Subscription] = {}
         self._state = "CREATED"
         self._paused = False
@@ -134,7 +162,7 @@ class PushConsumer:
         self._rebalance: RebalanceImpl | None = None
         self._rebalance_service: RebalanceService | None = None
         self._pull_service: PullService | None = None
-        self._consume: ConsumeService | None = None
+        self._consume: ConsumeService | ConsumeOrderlyService | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self.client_id = ""
         """``ip@instance`` once started."""
@@ -243,30 +271,30 @@ class PushConsumer:
         assert self._rebalance_service is not None
         self._rebalance_service.start()
         self._spawn(self._persist_loop())
-        self._spawn(self._expiry_loop())
+        if self.orderly:
+            if clustering:
+                self._spawn(self._lock_loop())
+        else:  # an orderly call holds its queue by design: no consume timeout (SPEC §6.13)
+            self._spawn(self._expiry_loop())
         log.info("group %s: push consumer %s started", cfg.consumer_group, self.client_id)
 
     def _wire(self, api: BrokerApi, store: OffsetStore, clustering: bool) -> None:
         cfg = self.config
-        self._consume = ConsumeService(
-            group=cfg.consumer_group,
-            listener=self._listener,
-            message_model=cfg.message_model,
-            batch_max_size=cfg.consume_message_batch_max_size,
-            thread_max=cfg.consume_thread_max,
-            offset_store=store,
-            send_back=self._send_back,
-            consume_timeout_ms=cfg.consume_timeout_minutes * 60_000,
-        )
+        locker = api if self.orderly and clustering else None
+        consume = self._consume = self._make_consume_service(store)
         settings = PullSettings(
             clustering=clustering,
             pull_batch_size=cfg.pull_batch_size,
             pull_interval_ms=cfg.pull_interval_ms,
             pull_threshold_for_queue=cfg.pull_threshold_for_queue,
             pull_threshold_size_for_queue_mib=cfg.pull_threshold_size_for_queue_mib,
-            consume_concurrently_max_span=cfg.consume_concurrently_max_span,
+            consume_concurrently_max_span=(
+                None if self.orderly else cfg.consume_concurrently_max_span
+            ),
             broker_suspend_max_time_ms=cfg.broker_suspend_max_time_ms,
             consumer_timeout_when_suspend_ms=cfg.consumer_timeout_when_suspend_ms,
+            orderly=self.orderly,
+            rebalance_lock_max_live_ms=cfg.rebalance_lock_max_live_ms,
         )
         assert self._instance is not None
         self._rebalance = RebalanceImpl(
@@ -279,6 +307,7 @@ class PushConsumer:
             compute_offset=self._compute_offset,
             remove_queue=self._remove_queue,
             dispatch=self._dispatch,
+            locker=locker,
         )
         self._rebalance.topics = set(self._subscriptions)
         self._pull_service = PullService(
@@ -287,15 +316,47 @@ class PushConsumer:
             settings=settings,
             offset_store=store,
             subscription_of=self._subscription_of,
-            submit=self._consume.submit,
+            submit=consume.submit,
             remove_queue=self._rebalance.remove_process_queue,
             on_offset_illegal=self._restart_queues_soon,
             heartbeat=self._instance.heartbeat_now,
             is_paused=lambda: self._paused,
+            compute_offset=self._compute_offset,
+            on_refused=self._conflicts.log_refused_pull,
         )
         self._rebalance_service = RebalanceService(
             self._rebalance.do_rebalance, cfg.rebalance_interval_ms, cfg.consumer_group
         )
+
+    def _make_consume_service(self, store: OffsetStore) -> ConsumeService | ConsumeOrderlyService:
+        cfg = self.config
+        if self.orderly:
+            return ConsumeOrderlyService(
+                group=cfg.consumer_group,
+                listener=self._listener,  # type: ignore[arg-type]  # orderly=True promised it
+                message_model=cfg.message_model,
+                batch_max_size=cfg.consume_message_batch_max_size,
+                thread_max=cfg.consume_thread_max,
+                offset_store=store,
+                send_back=self._send_back,
+                max_reconsume_times=cfg.max_reconsume_times,
+                suspend_time_ms=cfg.suspend_current_queue_time_ms,
+                lock_max_live_ms=cfg.rebalance_lock_max_live_ms,
+                lock_one=self._lock_one,
+            )
+        return ConsumeService(
+            group=cfg.consumer_group,
+            listener=self._listener,  # type: ignore[arg-type]  # orderly=False promised it
+            message_model=cfg.message_model,
+            batch_max_size=cfg.consume_message_batch_max_size,
+            thread_max=cfg.consume_thread_max,
+            offset_store=store,
+            send_back=self._send_back,
+            consume_timeout_ms=cfg.consume_timeout_minutes * 60_000,
+        )
+
+    async def _lock_one(self, mq: MessageQueue) -> bool:
+        return self._rebalance is not None and await self._rebalance.lock_one(mq)
 
     async def _prefetch_routes(self) -> None:
         """Fetch routes of subscribed topics now (RocketMQ's updateTopicSubscribeInfo...)."""
@@ -330,6 +391,7 @@ class PushConsumer:
         await self._consume.shutdown(cfg.await_termination_ms)
         owned = self._rebalance.owned()
         await self._offset_store.persist_all(owned)
+        await self._rebalance.unlock_all()  # orderly: the next owners may start now
         await self._rebalance.drop_all()
         assert self._instance is not None
         await self._instance.unregister_consumer(cfg.consumer_group)
@@ -357,6 +419,12 @@ class PushConsumer:
             return {}
         return self._offset_store.clone_offset_table(topic)
 
+    def subscription_conflicts(self) -> list[SubscriptionConflict]:
+        """Topics whose group members subscribe differently, as the brokers last reported
+        (SPEC §6.17); empty when the group agrees. While ``pulls_refused``, nothing of that
+        topic is consumed (and nothing is skipped) until the members agree."""
+        return self._conflicts.current()
+
     async def persist_offsets(self) -> None:
         """Write the in-memory offsets now instead of at the next 5 s tick."""
         if self._offset_store is not None and self._rebalance is not None:
@@ -373,7 +441,7 @@ class PushConsumer:
             consume_from_where=_CONSUME_FROM_PB[cfg.consume_from_where],
             consume_timestamp_ms=parse_consume_timestamp(cfg.consume_timestamp),
             subscriptions=[s.to_pb() for _t, s in sorted(self._subscriptions.items())],
-            consume_orderly=False,
+            consume_orderly=self.orderly,
         )
 
     async def _queues_of(self, topic: str) -> list[MessageQueue]:
@@ -469,11 +537,22 @@ class PushConsumer:
                 await self.persist_offsets()
             await asyncio.sleep(self.config.persist_consumer_offset_interval_ms / 1000)
 
+    async def _lock_loop(self) -> None:
+        """Orderly, clustering: renew the broker locks of every owned queue (RocketMQ's
+        lockMQPeriodically, every rebalance_lock_interval_ms)."""
+        while True:
+            await asyncio.sleep(self.config.rebalance_lock_interval_ms / 1000)
+            if self._rebalance is not None:
+                try:
+                    await self._rebalance.lock_all()
+                except Exception:
+                    log.exception("renewing queue locks failed")
+
     async def _expiry_loop(self) -> None:
         interval_s = self.config.consume_timeout_minutes * 60
         while True:
             await asyncio.sleep(interval_s)
-            if self._consume is not None and self._rebalance is not None:
+            if isinstance(self._consume, ConsumeService) and self._rebalance is not None:
                 try:
                     await self._consume.clean_expired(self._rebalance.process_queue_table)
                 except Exception:

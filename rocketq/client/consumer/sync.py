@@ -19,7 +19,9 @@ from rocketq.client.consumer.config import (
     ExpressionType,
     LitePullConsumerConfig,
     MessageListener,
+    OrderlyMessageListener,
     PushConsumerConfig,
+    SubscriptionConflict,
 )
 from rocketq.client.consumer.lite_pull import LitePullConsumer
 from rocketq.client.consumer.push_consumer import PushConsumer
@@ -59,6 +61,10 @@ class _Wrapper(Generic[C]):
     def unsubscribe(self, topic: str) -> None:
         """See :meth:`PushConsumer.unsubscribe`."""
         self._on_loop(self._consumer.unsubscribe, topic)
+
+    def subscription_conflicts(self) -> list[SubscriptionConflict]:
+        """See :meth:`PushConsumer.subscription_conflicts`."""
+        return self._on_loop(self._consumer.subscription_conflicts)
 
     def start(self) -> None:
         """Start the consumer on its own loop thread."""
@@ -112,10 +118,20 @@ class _Wrapper(Generic[C]):
 
 
 class SyncPushConsumer(_Wrapper[PushConsumer]):
-    """The blocking :class:`PushConsumer`: ``with SyncPushConsumer(cfg, listener) as c: ...``."""
+    """The blocking :class:`PushConsumer`: ``with SyncPushConsumer(cfg, listener) as c: ...``
+    (``orderly=True`` for an orderly listener, as for PushConsumer)."""
 
-    def __init__(self, config: PushConsumerConfig, listener: MessageListener) -> None:
-        super().__init__(f"rocketq-push-{config.consumer_group}", PushConsumer(config, listener))
+    def __init__(
+        self,
+        config: PushConsumerConfig,
+        listener: MessageListener | OrderlyMessageListener,
+        *,
+        orderly: bool = False,
+    ) -> None:
+        super().__init__(
+            f"rocketq-push-{config.consumer_group}",
+            PushConsumer(config, listener, orderly=orderly),
+        )
 
     def suspend(self) -> None:
         self._on_loop(self._consumer.suspend)
