@@ -3,11 +3,12 @@ counts and sizes track the cache, and expiries follow explicit timestamps."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
 
-from rocketq.client.consumer.process_queue import CONSUME_TIMEOUT_MS, ProcessQueue
+from rocketq.client.consumer.process_queue import CONSUME_TIMEOUT_MS, ConsumeLock, ProcessQueue
 from rocketq.codec import Prop
 from rocketq.message import ReceivedMessage
 
@@ -174,6 +175,76 @@ def test_dispatch_flag_and_orderly_take_commit() -> None:
     assert pq.put_messages([msg(4)]) is True
     with pytest.raises(ValueError):
         pq.take_messages(0)
+
+
+def test_orderly_partial_retry_commits_past_the_messages_given_up() -> None:
+    pq = ProcessQueue()
+    pq.put_messages([msg(o, b"ab") for o in range(4)])
+    batch = pq.take_messages(3)
+    # offset 0 went to the dead-letter topic; 1 and 2 are consumed again, before 3
+    pq.make_messages_to_consume_again(batch[1:])
+    assert [m.queue_offset for m in pq.take_messages(2)] == [1, 2]
+    assert pq.commit() == 3  # 0 (given up) and 1, 2 (now done) together
+    assert (pq.msg_count, pq.msg_size_bytes) == (1, 2)
+    assert pq.put_messages([msg(4)]) is False  # the drain still runs: 3 is waiting
+
+
+def test_put_ignores_offsets_being_consumed() -> None:
+    pq = ProcessQueue()
+    pq.put_messages([msg(0), msg(1)])
+    pq.take_messages(1)
+    pq.put_messages([msg(0), msg(1), msg(2)])  # a re-pull overlapping the consuming set
+    assert pq.msg_count == 3
+    assert [m.queue_offset for m in pq.take_messages(10)] == [1, 2]
+    assert pq.commit() == 3
+
+
+def test_lock_expiry_follows_the_last_lock_time() -> None:
+    clock = FakeClock()
+    pq = ProcessQueue(clock)
+    assert not pq.holds_lock(clock(), 30_000)  # never locked
+    pq.locked = True
+    pq.last_lock_timestamp_ms = clock()
+    assert pq.holds_lock(clock.now_ms + 30_000, 30_000)
+    assert pq.is_lock_expired(clock.now_ms + 30_001, 30_000)
+    assert not pq.holds_lock(clock.now_ms + 30_001, 30_000)
+
+
+def test_consume_lock_from_threads() -> None:
+    lock = ConsumeLock()
+    with lock:
+        assert lock.locked()
+        got: list[bool] = []
+        t = threading.Thread(target=lambda: got.append(lock.acquire(timeout_s=0)))
+        t.start()
+        t.join()
+        assert got == [False]
+    assert not lock.locked() and lock.acquire(timeout_s=0)
+    lock.release()
+
+
+def test_consume_lock_async_timeout_and_handover() -> None:
+    async def main() -> None:
+        lock = ConsumeLock()
+        assert await lock.acquire_async(0)
+        assert not await lock.acquire_async(0)  # held: gives up at the deadline
+        waiter = asyncio.create_task(lock.acquire_async(5))
+        await asyncio.sleep(0)
+        assert lock.waiters == 1
+        lock.release()
+        assert await waiter and lock.waiters == 0
+        # a holder re-taking the lock politely lets a registered waiter go first
+        other = asyncio.create_task(lock.acquire_async(5))
+        await asyncio.sleep(0)
+        retake = asyncio.create_task(lock.acquire_async(5, yield_to_waiters=True))
+        lock.release()
+        assert await asyncio.wait_for(other, 2)
+        assert not retake.done()
+        lock.release()
+        assert await asyncio.wait_for(retake, 2)
+        lock.release()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
 
 
 def test_clear_forgets_everything() -> None:

@@ -171,6 +171,7 @@ class RebalanceImpl:
         check_pull_expired: bool = True,
         clock: Callable[[], int] = wall_clock_ms,
         locker: QueueLocker | None = None,
+        consume_lock_wait_s: float = CONSUME_LOCK_WAIT_S,
     ) -> None:
         self.group = group
         self.client_id = client_id
@@ -186,6 +187,7 @@ class RebalanceImpl:
         self._clock = clock
         self._locker = locker
         """Set for orderly clustering consumers: broker queue locks (see the module docs)."""
+        self._consume_lock_wait_s = consume_lock_wait_s
         self._lock = asyncio.Lock()
         self.process_queue_table: dict[MessageQueue, ProcessQueue] = {}
         """The queues this consumer owns now."""
@@ -279,7 +281,7 @@ class RebalanceImpl:
     async def _release(self, mq: MessageQueue, pq: ProcessQueue, reason: str) -> bool:
         """Give ``mq`` up (see the module docs for the orderly order); False if kept for now."""
         if self._locker is not None:
-            if not await pq.consume_lock.acquire_async(CONSUME_LOCK_WAIT_S):
+            if not await pq.consume_lock.acquire_async(self._consume_lock_wait_s):
                 pq.try_unlock_times += 1
                 log.warning(
                     "group %s: %s is being consumed; not released now (%s), tried again at the "
