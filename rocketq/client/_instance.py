@@ -120,13 +120,8 @@ class ConsumerHandle(Protocol):
     def on_route_changed(self, topic: str, route: TopicRoute) -> None: ...
     def on_consumer_ids_changed(self) -> None: ...
     def on_reset_offset(self, topic: str, broker_name: str, offsets: dict[int, int]) -> None: ...
-
-
-class SubscriptionConflictHandle(Protocol):
-    """A consumer handle that wants subscription-conflict notices (SPEC §6.17)."""
-
     def on_subscription_conflict(self, conflict: common_pb2.SubscriptionConflict) -> None:
-        """The broker's notice; an empty ``members`` list means the conflict is resolved."""
+        """A broker's notice (SPEC §6.17); an empty ``members`` list means it is resolved."""
 
 
 def describe_conflict_members(conflict: common_pb2.SubscriptionConflict) -> str:
@@ -620,9 +615,7 @@ class ClientInstance:
                 else "the broker only reports it (strictSubscriptionConsistency=false), so "
                 "messages can be lost",
             )
-        handler = getattr(consumer, "on_subscription_conflict", None)
-        if handler is not None:
-            handler(conflict)
+        consumer.on_subscription_conflict(conflict)
 
     def _heartbeat_pb(self) -> messaging_pb2.Heartbeat:
         hb = messaging_pb2.Heartbeat(client_id=self.client_id)

@@ -562,6 +562,9 @@ class ProbeConsumer:
     def on_reset_offset(self, topic: str, broker_name: str, offsets: dict[int, int]) -> None:
         pass
 
+    def on_subscription_conflict(self, conflict: common_pb2.SubscriptionConflict) -> None:
+        pass
+
 
 async def consumer_ids(addr: str, group: str) -> list[str]:
     async with grpc.aio.insecure_channel(addr) as ch:
