@@ -10,7 +10,7 @@ any broker refused it, so scripts can trust the exit code.
 | cluster list / config / stats       | clusterList, getBrokerConfig, brokerStatus|
 | topic create/update/delete          | updateTopic, deleteTopic                  |
 | topic list / describe               | topicList, topicRoute + topicStatus       |
-| group list/describe/create/delete   | consumerProgress, updateSubGroup, ...     |
+| group list/describe/create/delete   | consumerProgress, consumerConnection, ... |
 | offset reset                        | resetOffsetByTime                         |
 | message query --key / --id, view    | queryMsgByKey, queryMsgById, viewMessage  |
 """
@@ -39,11 +39,13 @@ from rocketq.cli._common import (
 from rocketq.client.admin import (
     Admin,
     ApplyResult,
+    ConsumerConnectionInfo,
+    ConsumeStats,
     GroupConfig,
     RuntimeStats,
     TopicConfig,
 )
-from rocketq.client.errors import RocketQError
+from rocketq.client.errors import NotFoundError, RocketQError
 from rocketq.message import ReceivedMessage
 
 _PERMS = {2: "W", 4: "R", 6: "RW"}
@@ -446,18 +448,25 @@ def group_list(broker: str | None, namesrv: str, as_json: bool) -> None:
 @namesrv_option
 @json_option
 def group_describe(name: str, topic: str, namesrv: str, as_json: bool) -> None:
-    """Members of group NAME and its offset and lag on every queue."""
+    """Group NAME: offset and lag on every queue, live members and their subscriptions, any
+    subscription conflict among them, and orderly queue locks."""
 
-    async def fetch() -> tuple[Any, list[str]]:
+    async def fetch() -> tuple[ConsumeStats, ConsumerConnectionInfo | None]:
         async with _admin(namesrv) as admin:
-            stats, ids = await asyncio.gather(
-                admin.consume_stats(name, topic), admin.consumer_ids(name)
-            )
-            return stats, ids
+            stats = await admin.consume_stats(name, topic)
+            try:
+                conn = await admin.consumer_connection(name)
+            except NotFoundError:
+                conn = None  # no member online: offsets and lag are still worth showing
+            return stats, conn
 
-    stats, ids = run(fetch())
+    stats, conn = run(fetch())
+    ids = [m.client_id for m in conn.members] if conn else []
     if as_json:
-        echo_json(dataclasses.asdict(stats) | {"consumer_ids": ids})
+        echo_json(
+            dataclasses.asdict(stats)
+            | {"consumer_ids": ids, "connection": dataclasses.asdict(conn) if conn else None}
+        )
         return
     out = console()
     table = Table(title=f"group {name}", title_justify="left")
@@ -476,11 +485,57 @@ def group_describe(name: str, topic: str, namesrv: str, as_json: bool) -> None:
         )
     out.print(table)
     out.print(f"total lag: {stats.total_lag}")
-    out.print(f"members ({len(ids)}): {', '.join(ids) if ids else 'none online'}")
     if not stats.queues:
         out.print("the group has no committed offsets yet")
-    for broker, error in stats.errors.items():
+    if conn is None:
+        out.print("members (0): none online")
+    else:
+        _print_connection(conn)
+    for broker, error in {**stats.errors, **(conn.errors if conn else {})}.items():
         click.echo(f"{broker}: {error}", err=True)
+
+
+def _print_connection(conn: ConsumerConnectionInfo) -> None:
+    """Members with their subscriptions, conflicts in red, and queue locks."""
+    out = console()
+    model = conn.message_model + (", orderly" if conn.consume_orderly else "")
+    members = Table(
+        title=f"members ({len(conn.members)}): {conn.consume_type}, {model}", title_justify="left"
+    )
+    for col in ("client id", "address", "subscriptions", "last heartbeat"):
+        members.add_column(col, overflow="fold")
+    for m in conn.members:
+        subs = "\n".join(
+            f"{s.topic}: {s.expression}" + (" (SQL92)" if s.expression_type == "SQL92" else "")
+            for s in m.subscriptions
+        )
+        members.add_row(m.client_id, m.addr, subs, fmt_time(m.last_heartbeat_ms))
+    out.print(members)
+    for c in conn.conflicts:
+        views = "; ".join(
+            f"{m.client_id}: " + ("not subscribed" if m.expression is None else repr(m.expression))
+            for m in c.members
+        )
+        effect = (
+            "pulls of it are refused until every member subscribes the same way (nothing is lost)"
+            if c.pulls_refused
+            else "only reported (strictSubscriptionConsistency=false): messages can be lost"
+        )
+        out.print(
+            f"[bold red]SUBSCRIPTION CONFLICT[/] [red]on topic {c.topic}: members subscribe "
+            f"differently ({views}); {effect}[/]",
+            markup=True,
+            highlight=False,
+        )
+    if conn.locks:
+        locks = Table(title="queue locks", title_justify="left")
+        for col in ("topic", "broker", "queue", "holder", "last locked"):
+            locks.add_column(col)
+        for lk in conn.locks:
+            locks.add_row(
+                lk.topic, lk.broker_name, str(lk.queue_id), lk.client_id, fmt_time(lk.last_lock_ms)
+            )
+        out.print(locks)
 
 
 @group.command("create")

@@ -333,6 +333,87 @@ class RuntimeStats:
     extra: dict[str, str]
 
 
+@dataclass(frozen=True)
+class SubscriptionInfo:
+    """One subscription of a consumer group member."""
+
+    topic: str
+    expression: str
+    """"*", "TagA || TagB" or an SQL92 predicate."""
+    expression_type: str
+    """"TAG" or "SQL92"."""
+    sub_version: int
+
+
+@dataclass(frozen=True)
+class ConsumerMember:
+    """A live member of a consumer group, merged over the brokers that see it."""
+
+    client_id: str
+    addr: str
+    """Its address as the broker that heard from it last sees it (host:port)."""
+    last_heartbeat_ms: int
+    subscriptions: tuple[SubscriptionInfo, ...]
+    """Its own subscriptions (its retry topic included), sorted by topic."""
+    broker_names: tuple[str, ...]
+    """Brokers it has a live stream to."""
+
+
+@dataclass(frozen=True)
+class ConflictMember:
+    """What one member subscribes to a topic its group disagrees about."""
+
+    client_id: str
+    expression: str | None
+    """None when the member does not subscribe to the topic at all."""
+    expression_type: str
+
+
+@dataclass(frozen=True)
+class SubscriptionConflictInfo:
+    """Members of a clustering group that subscribe to one topic differently (SPEC §6.17).
+    They share the topic's queues, so a member's filter would drop messages another wants;
+    while ``pulls_refused`` the brokers refuse the group's pulls of it (nothing is lost, it
+    resumes once they agree), otherwise they only report it (messages can be lost)."""
+
+    topic: str
+    members: tuple[ConflictMember, ...]
+    pulls_refused: bool
+    broker_names: tuple[str, ...]
+    """Brokers reporting the conflict."""
+
+
+@dataclass(frozen=True)
+class QueueLockInfo:
+    """An orderly queue lock and its holder (SPEC §6.15)."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    client_id: str
+    last_lock_ms: int
+    """When the holder last took or renewed it; it expires rebalanceLockMaxLiveTime later."""
+
+
+@dataclass(frozen=True)
+class ConsumerConnectionInfo:
+    """A consumer group's live members, subscription conflicts and queue locks, over every
+    master (mqadmin's consumerConnection)."""
+
+    group: str
+    consume_type: str
+    """"CONSUME_TYPE_PUSH" or "CONSUME_TYPE_PULL"."""
+    message_model: str
+    """"CLUSTERING" or "BROADCASTING"."""
+    consume_from_where: str
+    consume_orderly: bool
+    members: tuple[ConsumerMember, ...]
+    conflicts: tuple[SubscriptionConflictInfo, ...]
+    locks: tuple[QueueLockInfo, ...]
+    errors: dict[str, str] = field(default_factory=dict)
+    """Broker name -> why it could not be asked."""
+
+
 # ---- protobuf -> dataclass ------------------------------------------------------------------
 def broker_group(pb: nameserver_pb2.BrokerData) -> BrokerGroup:
     return BrokerGroup(pb.cluster, pb.broker_name, dict(sorted(pb.broker_addrs.items())))
@@ -404,4 +485,71 @@ def runtime_stats(pb: admin_pb2.GetRuntimeStatsResponse) -> RuntimeStats:
             for s in pb.slaves
         ),
         extra=dict(sorted(pb.extra.items())),
+    )
+
+
+def _expression_type(number: int) -> str:
+    return "SQL92" if number == common_pb2.SQL92 else "TAG"
+
+
+def consumer_connection(
+    group: str, answers: dict[str, admin_pb2.GetConsumerConnectionResponse]
+) -> ConsumerConnectionInfo:
+    """Merge brokers' GetConsumerConnection answers (broker name -> answer, at least one)."""
+    names = sorted(answers)
+    members: dict[str, tuple[admin_pb2.ConsumerConnection, list[str]]] = {}
+    conflicts: dict[str, tuple[dict[str, ConflictMember], bool, list[str]]] = {}
+    locks: list[QueueLockInfo] = []
+    for name in names:
+        pb = answers[name]
+        for conn in pb.connections:
+            seen = members.get(conn.client_id)
+            if seen is None or conn.last_heartbeat_ms > seen[0].last_heartbeat_ms:
+                members[conn.client_id] = (conn, seen[1] if seen else [])
+            members[conn.client_id][1].append(name)
+        for c in pb.conflicts:
+            by_id, refused, brokers = conflicts.get(c.topic, ({}, False, []))
+            for m in c.members:
+                by_id.setdefault(
+                    m.client_id,
+                    ConflictMember(
+                        m.client_id,
+                        m.expression if m.subscribed else None,
+                        _expression_type(m.expression_type),
+                    ),
+                )
+            conflicts[c.topic] = (by_id, refused or c.pulls_refused, [*brokers, name])
+        locks += [
+            QueueLockInfo(lk.topic, name, lk.queue_id, lk.client_id, lk.last_lock_ms)
+            for lk in pb.locks
+        ]
+    first = answers[names[0]]
+    return ConsumerConnectionInfo(
+        group=group,
+        consume_type=first.consume_type,
+        message_model=first.message_model,
+        consume_from_where=first.consume_from_where,
+        consume_orderly=any(a.consume_orderly for a in answers.values()),
+        members=tuple(
+            ConsumerMember(
+                cid,
+                conn.peer,
+                conn.last_heartbeat_ms,
+                tuple(
+                    SubscriptionInfo(
+                        s.topic, s.expression, _expression_type(s.expression_type), s.sub_version
+                    )
+                    for s in sorted(conn.subscriptions, key=lambda s: s.topic)
+                ),
+                tuple(brokers),
+            )
+            for cid, (conn, brokers) in sorted(members.items())
+        ),
+        conflicts=tuple(
+            SubscriptionConflictInfo(
+                topic, tuple(by_id[c] for c in sorted(by_id)), refused, tuple(brokers)
+            )
+            for topic, (by_id, refused, brokers) in sorted(conflicts.items())
+        ),
+        locks=tuple(sorted(locks, key=lambda lk: (lk.topic, lk.broker_name, lk.queue_id))),
     )

@@ -16,6 +16,7 @@ Where a request goes:
 | describe_topic, reset_offset,      | the master of every broker group in the topic's route     |
 | query_by_key, query_by_id          | (any live member of the group when its master is down)    |
 | consume_stats, consumer_ids        | every master of the route (topic given) or of the cluster |
+| consumer_connection                | every master of every cluster (members, conflicts, locks) |
 | view_message                       | the broker whose address the offset message id encodes    |
 | broker_config, runtime_stats       | one broker, by name (its master) or by "host:port"        |
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -49,21 +51,28 @@ from rocketq.client._admin_types import (
     BrokerGroup,
     BrokerTopic,
     ClusterInfo,
+    ConflictMember,
+    ConsumerConnectionInfo,
+    ConsumerMember,
     ConsumeStats,
     GroupConfig,
     LiveBroker,
     OffsetReset,
+    QueueLockInfo,
     QueueOffsets,
     QueueProgress,
     ResetResult,
     RouteQueue,
     RuntimeStats,
     SlaveInfo,
+    SubscriptionConflictInfo,
+    SubscriptionInfo,
     TopicConfig,
     TopicDescription,
     TopicRouteInfo,
     apply_results,
     broker_group,
+    consumer_connection,
     received_message,
     runtime_stats,
 )
@@ -91,16 +100,22 @@ __all__ = [
     "BrokerGroup",
     "BrokerTopic",
     "ClusterInfo",
+    "ConflictMember",
     "ConsumeStats",
+    "ConsumerConnectionInfo",
+    "ConsumerMember",
     "GroupConfig",
     "LiveBroker",
     "OffsetReset",
+    "QueueLockInfo",
     "QueueOffsets",
     "QueueProgress",
     "ResetResult",
     "RouteQueue",
     "RuntimeStats",
     "SlaveInfo",
+    "SubscriptionConflictInfo",
+    "SubscriptionInfo",
     "TopicConfig",
     "TopicDescription",
     "TopicRouteInfo",
@@ -612,6 +627,40 @@ class Admin:
         if failures and not answers:
             raise _first_error(failures)
         return sorted({cid for ids in answers.values() for cid in ids})
+
+    async def consumer_connection(self, group: str) -> ConsumerConnectionInfo:
+        """The group's live members (address, subscriptions), the topics they subscribe to
+        differently (SPEC §6.17) and its orderly queue locks, merged over every master.
+
+        NotFoundError if no broker has a live member of the group.
+        """
+        _checked(check_group, group)
+        targets = await self._masters_or(None)
+        request = admin_pb2.GetConsumerConnectionRequest(consumer_group=group)
+
+        async def ask(name: str, addr: str) -> admin_pb2.GetConsumerConnectionResponse | None:
+            stub = self._admin(addr)
+            try:
+                pb: admin_pb2.GetConsumerConnectionResponse = await self._guard(
+                    addr, stub.GetConsumerConnection(request, **self._kw)
+                )
+            except NotFoundError:
+                return None
+            return pb
+
+        answers, failures = await self._fan_out(targets, ask)
+        if failures and not answers:
+            raise _first_error(failures)
+        found = {name: pb for name, pb in answers.items() if pb is not None}
+        if not found:
+            raise NotFoundError(
+                f"consumer group {group} has no live member on any broker "
+                f"({', '.join(sorted(targets))})",
+                code="NOT_FOUND",
+            )
+        info = consumer_connection(group, found)
+        errors = {n: e.message for n, e in sorted(failures.items())}
+        return dataclasses.replace(info, errors=errors) if errors else info
 
     async def reset_offset(
         self,

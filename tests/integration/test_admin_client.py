@@ -1,6 +1,7 @@
 """The Admin SDK client against two real brokers: what it adds over the broker's Admin service
-is the fan-out (describe, consume stats, offset reset, queries over every broker of a topic),
-target resolution (cluster mode, broker mode by name) and partial-failure reporting."""
+is the fan-out (describe, consume stats, offset reset, queries over every broker of a topic,
+consumer connections merged over brokers), target resolution (cluster mode, broker mode by
+name) and partial-failure reporting."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from rocketq.client.admin import Admin, GroupConfig, TopicConfig
+from rocketq.client.admin import Admin, ConsumerConnectionInfo, GroupConfig, TopicConfig
+from rocketq.client.consumer import (
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    PushConsumer,
+    PushConsumerConfig,
+)
 from rocketq.client.errors import (
     InvalidArgumentError,
     MessageNotFoundError,
@@ -18,7 +25,7 @@ from rocketq.client.errors import (
     TopicNotFoundError,
 )
 from rocketq.client.producer import Producer, ProducerConfig
-from rocketq.message import Message
+from rocketq.message import Message, ReceivedMessage
 from tests.integration.cluster import ServiceProcess, cluster
 
 pytestmark = pytest.mark.integration
@@ -125,3 +132,66 @@ async def _fan_out(namesrv: list[str], broker_b: ServiceProcess) -> None:
         assert [b.broker_name for b in partial.brokers] == ["broker-a"]
         assert "broker-b" in partial.errors
         assert (await admin.query_by_key("fan", "k-fan")) != []
+
+
+def test_consumer_connection_merges_members_conflicts_and_locks(tmp_path: Path) -> None:
+    """Two orderly members that subscribe to a topic on two brokers differently: both brokers
+    report the conflict, each member is seen by both, and every queue lock is listed with its
+    broker."""
+    with cluster(tmp_path, brokers=2) as c:
+        asyncio.run(_consumer_connection(c.namesrv_addrs))
+
+
+async def _consumer_connection(namesrv: list[str]) -> None:
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+        return ConsumeOrderlyStatus.SUCCESS
+
+    async with Admin(namesrv) as admin:
+        await admin.create_topic(TopicConfig("conn", 2, 2))
+        await _wait_route(admin, "conn", 2)
+        with pytest.raises(InvalidArgumentError):
+            await admin.consumer_connection("bad group!")
+        with pytest.raises(NotFoundError, match="no live member"):
+            await admin.consumer_connection("conn-g")
+        members = []
+        for expression in ("A || B", "C"):
+            consumer = PushConsumer(
+                PushConsumerConfig("conn-g", tuple(namesrv)), listener, orderly=True
+            )
+            consumer.subscribe("conn", expression)
+            await consumer.start()
+            members.append(consumer)
+        try:
+            ids = sorted(m.client_id for m in members)
+            conn_queues = {(b, q) for b in ("broker-a", "broker-b") for q in (0, 1)}
+
+            def conn_locks(info: ConsumerConnectionInfo) -> set[tuple[str, int]]:
+                return {(lk.broker_name, lk.queue_id) for lk in info.locks if lk.topic == "conn"}
+
+            deadline = time.monotonic() + 15
+            while True:
+                info = await admin.consumer_connection("conn-g")
+                ready = (
+                    [m.client_id for m in info.members] == ids
+                    and all(m.broker_names == ("broker-a", "broker-b") for m in info.members)
+                    and [c.broker_names for c in info.conflicts] == [("broker-a", "broker-b")]
+                    and conn_locks(info) == conn_queues
+                )
+                if ready:
+                    break
+                assert time.monotonic() < deadline, f"connection never complete: {info}"
+                await asyncio.sleep(0.1)
+            assert info.consume_orderly and info.message_model == "CLUSTERING"
+            assert not info.errors
+            [conflict] = info.conflicts
+            assert conflict.topic == "conn" and conflict.pulls_refused
+            by_id = {m.client_id: m.expression for m in conflict.members}
+            assert by_id == {members[0].client_id: "A || B", members[1].client_id: "C"}
+            assert all(lk.client_id in ids and lk.last_lock_ms > 0 for lk in info.locks)
+            for m in info.members:
+                assert m.addr.startswith("127.0.0.1:") and m.last_heartbeat_ms > 0
+                [sub] = [s for s in m.subscriptions if s.topic == "conn"]
+                assert (sub.expression_type, sub.sub_version > 0) == ("TAG", True)
+        finally:
+            for consumer in members:
+                await consumer.close()
