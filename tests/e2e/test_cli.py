@@ -4,6 +4,7 @@ nameserver and broker, then the admin, produce/consume and bench commands talk t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -13,8 +14,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from rocketq.client.consumer import ConsumeContext, ConsumeResult, PushConsumer, PushConsumerConfig
+from rocketq.message import ReceivedMessage
 
 pytestmark = pytest.mark.e2e
 
@@ -145,6 +150,54 @@ def test_group_describe_shows_lag(dev: Dev) -> None:
     assert sum(q["broker_offset"] for q in stats["queues"]) == 5
     table = dev("group", "describe", "e2e-group", "-t", topic)
     assert "total lag: 2" in table
+
+
+def test_group_describe_shows_members_and_a_subscription_conflict(dev: Dev) -> None:
+    topic, group = "E2EConflict", "e2e-conflict"
+    dev("topic", "create", topic, "-q", "2")
+
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        return ConsumeResult.CONSUME_SUCCESS
+
+    async def main() -> tuple[dict[str, Any], str, dict[str, str]]:
+        consumers = []
+        try:
+            for expression in ("tagA || tagB", "tagC"):
+                consumer = PushConsumer(PushConsumerConfig(group, (dev.namesrv,)), listener)
+                consumer.subscribe(topic, expression)
+                await consumer.start()
+                consumers.append(consumer)
+            deadline = time.monotonic() + 15
+            while True:
+                out = await asyncio.to_thread(dev, "group", "describe", group, "--json")
+                data = json.loads(out)
+                if data["connection"] and data["connection"]["conflicts"]:
+                    break
+                assert time.monotonic() < deadline, f"no conflict shown: {data}"
+                await asyncio.sleep(0.2)
+            table = await asyncio.to_thread(dev, "group", "describe", group)
+            exprs = {c.client_id: c.subscriptions()[topic] for c in consumers}
+            return data, table, exprs
+        finally:
+            for consumer in consumers:
+                await consumer.close()
+
+    data, table, exprs = asyncio.run(main())
+    conn = data["connection"]
+    assert sorted(data["consumer_ids"]) == sorted(exprs)
+    subs = {
+        m["client_id"]: {s["topic"]: s["expression"] for s in m["subscriptions"]}
+        for m in conn["members"]
+    }
+    assert {cid: topics[topic] for cid, topics in subs.items()} == exprs
+    [conflict] = conn["conflicts"]
+    assert conflict["topic"] == topic and conflict["pulls_refused"] is True
+    assert {m["client_id"]: m["expression"] for m in conflict["members"]} == exprs
+    assert f"SUBSCRIPTION CONFLICT on topic {topic}" in table
+    assert "pulls of it are refused" in table
+    assert all(cid in table for cid in exprs) and "tagA || tagB" in table
+    quiet = dev("group", "describe", group)  # both closed: nobody online, no conflict
+    assert "members (0): none online" in quiet and "CONFLICT" not in quiet
 
 
 def test_bench_produce_prints_progress_and_a_summary(dev: Dev) -> None:
