@@ -367,6 +367,8 @@ _JAVA_TRIM = "".join(chr(c) for c in range(33))
 
 def _to_long(text: str) -> int:
     """``text`` read as Java's ``Long.valueOf`` reads it (ASCII digits, optional sign)."""
+    if len(text) < 19 and text.isdigit() and text.isascii():
+        return int(text)  # the common case, without the regex
     if _LONG_RE.fullmatch(text) is None or len(text.lstrip("+-").lstrip("0")) > 19:
         raise _EvalError
     n = int(text)
