@@ -506,6 +506,31 @@ def test_tag_filtering(env: Cluster) -> None:
     asyncio.run(main())
 
 
+def test_batch_consumption_hands_up_to_batch_size_messages_of_one_queue(env: Cluster) -> None:
+    """SPEC §6.18: consume_message_batch_max_size messages per call, never more, one queue each."""
+    topic, group = "CBatch", "g-batch"
+    calls: list[list[tuple[int, int]]] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        calls.append([(m.queue_id, m.queue_offset) for m in msgs])
+        return ConsumeResult.CONSUME_SUCCESS
+
+    async def main() -> None:
+        await make_topic(env, topic, 2)
+        async with producer(env, "batch") as p:
+            await send_all(p, topic, [f"b{i}" for i in range(60)])
+        c = push(env, group, listener, topic, consume_message_batch_max_size=5, pull_batch_size=10)
+        await c.start()
+        await until(lambda: sum(len(x) for x in calls) >= 60, what="all 60 consumed")
+        await c.close()
+        assert max(len(x) for x in calls) == 5
+        assert all(len({q for q, _o in x}) == 1 for x in calls)  # a batch never mixes queues
+        delivered = sorted(m for x in calls for m in x)
+        assert len(set(delivered)) == 60
+
+    asyncio.run(main())
+
+
 # ---- broadcasting -----------------------------------------------------------------------------
 
 
