@@ -189,6 +189,33 @@ def test_strict_refuses_pulls_until_members_agree_and_loses_nothing(
         asyncio.run(_strict(c.namesrv_addrs, caplog))
 
 
+async def _check_reported(
+    admin: Admin, caplog: pytest.LogCaptureFixture, c1: PushConsumer, c2: PushConsumer
+) -> None:
+    """Admin shows the conflict and each member's subscriptions; both clients got the notice."""
+    assert c1.client_id != c2.client_id
+    expected = sorted([(c1.client_id, "tag1 || tag2"), (c2.client_id, "tag3")])
+
+    async def reported() -> bool:
+        return conflict_views(await admin.consumer_connection(GROUP)) == {TOPIC: expected}
+
+    await until_async(reported, "Admin to report the conflict")
+    conn = await admin.consumer_connection(GROUP)
+    [conflict] = conn.conflicts
+    assert conflict.pulls_refused and conflict.broker_names == ("broker-a",)
+    assert (conn.consume_type, conn.message_model) == ("CONSUME_TYPE_PUSH", "CLUSTERING")
+    subs = {m.client_id: {s.topic: s.expression for s in m.subscriptions} for m in conn.members}
+    assert subs == {
+        c1.client_id: {TOPIC: "tag1 || tag2", f"%RETRY%{GROUP}": "*"},
+        c2.client_id: {TOPIC: "tag3", f"%RETRY%{GROUP}": "*"},
+    }
+    # each consumer's client heard the notice, logged it at ERROR and keeps it
+    await until(lambda: len(conflict_errors(caplog)) >= 2, "both clients to log it")
+    assert all("refuses the group's pulls" in line for line in conflict_errors(caplog))
+    for consumer in (c1, c2):
+        await until(knows(consumer, [(TOPIC, tuple(expected))]), "the notice to be kept")
+
+
 async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
     deliveries = Deliveries()
     async with Admin(namesrv) as admin:
@@ -208,31 +235,7 @@ async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
 
             await until_async(held, "consumer 1's pulls to be held")
             c2 = await start_consumer(namesrv, deliveries, "c2", "tag3")
-            assert c1.client_id != c2.client_id
-            expected = [(c1.client_id, "tag1 || tag2"), (c2.client_id, "tag3")]
-            expected.sort()
-
-            async def reported() -> bool:
-                conn = await admin.consumer_connection(GROUP)
-                return conflict_views(conn) == {TOPIC: expected}
-
-            await until_async(reported, "Admin to report the conflict")
-            conn = await admin.consumer_connection(GROUP)
-            [conflict] = conn.conflicts
-            assert conflict.pulls_refused and conflict.broker_names == ("broker-a",)
-            assert (conn.consume_type, conn.message_model) == ("CONSUME_TYPE_PUSH", "CLUSTERING")
-            subs = {
-                m.client_id: {s.topic: s.expression for s in m.subscriptions} for m in conn.members
-            }
-            assert subs == {
-                c1.client_id: {TOPIC: "tag1 || tag2", f"%RETRY%{GROUP}": "*"},
-                c2.client_id: {TOPIC: "tag3", f"%RETRY%{GROUP}": "*"},
-            }
-            # each consumer's client heard the notice and logged it at ERROR
-            await until(lambda: len(conflict_errors(caplog)) >= 2, "both clients to log it")
-            assert all("refuses the group's pulls" in line for line in conflict_errors(caplog))
-            for consumer in (c1, c2):
-                await until(knows(consumer, [(TOPIC, tuple(expected))]), "the notice to be kept")
+            await _check_reported(admin, caplog, c1, c2)
 
             sent = await send_interleaved(namesrv)
             await asyncio.sleep(QUIET_S)
