@@ -23,8 +23,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
 from rocketq.client.admin import Admin, ConsumerConnectionInfo, TopicConfig
 from rocketq.client.consumer import (
     ConsumeContext,
@@ -33,7 +35,13 @@ from rocketq.client.consumer import (
     PushConsumer,
     PushConsumerConfig,
 )
-from rocketq.client.errors import NotFoundError, TopicNotFoundError
+from rocketq.client.errors import (
+    NotFoundError,
+    RocketQError,
+    SubscriptionInconsistentError,
+    TopicNotFoundError,
+    from_rpc_error,
+)
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, ReceivedMessage
 from tests.integration.cluster import cluster
@@ -47,6 +55,7 @@ PER_TAG = 10
 TAGS = ("tag1", "tag2", "tag3")
 #: How long "nothing is consumed" is watched: consumers retry a refused pull every 3 s.
 QUIET_S = 3.5
+FLAG_SUBSCRIPTION = 0x4
 
 
 class Deliveries:
@@ -161,6 +170,25 @@ def conflict_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+async def raw_pull(admin: Admin, expression: str) -> RocketQError | None:
+    """One Messaging.Pull of topicA queue 0 by group G; the SDK error it failed with, if any."""
+    addr = (await admin.cluster_info()).masters()["broker-a"]
+    request = messaging_pb2.PullRequest(
+        consumer_group=GROUP,
+        topic=TOPIC,
+        queue_id=0,
+        sys_flag=FLAG_SUBSCRIPTION,
+        subscription=expression,
+        expression_type=common_pb2.TAG,
+    )
+    async with grpc.aio.insecure_channel(addr) as channel:
+        try:
+            await messaging_pb2_grpc.MessagingStub(channel).Pull(request, timeout=5)
+        except grpc.aio.AioRpcError as err:
+            return from_rpc_error(err, addr)
+    return None
+
+
 def known_conflicts(consumer: PushConsumer) -> list[tuple[str, tuple[tuple[str, str | None], ...]]]:
     """The consumer's own view of the notices (PushConsumer.subscription_conflicts)."""
     return [(c.topic, c.members) for c in consumer.subscription_conflicts()]
@@ -214,6 +242,12 @@ async def _check_reported(
     assert all("refuses the group's pulls" in line for line in conflict_errors(caplog))
     for consumer in (c1, c2):
         await until(knows(consumer, [(TOPIC, tuple(expected))]), "the notice to be kept")
+    # a pull of the topic by the group is refused with a reason the SDK maps to its own error
+    refused = await raw_pull(admin, "tag1 || tag2")
+    assert isinstance(refused, SubscriptionInconsistentError)
+    assert (refused.reason, refused.code) == ("SUBSCRIPTION_INCONSISTENT", "FAILED_PRECONDITION")
+    assert refused.metadata["consumer_group"] == GROUP and refused.metadata["topic"] == TOPIC
+    assert c1.client_id in refused.metadata["members"] and "'tag3'" in refused.metadata["members"]
 
 
 async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
@@ -297,6 +331,7 @@ async def _lenient(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None
             await until_async(reported, "Admin to report the conflict")
             [conflict] = (await admin.consumer_connection(GROUP)).conflicts
             assert conflict.topic == TOPIC and not conflict.pulls_refused
+            assert await raw_pull(admin, "tag3") is None  # served: reported only
             await until(lambda: len(conflict_errors(caplog)) >= 2, "both clients to log it")
             assert all("only reports it" in line for line in conflict_errors(caplog))
             for consumer in (c1, c2):
