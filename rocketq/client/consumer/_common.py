@@ -26,7 +26,11 @@ from rocketq.client.consumer.offset_store import (
     ReadOffsetType,
     RemoteBrokerOffsetStore,
 )
-from rocketq.client.errors import RocketQError, TopicNotFoundError
+from rocketq.client.errors import (
+    RocketQError,
+    SubscriptionInconsistentError,
+    TopicNotFoundError,
+)
 from rocketq.message import MessageQueue
 
 DEFAULT_INSTANCE_NAME = "DEFAULT"
@@ -117,7 +121,9 @@ async def readable_queues(
 
 def is_subscription_inconsistent(exc: BaseException) -> bool:
     """True for a pull the broker refused because the group's members subscribe differently."""
-    return isinstance(exc, RocketQError) and exc.reason == SUBSCRIPTION_INCONSISTENT
+    return isinstance(exc, SubscriptionInconsistentError) or (
+        isinstance(exc, RocketQError) and exc.reason == SUBSCRIPTION_INCONSISTENT
+    )
 
 
 def conflict_from_pb(pb: common_pb2.SubscriptionConflict) -> SubscriptionConflict:
