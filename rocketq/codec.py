@@ -472,6 +472,37 @@ def decode_record(
     )
 
 
+def record_properties_bytes(buf: bytes | memoryview | bytearray, pos: int = 0) -> bytes:
+    """The raw PROPERTIES field (``name\\x01value\\x02`` …) of the record at ``pos``.
+
+    Skips the fixed part, body and topic by their lengths without decoding them, so a
+    broker-side property filter pays only for the bytes it reads. Raises
+    :class:`CorruptRecord` if the lengths do not fit the record.
+    """
+    avail = len(buf) - pos
+    if avail < FIXED_BYTES_V4 + 7:
+        raise CorruptRecord(f"at {pos}: {avail} bytes left, too few for a record")
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    (sys_flag,) = _INT.unpack_from(buf, pos + OFFSET_SYSFLAG)
+    fixed = _FIXED[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
+    end = pos + total
+    if magic != MESSAGE_MAGIC or total > avail or total < fixed.size + 7:
+        raise CorruptRecord(f"at {pos}: not a whole message record (TOTALSIZE {total})")
+    cur = pos + fixed.size
+    (body_len,) = _INT.unpack_from(buf, cur)
+    cur += 4 + body_len
+    if body_len < 0 or cur + 3 > end:
+        raise CorruptRecord(f"at {pos}: body length {body_len} does not fit TOTALSIZE {total}")
+    cur += 1 + buf[cur]
+    if cur + 2 > end:
+        raise CorruptRecord(f"at {pos}: topic length does not fit TOTALSIZE {total}")
+    props_len = (buf[cur] << 8) | buf[cur + 1]
+    cur += 2
+    if cur + props_len != end:
+        raise CorruptRecord(f"at {pos}: properties length {props_len} does not fit TOTALSIZE")
+    return bytes(buf[cur:end])
+
+
 def iter_records(buf: bytes | memoryview, *, check_crc: bool = True) -> Iterator[Record]:
     """Decode concatenated records (a Pull response's ``records`` field)."""
     pos = 0

@@ -1,4 +1,4 @@
-"""Subscription expressions: parsing them, and the tag-hash filter the store applies (SPEC §6.17).
+"""Subscription expressions: parsing them, and the TAG and SQL92 filters the store applies (§6.17).
 
 A TAG subscription is ``"*"`` (everything) or tags joined by ``||`` (``"TagA || TagB"``). The
 consume queue keeps only each message's tag *hash* (Java ``String.hashCode``, 8 bytes of every
@@ -15,23 +15,36 @@ both the tag strings (for clients and for admin listings) and their hash codes (
 | ``"A || *"``      | {}            | {}                     | None (match all)       |
 | ``"||"``          | —             | —                      | ILLEGAL_EXPRESSION     |
 
-SQL92 subscriptions belong to a later issue (the property filter). Until then the broker says
-so plainly: without ``enablePropertyFilter`` an SQL92 expression is refused like RocketMQ
-refuses it (INVALID_ARGUMENT, ILLEGAL_EXPRESSION); with it, FAILED_PRECONDITION says the
-filter is not implemented yet, rather than silently delivering unfiltered messages.
+An SQL92 subscription (``"a BETWEEN 0 AND 3"``, :mod:`rocketq.sql92`) is compiled when it is
+parsed, so a syntax error refuses the heartbeat or pull that carries it (INVALID_ARGUMENT,
+ILLEGAL_EXPRESSION, the 0-based ``position`` in the message and in the error's metadata). It
+filters by properties, which live in the commitlog record, not in the consume queue: the store
+calls :func:`record_filter_of`'s function on each candidate record, which reads only the
+properties the expression names out of the record bytes and evaluates the compiled closures.
+The broker must have ``enablePropertyFilter=true`` (off by default, as in RocketMQ); without it
+a pull with an SQL92 subscription is refused with INVALID_ARGUMENT / ILLEGAL_EXPRESSION.
+
+| subscription               | ``tags_filter`` (consume queue) | ``record_filter`` (commitlog)    |
+|----------------------------|---------------------------------|----------------------------------|
+| TAG ``"*"``                | None                            | None                             |
+| TAG ``"A || B"``           | hash set lookup                 | None                             |
+| SQL92, property filter on  | None                            | properties read + compiled match |
+| SQL92, property filter off | INVALID_ARGUMENT                | INVALID_ARGUMENT                 |
 
 Parsing is cached: every pull of a push consumer carries the same few expressions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
-from services.common.errors import invalid, precondition
-from services.store.message_store import TagsFilter
+from rocketq.sql92 import Sql92Error, Sql92Filter, compile_sql92
+from services.common.errors import invalid
+from services.store.message_store import RecordFilter, TagsFilter
 
 SUB_ALL = "*"
 TAG_SEPARATOR = "||"
@@ -58,6 +71,8 @@ class SubscriptionData:
     """Tag strings; empty means every message (``"*"``)."""
     codes: frozenset[int] = frozenset()
     """``tags_hash`` of every tag."""
+    sql: Sql92Filter | None = field(default=None, compare=False)
+    """The compiled expression of an SQL92 subscription."""
 
     @property
     def match_all(self) -> bool:
@@ -88,8 +103,8 @@ def parse_subscription(
 ) -> SubscriptionData:
     """Parse one subscription; raises ServiceError (ILLEGAL_EXPRESSION) if it does not parse.
 
-    SQL92 expressions are kept as text: whether they may be used is decided per broker by
-    :func:`tags_filter_of` (``enablePropertyFilter``), not here.
+    SQL92 expressions are compiled here (errors carry the position); whether they may be used
+    is decided per broker by :func:`record_filter_of` (``enablePropertyFilter``), not here.
     """
     if expression_type == common_pb2.EXPRESSION_TYPE_UNSPECIFIED:
         expression_type = TAG
@@ -107,9 +122,11 @@ def parse_subscription(
             topic=topic,
         )
     if expression_type == SQL92:
-        if not expression.strip():
-            invalid(common_pb2.ILLEGAL_EXPRESSION, "SQL92 expression is empty", topic=topic)
-        return SubscriptionData(topic, expression, SQL92, sub_version)
+        try:
+            sql = compile_sql92(expression)
+        except Sql92Error as exc:
+            invalid(common_pb2.ILLEGAL_EXPRESSION, str(exc), topic=topic, position=exc.position)
+        return SubscriptionData(topic, expression, SQL92, sub_version, sql=sql)
     tags, codes = _parse_tags(expression)
     return SubscriptionData(topic, expression or SUB_ALL, TAG, sub_version, tags, codes)
 
@@ -144,27 +161,84 @@ def _parse_tags(expression: str) -> tuple[frozenset[str], frozenset[int]]:
 
 
 def tags_filter_of(sub: SubscriptionData, *, enable_property_filter: bool) -> TagsFilter | None:
-    """The store's ``tags_filter`` for ``sub``: None for ``"*"`` (no per-unit call at all).
+    """The store's ``tags_filter`` for ``sub``: None for ``"*"`` and SQL92 (no per-unit call).
 
-    Raises ServiceError for SQL92 (see the module docstring for why and which code).
+    Raises ServiceError for SQL92 when the property filter is off.
     """
     if sub.expression_type == SQL92:
         check_sql92_allowed(sub.topic, enable_property_filter=enable_property_filter)
+        return None
     if not sub.tags:
         return None
     return sub.codes.__contains__
 
 
+def record_filter_of(sub: SubscriptionData, *, enable_property_filter: bool) -> RecordFilter | None:
+    """The store's ``record_filter`` for ``sub``: None unless it is SQL92.
+
+    Raises ServiceError (INVALID_ARGUMENT, ILLEGAL_EXPRESSION) for SQL92 when the property
+    filter is off. The function never raises: a record whose properties cannot be read does
+    not match, like one whose values do not convert.
+    """
+    if sub.expression_type != SQL92:
+        return None
+    check_sql92_allowed(sub.topic, enable_property_filter=enable_property_filter)
+    if sub.sql is None:  # built by hand without parse_subscription
+        return _record_filter(compile_sql92(sub.expression))
+    return _record_filter(sub.sql)
+
+
 def check_sql92_allowed(topic: str, *, enable_property_filter: bool) -> None:
-    """Refuse an SQL92 subscription with the clearest error this broker can give."""
+    """Refuse an SQL92 subscription on a broker whose property filter is off."""
     if not enable_property_filter:
         invalid(
             common_pb2.ILLEGAL_EXPRESSION,
             "SQL92 subscriptions need enablePropertyFilter=true on the broker, which is off; "
-            "subscribe by TAG or enable the property filter",
+            "subscribe by TAG or set enablePropertyFilter=true in the broker's config",
             topic=topic,
         )
-    precondition(
-        "SQL92 filtering is not implemented yet on this broker; subscribe by TAG for now",
-        topic=topic,
+
+
+@lru_cache(maxsize=1024)
+def _record_filter(sql: Sql92Filter) -> RecordFilter:
+    """A record filter for ``sql`` (cached per compiled filter: one per distinct expression)."""
+    read = property_reader(sql.property_names)
+    matches = sql.matches
+
+    def accept(record: memoryview) -> bool:
+        try:
+            props = read(codec.record_properties_bytes(record))
+        except (codec.CorruptRecord, ValueError, IndexError):
+            return False
+        return matches(props)
+
+    return accept
+
+
+def property_reader(names: frozenset[str]) -> Callable[[bytes], dict[str, str]]:
+    """A function reading just ``names`` out of a raw PROPERTIES field.
+
+    Cheaper than decoding every property (a message carries UNIQ_KEY, TAGS, KEYS, WAIT and the
+    user's own): one ``rfind`` per name. ``b"\\x02name\\x01"`` can only occur at a property
+    boundary, since names and values never contain the separators; the last occurrence wins,
+    as in :func:`rocketq.codec.decode_properties`.
+    """
+    patterns = tuple(
+        (name, f"{name}\x01".encode(), f"\x02{name}\x01".encode()) for name in sorted(names)
     )
+
+    def read(raw: bytes) -> dict[str, str]:
+        props: dict[str, str] = {}
+        for name, first, later in patterns:
+            at = raw.rfind(later)
+            if at >= 0:
+                at += len(later)
+            elif raw.startswith(first):
+                at = len(first)
+            else:
+                continue
+            end = raw.find(b"\x02", at)
+            props[name] = raw[at : end if end >= 0 else len(raw)].decode("utf-8", "replace")
+        return props
+
+    return read

@@ -6,9 +6,17 @@ and a future. Three things resolve the future:
 
 1. **Arrival** (the instant path). The service is a listener of the store's dispatcher, which
    runs in the same loop step as the append (DESIGN.md §4). For each dispatched record of a
-   queue that has held pulls, a pull whose offset the record reaches and whose tag-hash filter
-   accepts the record's tags code is woken (``True``). A record that does not match leaves the
-   pull waiting, so a consumer of tag A is not woken by a stream of tag B.
+   queue that has held pulls, a pull whose offset the record reaches and whose filters accept
+   the record is woken (``True``). A record that does not match leaves the pull waiting, so a
+   consumer of tag A is not woken by a stream of tag B, nor an SQL92 consumer of ``a > 5`` by
+   messages with ``a = 1``:
+
+   | held pull's filter | checked against                                                    |
+   |--------------------|--------------------------------------------------------------------|
+   | tags_filter        | the record's tags code (from the dispatch request, no I/O)         |
+   | record_filter      | the record's bytes, read once per arrival by commitlog offset and  |
+   |                    | size (just written, so in the page cache), only for queues whose   |
+   |                    | held pulls have such a filter                                      |
 2. **Deadline**. A loop timer per held pull wakes it with ``False`` when its time is up, so a
    300 ms suspend answers after about 300 ms, not at the next periodic check.
 3. **Periodic check**, every ``pull_hold_check_interval_ms`` (5 s, RocketMQ's
@@ -38,7 +46,7 @@ from rocketq._api.rocketq.v1 import common_pb2
 from services.broker.config import BrokerConfig
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import exhausted
-from services.store.message_store import MessageStore, TagsFilter
+from services.store.message_store import MessageStore, RecordFilter, TagsFilter
 from services.store.types import DispatchRequest
 
 log = logging.getLogger(__name__)
@@ -61,6 +69,8 @@ class HeldPull:
     future: asyncio.Future[bool]
     timer: asyncio.TimerHandle | None = None
     wake_on_arrival: bool = True
+    record_filter: RecordFilter | None = None
+    """Property-level check (SQL92) of an arriving record's bytes; None = no such check."""
 
     def wake(self, arrived: bool) -> None:
         if not self.future.done():
@@ -105,11 +115,14 @@ class PullHoldService:
         offset: int,
         tags_filter: TagsFilter | None,
         timeout_ms: int,
+        *,
+        record_filter: RecordFilter | None = None,
     ) -> bool:
         """Wait until a matching message at or past ``offset`` arrives (True) or time is up.
 
         ``timeout_ms`` is the hold time already decided by the caller (see
-        :meth:`hold_time_ms`). Raises ServiceError RESOURCE_EXHAUSTED beyond ``held_pulls_max``.
+        :meth:`hold_time_ms`); ``record_filter`` (SQL92) is applied to arrivals after
+        ``tags_filter``. Raises ServiceError RESOURCE_EXHAUSTED beyond ``held_pulls_max``.
         """
         if self._count >= self.held_pulls_max:
             exhausted(
@@ -125,6 +138,7 @@ class PullHoldService:
             self.clock.now_ms() + timeout_ms,
             loop.create_future(),
             wake_on_arrival=self.config.long_polling_enable,
+            record_filter=record_filter,
         )
         pull.timer = loop.call_later(timeout_ms / 1000, pull.wake, False)
         key = (topic, queue_id)
@@ -160,13 +174,22 @@ class PullHoldService:
             pulls = held.get((req.topic, req.queue_id))
             if not pulls:
                 continue
-            woken = [
-                p
-                for p in pulls
-                if p.wake_on_arrival
-                and req.queue_offset >= p.offset
-                and (p.tags_filter is None or p.tags_filter(req.tags_code))
-            ]
+            record: memoryview | None = None
+            woken: list[HeldPull] = []
+            for p in pulls:
+                if not (
+                    p.wake_on_arrival
+                    and req.queue_offset >= p.offset
+                    and (p.tags_filter is None or p.tags_filter(req.tags_code))
+                ):
+                    continue
+                if p.record_filter is not None:
+                    if record is None:
+                        record = self.store.commitlog.read(req.commitlog_offset, req.msg_size)
+                    # An unreadable record wakes the pull: its re-run decides.
+                    if record is not None and not p.record_filter(record):
+                        continue
+                woken.append(p)
             if woken:
                 self._wake(req.topic, req.queue_id, woken, True)
                 if not held:

@@ -9,11 +9,19 @@ Steps (SPEC §6.7, proto ``Messaging.Pull`` for the codes):
 3. the topic: known (NOT_FOUND TOPIC_NOT_EXIST), readable, ``queue_id < read_queue_nums``;
 4. the subscription: from the request under FLAG_SUBSCRIPTION, else from the group's heartbeat
    (FAILED_PRECONDITION when there is none, or when the broker's copy is older than the
-   request's ``sub_version`` — the client should heartbeat and retry);
-5. FLAG_COMMIT_OFFSET on a master stores ``commit_offset`` (SPEC §6.12: every pull carries it);
-6. ``store.get_messages`` with the tag-hash filter, and the status mapped as below;
-7. NO_NEW_MSG at the end of the queue with FLAG_SUSPEND: hold (long polling, SPEC §6.9), then
-   run step 6 once more without suspending.
+   request's ``sub_version`` — the client should heartbeat and retry); a TAG or SQL92
+   expression that does not parse is INVALID_ARGUMENT ILLEGAL_EXPRESSION (SQL92: with the
+   ``position``), and so is SQL92 on a broker without ``enablePropertyFilter``;
+5. the group's members must agree about the topic (``check_subscription_consistent``:
+   FAILED_PRECONDITION SUBSCRIPTION_INCONSISTENT while they do not, under
+   ``strictSubscriptionConsistency``);
+6. FLAG_COMMIT_OFFSET on a master stores ``commit_offset`` (SPEC §6.12: every pull carries it);
+7. ``store.get_messages`` with the subscription's filters (TAG: the tag-hash filter on consume
+   queue units; SQL92: the property filter on commitlog records, see ``filter.py``), and the
+   status mapped as below. A filtered scan walks forward past non-matching messages: when a
+   window holds none, the answer is NO_MATCHED_MSG with the offset to continue from;
+8. NO_NEW_MSG at the end of the queue with FLAG_SUSPEND: hold (long polling, SPEC §6.9; only a
+   matching arrival wakes the pull), then run step 7 once more without suspending.
 
 | store status (SPEC §6.7)                     | PullStatus (SPEC §6.8)                       |
 |----------------------------------------------|----------------------------------------------|
@@ -44,7 +52,12 @@ from rocketq.validation import PULL_BATCH_MAX, check_group, check_topic, is_read
 from services.broker.client_manager import ClientManager
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
-from services.broker.filter import SubscriptionData, parse_subscription, tags_filter_of
+from services.broker.filter import (
+    SubscriptionData,
+    parse_subscription,
+    record_filter_of,
+    tags_filter_of,
+)
 from services.broker.model import SubscriptionGroupConfig
 from services.broker.pull_hold import PullHoldService
 from services.broker.query_processor import record_to_pb
@@ -123,13 +136,18 @@ class PullProcessor:
         """One Pull; raises ServiceError for a refused request (offset trouble is a status)."""
         max_nums, group_cfg = self._check(req)
         sub = self._subscription(req)
-        tags_filter = tags_filter_of(sub, enable_property_filter=self.config.enable_property_filter)
+        self.clients.check_subscription_consistent(req.consumer_group, req.topic)
+        property_filter_on = self.config.enable_property_filter
+        tags_filter = tags_filter_of(sub, enable_property_filter=property_filter_on)
+        record_filter = record_filter_of(sub, enable_property_filter=property_filter_on)
         topic, qid, offset = req.topic, req.queue_id, req.queue_offset
         flags = req.sys_flag
         if flags & FLAG_COMMIT_OFFSET and self.config.is_master and req.commit_offset >= 0:
             peer = context.peer() if context is not None else ""
             self.offsets.commit(req.consumer_group, topic, qid, req.commit_offset, client=peer)
-        result = self.store.get_messages(topic, qid, offset, max_nums, tags_filter=tags_filter)
+        result = self.store.get_messages(
+            topic, qid, offset, max_nums, tags_filter=tags_filter, record_filter=record_filter
+        )
         if (
             result.status in _HOLDABLE
             and flags & FLAG_SUSPEND
@@ -137,9 +155,21 @@ class PullProcessor:
         ):
             hold_ms = self._hold_ms(req.suspend_timeout_ms, context)
             if hold_ms > 0:
-                await self.hold.hold(topic, qid, result.next_begin_offset, tags_filter, hold_ms)
+                await self.hold.hold(
+                    topic,
+                    qid,
+                    result.next_begin_offset,
+                    tags_filter,
+                    hold_ms,
+                    record_filter=record_filter,
+                )
                 result = self.store.get_messages(
-                    topic, qid, offset, max_nums, tags_filter=tags_filter
+                    topic,
+                    qid,
+                    offset,
+                    max_nums,
+                    tags_filter=tags_filter,
+                    record_filter=record_filter,
                 )
         return self._response(req, result, group_cfg)
 

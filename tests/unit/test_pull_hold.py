@@ -19,6 +19,7 @@ from rocketq.message import decode_records
 from services.broker.model import SubscriptionGroupConfig
 from services.broker.pull_processor import pull_status
 from services.common.errors import ServiceError
+from services.store.commitlog import MessageToStore
 from services.store.message_store import GetStatus
 from tests.unit._broker_parts import BrokerParts, pull_request
 
@@ -406,3 +407,201 @@ def test_broadcasting_needs_consume_broadcast_enable(b: BrokerParts) -> None:
     with pytest.raises(ServiceError) as err:
         _pull(b, pull_request("T", group="bc"))
     assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+# -- SQL92 subscriptions (enablePropertyFilter) ---------------------------------------------------
+SQL = common_pb2.SQL92
+
+
+@pytest.fixture
+def sq(tmp_path: Path) -> Iterator[BrokerParts]:
+    parts = BrokerParts(tmp_path, enable_property_filter=True)
+    parts.create_topic("T")
+    yield parts
+    parts.close()
+
+
+def _append_props(parts: BrokerParts, props: list[dict[str, str]], queue_id: int = 0) -> None:
+    parts.store.append(
+        [
+            MessageToStore(
+                topic="T",
+                queue_id=queue_id,
+                body=f"p{i}".encode(),
+                properties=codec.encode_properties(p),
+                tags_code=codec.tags_hash(p.get("TAGS", "")),
+            )
+            for i, p in enumerate(props)
+        ]
+    )
+
+
+def _sql_request(
+    expression: str, offset: int = 0, *, suspend_ms: int = 0, decoded: bool = False
+) -> messaging_pb2.PullRequest:
+    req = pull_request("T", offset, expression=expression, suspend_ms=suspend_ms)
+    req.expression_type = SQL
+    req.decoded = decoded
+    return req
+
+
+def test_sql92_pull_returns_only_matching_messages(sq: BrokerParts) -> None:
+    _append_props(sq, [{"a": str(i % 10), "TAGS": "X"} for i in range(40)])
+    resp = _pull(sq, _sql_request("a BETWEEN 0 AND 3 AND TAGS = 'X'"))
+    assert resp.status == messaging_pb2.FOUND
+    got = decode_records(resp.records)
+    assert [m.properties["a"] for m in got] == ["0", "1", "2", "3"] * 4
+    assert resp.next_begin_offset == 40
+    decoded = _pull(sq, _sql_request("a = 9", decoded=True))
+    assert [m.queue_offset for m in decoded.messages] == [9, 19, 29, 39]
+
+
+def test_sql92_pull_walks_a_backlog_window_by_window(sq: BrokerParts) -> None:
+    props = [{"a": "0"} for _ in range(2000)]
+    props[1500] = {"a": "1"}
+    _append_props(sq, props)
+    first = _pull(sq, _sql_request("a = 1"))
+    assert first.status == messaging_pb2.NO_MATCHED_MSG
+    assert 0 < first.next_begin_offset <= 1500
+    offset, found = first.next_begin_offset, None
+    for _ in range(10):
+        resp = _pull(sq, _sql_request("a = 1", offset))
+        if resp.status == messaging_pb2.FOUND:
+            found = resp
+            break
+        assert resp.status == messaging_pb2.NO_MATCHED_MSG
+        offset = resp.next_begin_offset
+    assert found is not None
+    assert [m.queue_offset for m in _decoded(found)] == [1500]
+    end = _pull(sq, _sql_request("a = 1", found.next_begin_offset))
+    assert end.status in (messaging_pb2.NO_MATCHED_MSG, messaging_pb2.NO_NEW_MSG)
+
+
+def _decoded(resp: messaging_pb2.PullResponse) -> list[codec.Record]:
+    return list(codec.iter_records(resp.records))
+
+
+def test_a_held_sql92_pull_wakes_only_for_a_matching_arrival(sq: BrokerParts) -> None:
+    async def main() -> None:
+        req = _sql_request("a > 5", suspend_ms=LONG_MS)
+        task = asyncio.create_task(sq.puller.pull(req, None))
+        await _settle()
+        assert sq.hold.held_count() == 1
+        _append_props(sq, [{"a": "1"}, {"b": "9"}, {"a": "x"}])
+        await _settle()
+        assert not task.done()  # three arrivals, none matching: still held
+        _append_props(sq, [{"a": "6"}])
+        resp = await task
+        assert resp.status == messaging_pb2.FOUND
+        assert [m.properties["a"] for m in decode_records(resp.records)] == ["6"]
+        assert resp.next_begin_offset == 4
+
+    asyncio.run(main())
+
+
+def test_hold_service_applies_the_record_filter_after_the_tag_filter(sq: BrokerParts) -> None:
+    async def main() -> None:
+        seen: list[int] = []
+
+        def record_filter(record: memoryview) -> bool:
+            seen.append(len(record))
+            props = codec.decode_properties(codec.record_properties_bytes(record))
+            return props.get("a") == "yes"
+
+        task = asyncio.create_task(
+            sq.hold.hold("T", 0, 0, lambda code: code != 0, LONG_MS, record_filter=record_filter)
+        )
+        await _settle()
+        _append_props(sq, [{"a": "yes"}])  # no tag: the tag filter says no, no record read
+        _append_props(sq, [{"a": "no", "TAGS": "t"}])
+        await _settle()
+        assert not task.done() and len(seen) == 1
+        _append_props(sq, [{"a": "yes", "TAGS": "t"}])
+        assert await task is True
+        assert len(seen) == 2
+
+    asyncio.run(main())
+
+
+def test_sql92_needs_the_property_filter(b: BrokerParts) -> None:
+    b.append("T", 0)
+    with pytest.raises(ServiceError) as err:
+        _pull(b, _sql_request("a > 1"))
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.reason == common_pb2.ILLEGAL_EXPRESSION
+    assert "enablePropertyFilter=true" in err.value.message
+
+
+def test_sql92_syntax_error_in_a_pull_names_the_position(sq: BrokerParts) -> None:
+    with pytest.raises(ServiceError) as err:
+        _pull(sq, _sql_request("a >> 5"))
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.reason == common_pb2.ILLEGAL_EXPRESSION
+    assert err.value.metadata["position"] == "3"
+
+
+def test_a_heartbeat_with_a_bad_sql92_subscription_is_refused(sq: BrokerParts) -> None:
+    channel = sq.clients.open_channel("c1")
+    hb = messaging_pb2.Heartbeat(
+        client_id="c1",
+        consumers=[
+            messaging_pb2.ConsumerData(
+                consumer_group="cg",
+                subscriptions=[
+                    messaging_pb2.SubscriptionData(
+                        topic="T", expression="a BETWEEN 3 AND 1", expression_type=SQL
+                    )
+                ],
+            )
+        ],
+    )
+    with pytest.raises(ServiceError) as err:
+        sq.clients.heartbeat(channel, hb)
+    assert err.value.reason == common_pb2.ILLEGAL_EXPRESSION
+    assert err.value.metadata["position"] == "10"
+    assert sq.clients.subscription("cg", "T") is None
+
+
+def test_sql92_subscription_from_a_heartbeat_filters_pulls(sq: BrokerParts) -> None:
+    channel = sq.clients.open_channel("c1")
+    sq.clients.heartbeat(
+        channel,
+        messaging_pb2.Heartbeat(
+            client_id="c1",
+            consumers=[
+                messaging_pb2.ConsumerData(
+                    consumer_group="cg",
+                    subscriptions=[
+                        messaging_pb2.SubscriptionData(
+                            topic="T", expression="k IN ('x')", expression_type=SQL
+                        )
+                    ],
+                )
+            ],
+        ),
+    )
+    _append_props(sq, [{"k": "x"}, {"k": "y"}, {"k": "x"}])
+    resp = _pull(sq, pull_request("T", 0, flags=0))
+    assert [m.queue_offset for m in _decoded(resp)] == [0, 2]
+
+
+def test_pulls_of_a_topic_the_group_disagrees_about_are_refused(b: BrokerParts) -> None:
+    for client_id, expression in (("c1", "A"), ("c2", "B")):
+        b.clients.heartbeat(
+            b.clients.open_channel(client_id),
+            messaging_pb2.Heartbeat(
+                client_id=client_id,
+                consumers=[
+                    messaging_pb2.ConsumerData(
+                        consumer_group="cg",
+                        subscriptions=[
+                            messaging_pb2.SubscriptionData(topic="T", expression=expression)
+                        ],
+                    )
+                ],
+            ),
+        )
+    with pytest.raises(ServiceError) as err:
+        _pull(b, pull_request("T", expression="A"))
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.reason == common_pb2.SUBSCRIPTION_INCONSISTENT

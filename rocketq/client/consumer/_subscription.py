@@ -8,8 +8,10 @@ tag passes only ``"*"``.
 
 An empty expression or ``"*"`` means everything, like RocketMQ's ``SUB_ALL``. An expression
 whose parts are all blank (``" || "``) is refused rather than silently meaning "nothing".
-SQL92 expressions are passed to the broker unparsed: the broker evaluates them over properties
-and the client does no second check.
+SQL92 expressions (``"a BETWEEN 0 AND 3"``) are compiled here too (:mod:`rocketq.sql92`), only
+to refuse a malformed one at ``subscribe()`` with :class:`~rocketq.sql92.Sql92Error` (a
+ValueError naming the 0-based position); the broker evaluates them over the properties of each
+message, needs ``enablePropertyFilter=true``, and the client does no second check.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client.consumer.config import ExpressionType
 from rocketq.message import ReceivedMessage
+from rocketq.sql92 import compile_sql92
 from rocketq.validation import check_topic
 
 SUB_ALL = "*"
@@ -88,7 +91,11 @@ def parse_tags(expression: str) -> frozenset[str]:
 def build_subscription(
     topic: str, expression: str | None = SUB_ALL, expression_type: ExpressionType | None = None
 ) -> Subscription:
-    """Validate and parse a subscription (RocketMQ's ``FilterAPI.buildSubscriptionData``)."""
+    """Validate and parse a subscription (RocketMQ's ``FilterAPI.buildSubscriptionData``).
+
+    Raises ValueError for a bad topic or TAG expression, and its subclass
+    :class:`~rocketq.sql92.Sql92Error` (with ``position``) for an SQL92 one that does not compile.
+    """
     check_topic(topic)
     kind = expression_type or ExpressionType.TAG
     text = (expression or "").strip()
@@ -100,6 +107,7 @@ def build_subscription(
     if kind is ExpressionType.SQL92:
         if not text:
             raise ValueError('a SQL92 subscription needs an expression, e.g. "a > 5"')
+        compile_sql92(expression or "")  # raises Sql92Error (positions in the given text)
         return Subscription(topic, text, kind)
     tags = parse_tags(text)
     if not tags:
