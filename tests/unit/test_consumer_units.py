@@ -898,27 +898,40 @@ def test_orderly_release_waits_for_the_running_call_then_persists_then_unlocks()
     asyncio.run(main())
 
 
-def test_lock_renewal_marks_held_and_lost_queues() -> None:
+def test_lock_renewal_refreshes_held_queues_and_drops_lost_ones_unpersisted() -> None:
     locker, events, now = FakeLocker("c1"), [], [1_000_000]  # type: ignore[var-annotated]
-    rb, _ = orderly_rebalancer(["c1"], "c1", locker, events, now)
+    forgotten: list[MessageQueue] = []
+    rb, dispatched = orderly_rebalancer(["c1"], "c1", locker, events, now)
+    rb._forget_offset = forgotten.append
 
     async def main() -> None:
         await rb.do_rebalance()
+        pqs = dict(rb.process_queue_table)
         now[0] += 20_000
-        locker.holders[qs(4)[1]] = "c2"  # our lock expired on the broker and c2 took it
+        # our lock of queue 1 lapsed on the broker and c2 took it
+        locker.holders[qs(4)[1]] = "c2"
+        events.clear()
         await rb.lock_all()
-        pqs = rb.process_queue_table
         assert locker.calls[-1] == ("lock", [0, 1, 2, 3])
         assert pqs[qs(4)[0]].locked and pqs[qs(4)[0]].last_lock_timestamp_ms == now[0]
-        assert not pqs[qs(4)[1]].locked
+        assert pqs[qs(4)[1]].dropped and qs(4)[1] not in rb.process_queue_table
+        assert forgotten == [qs(4)[1]] and events == []  # not persisted, not unlocked
         locker.down = True  # a failed renewal changes nothing (the lock then ages out)
         await rb.lock_all()
-        assert pqs[qs(4)[0]].locked and not await rb.lock_one(qs(4)[1])
+        assert pqs[qs(4)[0]].locked
+        assert not await rb.lock_one(qs(4)[1])  # not ours any more
         locker.down = False
+        await rb.do_rebalance()  # still allocated here, but c2 holds it: not taken
+        assert qs(4)[1] not in rb.process_queue_table
         del locker.holders[qs(4)[1]]
-        assert await rb.lock_one(qs(4)[1]) and pqs[qs(4)[1]].locked
+        await rb.do_rebalance()  # released: a fresh queue from the broker's offset
+        fresh = rb.process_queue_table[qs(4)[1]]
+        assert fresh is not pqs[qs(4)[1]] and fresh.locked and "compute 1" in events
+        assert dispatched[-1].process_queue is fresh
+        pqs[qs(4)[0]].locked = False
+        assert await rb.lock_one(qs(4)[0]) and pqs[qs(4)[0]].locked
         await rb.unlock_all()
-        assert locker.holders == {} and not any(pq.locked for pq in pqs.values())
+        assert locker.holders == {} and not any(pq.locked for pq in rb.process_queue_table.values())
 
     asyncio.run(main())
 

@@ -35,9 +35,13 @@ allocation for a moment:
   try again at the next rebalance), mark it dropped, persist its offset, UnlockBatch it,
   forget it — so the next owner, which can lock it only now, reads an offset that includes
   everything consumed here;
-* :meth:`RebalanceImpl.lock_all` renews every owned queue's lock (every 20 s): a queue left
-  out of the answer is marked not locked, and pulls and listener calls stop until a later
-  renewal or :meth:`RebalanceImpl.lock_one` gets it back.
+* :meth:`RebalanceImpl.lock_all` renews every owned queue's lock (every 20 s). A queue left
+  out of the answer is held by another member — this client's lock lapsed on the broker (not
+  renewed for 60 s) and the queue was taken — so it is dropped at once, *without* persisting
+  its offset (the holder's progress counts, ours is stale) and without unlocking; if it is
+  still allocated here, a later rebalance locks it again and starts from the broker's offset
+  rather than from a stale cache. A lock that merely aged on this side (renewals failing for
+  ``rebalance_lock_max_live_ms``) only stops pulls and calls until a renewal succeeds.
 
 Lock calls run under the rebalance's asyncio lock too, so a renewal can never re-lock a queue
 that a concurrent release has just unlocked.
@@ -172,6 +176,7 @@ class RebalanceImpl:
         clock: Callable[[], int] = wall_clock_ms,
         locker: QueueLocker | None = None,
         consume_lock_wait_s: float = CONSUME_LOCK_WAIT_S,
+        forget_offset: Callable[[MessageQueue], None] = lambda mq: None,
     ) -> None:
         self.group = group
         self.client_id = client_id
@@ -188,6 +193,8 @@ class RebalanceImpl:
         self._locker = locker
         """Set for orderly clustering consumers: broker queue locks (see the module docs)."""
         self._consume_lock_wait_s = consume_lock_wait_s
+        self._forget_offset = forget_offset
+        """Drops a queue's in-memory offset without persisting it (a lock lost to another)."""
         self._lock = asyncio.Lock()
         self.process_queue_table: dict[MessageQueue, ProcessQueue] = {}
         """The queues this consumer owns now."""
@@ -378,18 +385,20 @@ class RebalanceImpl:
             if pq is None:
                 continue
             if mq in held:
-                if not pq.locked:
-                    log.info("group %s: %s locked again", self.group, mq)
                 pq.locked = True
                 pq.last_lock_timestamp_ms = now_ms
-            else:
-                if pq.locked:
-                    log.warning(
-                        "group %s: lost the lock of %s; not consuming it until it is back",
-                        self.group,
-                        mq,
-                    )
-                pq.locked = False
+                continue
+            pq.locked = False
+            pq.dropped = True  # no pull, no call; a running call's result is ignored
+            self.process_queue_table.pop(mq, None)
+            self._forget_offset(mq)
+            log.warning(
+                "group %s: %s is locked by another member (this client's lock lapsed on the "
+                "broker); dropped without persisting its offset, taken again from the broker's "
+                "offset if it is still allocated here and can be locked",
+                self.group,
+                mq,
+            )
 
     async def unlock_all(self) -> None:
         """Release every owned queue's lock (close, after offsets are persisted)."""

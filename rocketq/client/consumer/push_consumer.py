@@ -308,6 +308,7 @@ class PushConsumer:
             remove_queue=self._remove_queue,
             dispatch=self._dispatch,
             locker=locker,
+            forget_offset=store.remove_offset,
         )
         self._rebalance.topics = set(self._subscriptions)
         self._pull_service = PullService(
