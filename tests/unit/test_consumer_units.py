@@ -30,6 +30,7 @@ from rocketq.client.consumer._pull import (
 from rocketq.client.consumer._rebalance import (
     PullRequest,
     RebalanceImpl,
+    RebalanceService,
     compute_pull_from_where,
 )
 from rocketq.client.consumer._subscription import build_subscription, filter_by_tags, parse_tags
@@ -863,15 +864,24 @@ def test_orderly_rebalance_locks_before_owning_and_skips_queues_held_elsewhere()
     locker, events, now = FakeLocker("c1"), [], [1_000_000]  # type: ignore[var-annotated]
     locker.holders[qs(4)[2]] = "c2"  # the previous owner has not released it yet
     rb, dispatched = orderly_rebalancer(["c1"], "c1", locker, events, now)
-    asyncio.run(rb.do_rebalance())
+    assert asyncio.run(rb.do_rebalance()) is False  # unbalanced: the next one comes soon
     assert locker.calls[0] == ("lock", [0, 1, 2, 3])  # one LockBatch for the broker
     assert rb.owned() == [qs(4)[i] for i in (0, 1, 3)]
     assert "compute 2" not in events  # never started: not ours on the broker
     assert all(r.process_queue.locked for r in dispatched)
     assert all(r.process_queue.last_lock_timestamp_ms == now[0] for r in dispatched)
     del locker.holders[qs(4)[2]]  # released: the next rebalance takes it
-    asyncio.run(rb.do_rebalance())
+    assert asyncio.run(rb.do_rebalance()) is True
     assert rb.owned() == qs(4) and locker.calls[-1] == ("lock", [2])
+
+
+def test_rebalance_service_retries_an_unbalanced_rebalance_sooner() -> None:
+    async def rebalance() -> bool:
+        return True
+
+    svc = RebalanceService(rebalance, 20_000, "g", min_interval_ms=1000)
+    assert (svc.next_wait_s(False), svc.next_wait_s(True), svc.next_wait_s(None)) == (1, 20, 20)
+    assert RebalanceService(rebalance, 500, "g").next_wait_s(False) == 0.5  # never longer
 
 
 def test_orderly_release_waits_for_the_running_call_then_persists_then_unlocks() -> None:

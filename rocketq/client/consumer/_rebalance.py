@@ -28,8 +28,9 @@ so that two members never consume one queue at once, even while they disagree ab
 allocation for a moment:
 
 * a newly allocated queue is locked on its broker (one LockBatch per broker) before its
-  ProcessQueue exists; a queue another member still holds is skipped and tried again at the
-  next rebalance;
+  ProcessQueue exists; a queue another member still holds (it is still finishing its last
+  call) is skipped, and the rebalance is *unbalanced*: the next one comes after
+  ``REBALANCE_MIN_INTERVAL_MS`` (1 s) instead of 20 s, as RocketMQ 5's minInterval;
 * a queue leaving this member is released in this order: take its consume lock (waiting at
   most 1 s for a running listener call, else keep the queue, count ``try_unlock_times`` and
   try again at the next rebalance), mark it dropped, persist its offset, UnlockBatch it,
@@ -66,6 +67,8 @@ log = logging.getLogger(__name__)
 
 NO_OFFSET = -1
 """An offset source's answer when nothing is stored (first start)."""
+REBALANCE_MIN_INTERVAL_MS = 1000
+"""Wait before the next rebalance when the last one could not lock every allocated queue."""
 CONSUME_LOCK_WAIT_S = 1.0
 """Orderly: how long a release waits for a running listener call of the queue (RocketMQ's
 tryLock(1000 ms) in removeUnnecessaryMessageQueue)."""
@@ -196,6 +199,7 @@ class RebalanceImpl:
         self._forget_offset = forget_offset
         """Drops a queue's in-memory offset without persisting it (a lock lost to another)."""
         self._lock = asyncio.Lock()
+        self._balanced = True
         self.process_queue_table: dict[MessageQueue, ProcessQueue] = {}
         """The queues this consumer owns now."""
         self.topics: set[str] = set()
@@ -204,9 +208,13 @@ class RebalanceImpl:
     def owned(self, topic: str | None = None) -> list[MessageQueue]:
         return sorted(mq for mq in self.process_queue_table if topic is None or mq.topic == topic)
 
-    async def do_rebalance(self) -> None:
-        """Rebalance every subscribed topic, then drop queues of topics no longer subscribed."""
+    async def do_rebalance(self) -> bool:
+        """Rebalance every subscribed topic, then drop queues of topics no longer subscribed.
+
+        Returns False when an allocated queue could not be locked (orderly), so the caller
+        rebalances again soon."""
         async with self._lock:
+            self._balanced = True
             for topic in sorted(self.topics):
                 try:
                     await self._rebalance_by_topic(topic)
@@ -214,6 +222,7 @@ class RebalanceImpl:
                     if not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
                         log.warning("group %s: rebalance of %s failed: %s", self.group, topic, exc)
             await self._truncate_not_my_topics()
+            return self._balanced
 
     async def _rebalance_by_topic(self, topic: str) -> None:
         mq_all = sorted(await self._queues_of(topic))
@@ -325,9 +334,10 @@ class RebalanceImpl:
                 log.warning("group %s: cannot lock queues on %s: %s", self.group, broker_name, exc)
         for mq in fresh:
             if mq not in held:
+                self._balanced = False
                 log.warning(
                     "group %s: %s not taken now: another member still holds its lock; retried "
-                    "at the next rebalance",
+                    "in a moment",
                     self.group,
                     mq,
                 )
@@ -433,13 +443,19 @@ class RebalanceImpl:
 
 
 class RebalanceService:
-    """Runs a rebalance at start, every interval, and whenever :meth:`wakeup` is called."""
+    """Runs a rebalance at start, every interval, and whenever :meth:`wakeup` is called; after
+    an unbalanced one (the rebalance returned False) the next comes after ``min_interval_ms``."""
 
     def __init__(
-        self, rebalance: Callable[[], Awaitable[None]], interval_ms: int, name: str = ""
+        self,
+        rebalance: Callable[[], Awaitable[bool | None]],
+        interval_ms: int,
+        name: str = "",
+        min_interval_ms: int = REBALANCE_MIN_INTERVAL_MS,
     ) -> None:
         self._rebalance = rebalance
         self._interval_s = interval_ms / 1000
+        self._min_interval_s = min(min_interval_ms, interval_ms) / 1000
         self._event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._name = name
@@ -455,12 +471,17 @@ class RebalanceService:
     async def _run(self) -> None:
         while True:
             self._event.clear()
+            balanced: bool | None = None
             try:
-                await self._rebalance()
+                balanced = await self._rebalance()
             except Exception:  # keep the loop alive; the next tick retries
                 log.exception("rebalance of %s failed", self._name)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), self._interval_s)
+                await asyncio.wait_for(self._event.wait(), self.next_wait_s(balanced))
+
+    def next_wait_s(self, balanced: bool | None) -> float:
+        """The pause after a rebalance that answered ``balanced`` (None: it had no answer)."""
+        return self._min_interval_s if balanced is False else self._interval_s
 
     async def close(self) -> None:
         if self._task is not None:
