@@ -1,0 +1,249 @@
+"""Orderly consumption under faults, against a real nameserver and broker (SPEC §6.15).
+
+A producer sends 40 keys x 100 messages with the key as sharding key (ordered sync sends, one
+task per key, paced over a few seconds so consumers see arrivals during rebalances). Three
+orderly consumer processes (:mod:`tests.integration.workers.orderly_worker`, one with a
+coroutine listener) consume an 8-queue topic, each call lasting a few ms. Once about a third is
+consumed the busiest worker is SIGKILLed and a fourth joins: the dead worker's queues stay
+locked on the broker until ``rebalanceLockMaxLiveTime`` (5 s here) runs out, while some queues of
+the living move to the newcomer through a clean hand-over. When everything is consumed the
+workers are stopped cleanly and their recorded history is checked
+(:func:`tests.integration.history.check_history`): no two calls on one queue overlap in time,
+each key's messages first appear in order with no gap, nothing is lost, and duplicates occur
+only for messages the killed worker had taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rocketq._api.rocketq.v1 import admin_pb2, admin_pb2_grpc
+from rocketq.client.admin import Admin, TopicConfig
+from rocketq.client.errors import TopicNotFoundError
+from rocketq.client.producer import Producer, ProducerConfig
+from rocketq.message import Message
+from tests.integration.cluster import Cluster, ServiceProcess, cluster, spawn, wait_for
+from tests.integration.history import (
+    END,
+    KEY_PROPERTY,
+    SEQ_PROPERTY,
+    check_history,
+    load_histories,
+)
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "OrderlyFaults"
+GROUP = "orderly-faults"
+QUEUES = 8
+KEYS = 40
+PER_KEY = 100
+PRODUCE_S = 3.0
+"""Sends of one key are spread over about this long."""
+CONSUME_MS = 8
+KILL_AT_FRACTION = 0.3
+CONSUME_WAIT_S = 40.0
+BROKER_LOCK_MAX_LIVE_MS = 5000
+WORKER_MODULE = "tests.integration.workers.orderly_worker"
+FIRST_WORKERS = (("w1",), ("w2", "--async-listener"), ("w3",))
+
+
+async def _create_topic(namesrv: list[str]) -> None:
+    async with Admin(namesrv) as admin:
+        results = await admin.create_topic(TopicConfig(TOPIC, QUEUES, QUEUES, order=True))
+        assert all(r.ok for r in results), results
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                route = await admin.route(TOPIC)
+                if route:
+                    return
+            except TopicNotFoundError:
+                pass
+            assert time.monotonic() < deadline, f"no route for {TOPIC}"
+            await asyncio.sleep(0.05)
+
+
+class BackgroundProducer:
+    """Ordered sync sends in a thread of its own; records what the broker acknowledged."""
+
+    def __init__(self, namesrv: list[str]) -> None:
+        self.namesrv = namesrv
+        self.sent: set[tuple[str, int]] = set()
+        self.errors: list[str] = []
+        self.queues_of_key: dict[str, set[int]] = {}
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), f"producer still sending after {timeout_s}s"
+        assert not self.errors, f"sends failed: {self.errors[:5]}"
+
+    async def _run(self) -> None:
+        config = ProducerConfig(group="orderly-faults-producer", namesrv_addrs=self.namesrv)
+        async with Producer(config) as producer:
+            await asyncio.gather(*(self._key(producer, f"key{k:02d}") for k in range(KEYS)))
+
+    async def _key(self, producer: Producer, key: str) -> None:
+        pause_s = PRODUCE_S / PER_KEY
+        for seq in range(PER_KEY):
+            msg = Message(
+                TOPIC,
+                f"{key}/{seq}".encode(),
+                keys=key,
+                properties={KEY_PROPERTY: key, SEQ_PROPERTY: str(seq)},
+            )
+            try:
+                result = await producer.send(msg, sharding_key=key)
+            except Exception as exc:  # an ordered send is not retried; stop this key here
+                self.errors.append(f"{key}/{seq}: {exc!r}")
+                return
+            self.sent.add((key, seq))
+            self.queues_of_key.setdefault(key, set()).add(result.message_queue.queue_id)
+            await asyncio.sleep(pause_s)
+
+
+class Workers:
+    """The orderly worker processes of the test and their history files."""
+
+    def __init__(self, tmp_path: Path, c: Cluster) -> None:
+        self.tmp_path = tmp_path
+        self.c = c
+        self.procs: dict[str, ServiceProcess] = {}
+        self.killed: dict[int, int] = {}
+
+    def start(self, name: str, *extra: str) -> ServiceProcess:
+        args = [
+            "--namesrv",
+            self.c.namesrv,
+            "--group",
+            GROUP,
+            "--topic",
+            TOPIC,
+            "--history",
+            str(self.history(name)),
+            "--consume-ms",
+            str(CONSUME_MS),
+            *extra,
+        ]
+        sp = spawn(name, WORKER_MODULE, args, self.tmp_path / name)
+        self.procs[name] = sp
+        return sp
+
+    def history(self, name: str) -> Path:
+        return self.tmp_path / f"{name}.history"
+
+    def kill(self, name: str) -> None:
+        sp = self.procs[name]
+        sp.kill()  # SIGKILL and wait: afterwards it certainly runs no more
+        self.killed[sp.pid] = time.monotonic_ns()
+
+    def done_per_worker(self) -> Counter[str]:
+        """Completed message deliveries per worker, from the history files so far."""
+        out: Counter[str] = Counter()
+        for name in self.procs:
+            h = load_histories([self.history(name)])
+            out[name] = sum(1 for e in h.events if e.ev == END)
+        return out
+
+    def consumed(self) -> set[tuple[str, int]]:
+        h = load_histories(self.history(n) for n in self.procs)
+        return {(e.key, e.seq) for e in h.events if e.ev == END}
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n} log ---\n{sp.log_tail(25)}" for n, sp in self.procs.items())
+
+
+async def _lock_table(addr: str) -> str:
+    """Who holds which queue on the broker, for failure messages."""
+    try:
+        async with grpc.aio.insecure_channel(addr) as ch:
+            resp = await admin_pb2_grpc.AdminStub(ch).GetConsumerConnection(
+                admin_pb2.GetConsumerConnectionRequest(consumer_group=GROUP), timeout=5
+            )
+    except grpc.aio.AioRpcError as err:
+        return f"(lock table unavailable: {err.code().name} {err.details()})"
+    members = ", ".join(m.client_id for m in resp.connections)
+    locks = ", ".join(f"{lk.queue_id}:{lk.client_id}" for lk in resp.locks)
+    return f"members [{members}]; locks [{locks}]"
+
+
+def _wait_consumed(
+    workers: Workers, want: int, producer: BackgroundProducer, timeout_s: float, what: str
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = workers.consumed()
+        if len(got) >= want:
+            return
+        if time.monotonic() > deadline:
+            missing = sorted(producer.sent - got)
+            by_key = Counter(k for k, _ in missing)
+            key_queues = {
+                k: sorted(producer.queues_of_key.get(k, ())) for k, _ in by_key.most_common(10)
+            }
+            raise AssertionError(
+                f"{what}: {len(got)}/{want} consumed after {timeout_s:.0f} s; per worker "
+                f"{dict(workers.done_per_worker())}; missing per key (first 10) "
+                f"{by_key.most_common(10)}; queues of those keys "
+                f"{key_queues}"
+                f"\nbroker: {asyncio.run(_lock_table(workers.c.brokers[0].addr))}"
+                f"\n{workers.logs()}"
+            )
+        time.sleep(0.2)
+
+
+def test_order_exclusivity_and_no_loss_across_kill_and_join(tmp_path: Path) -> None:
+    t_begin = time.monotonic()
+    with cluster(tmp_path, rebalanceLockMaxLiveTime=BROKER_LOCK_MAX_LIVE_MS) as c:
+        asyncio.run(_create_topic(c.namesrv_addrs))
+        workers = Workers(tmp_path, c)
+        producer = BackgroundProducer(c.namesrv_addrs)
+        try:
+            producer.start()
+            with ThreadPoolExecutor(3) as pool:  # each start waits for its ready file
+                list(pool.map(lambda a: workers.start(*a), FIRST_WORKERS))
+            total = KEYS * PER_KEY
+            _wait_consumed(workers, int(total * KILL_AT_FRACTION), producer, 30, "before kill")
+            wait_for(lambda: all(workers.done_per_worker().values()), timeout_s=20)
+
+            victim = workers.done_per_worker().most_common(1)[0][0]
+            workers.kill(victim)
+            t_kill = time.monotonic()
+            workers.start("w4")
+
+            producer.join(30)
+            _wait_consumed(workers, len(producer.sent), producer, CONSUME_WAIT_S, "after kill")
+            t_done = time.monotonic()
+            for name, sp in workers.procs.items():
+                if sp.alive():
+                    assert sp.stop() == 0, f"{name} did not exit cleanly\n{sp.log_tail()}"
+        finally:
+            for sp in workers.procs.values():
+                if sp.alive():
+                    sp.kill()
+
+        history = load_histories(workers.history(n) for n in workers.procs)
+        report = check_history(history, producer.sent, workers.killed)
+        print(
+            f"\nkilled {victim}; everything consumed {t_done - t_kill:.1f} s after the kill; "
+            f"test ran {time.monotonic() - t_begin:.1f} s\n{report.summary()}"
+        )
+        report.assert_ok()
+        assert report.consumed == len(producer.sent) == KEYS * PER_KEY
+        # the fault really happened mid-stream: the victim left work that others finished
+        victim_pid = workers.procs[victim].pid
+        assert report.consumers[victim_pid].messages < KEYS * PER_KEY
+        assert len([s for s in report.consumers.values() if s.messages]) >= 3
+        assert report.consumers[workers.procs["w4"].pid].messages > 0, "w4 was given nothing"
