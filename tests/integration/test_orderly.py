@@ -228,8 +228,11 @@ def test_two_orderly_members_keep_every_key_in_order_while_one_joins(env: Cluste
 
     async def main() -> None:
         await make_topic(env, topic, 8)
-        a = PushConsumer(config(env, group), log.listener("a", 0.002), orderly=True)
-        b = PushConsumer(config(env, group), log.listener("b", 0.002), orderly=True)
+        # The default 20 s rebalance interval: the broker's membership notice starts the
+        # rebalances, and b, refused the queues a is still releasing, retries after 1 s.
+        cfg = config(env, group, rebalance_interval_ms=20_000)
+        a = PushConsumer(cfg, log.listener("a", 0.002), orderly=True)
+        b = PushConsumer(cfg, log.listener("b", 0.002), orderly=True)
         a.subscribe(topic)
         b.subscribe(topic)
         async with producer(env, "join") as p:
