@@ -98,7 +98,7 @@ class Sql92Error(ValueError):
     def __init__(self, expression: str, position: int, reason: str, kind: str = "syntax error"):
         self.expression = expression
         self.position = position
-        """0-based character offset of the problem (``len(expression)`` for "ended too soon")."""
+        """0-based character offset of the problem (the end of the text for "ended too soon")."""
         self.reason = reason
         self.kind = kind
         super().__init__(
@@ -179,7 +179,7 @@ _COMMA: ","
 FLOAT.3: /[0-9]+\.[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+/
 DECIMAL.2: /(?:0|[1-9][0-9]*)[lL]?/
 STRING: /'(?:[^']|'')*'/
-ID: /[a-z_$][a-z0-9_$]*/i
+ID: /[A-Za-z_$][A-Za-z0-9_$]*/
 
 %ignore /[ \t\n\r\f]+/
 %ignore /--[^\n\r]*(?:\r\n|\n|\r)/
@@ -228,17 +228,18 @@ def compile_sql92(expression: str) -> Sql92Filter:
     pull and heartbeat.
     """
     result = _compile_cached(expression)
-    if isinstance(result, Sql92Error):
-        raise result
+    if isinstance(result, tuple):
+        # A new exception per call: re-raising a cached one would grow its traceback forever.
+        raise Sql92Error(*result)
     return result
 
 
 @lru_cache(maxsize=1024)
-def _compile_cached(expression: str) -> Sql92Filter | Sql92Error:
+def _compile_cached(expression: str) -> Sql92Filter | tuple[str, int, str, str]:
     try:
         return _compile(expression)
     except Sql92Error as exc:
-        return exc
+        return (exc.expression, exc.position, exc.reason, exc.kind)
 
 
 def _compile(expression: str) -> Sql92Filter:
@@ -261,19 +262,8 @@ def _compile(expression: str) -> Sql92Filter:
 
 
 # ---- parsing and its errors -----------------------------------------------------------------
-_SHOWN = {
-    "EQ": "'='",
-    "NE": "'<>'",
-    "GT": "'>'",
-    "GE": "'>='",
-    "LT": "'<'",
-    "LE": "'<='",
-    "_RPAR": "')'",
-    "_LPAR": "'('",
-    "_COMMA": "','",
-    "STRING": "a 'string'",
-    "$END": "the end",
-}
+_SHOWN = {"EQ": "'='", "NE": "'<>'", "GT": "'>'", "GE": "'>='", "LT": "'<'", "LE": "'<='"}
+_SHOWN |= {"_RPAR": "')'", "_LPAR": "'('", "_COMMA": "','", "STRING": "a 'string'"}
 _HINTS = {
     '"': "strings are written in single quotes: 'abc'",
     "!": "'not equal' is written <>",
@@ -405,29 +395,22 @@ def _dcmp(a: float, b: float) -> int:
     return (a_nan > b_nan) - (a_nan < b_nan)
 
 
+_FROM_STRING: dict[type, Callable[[str], object]] = {
+    int: _to_long,
+    float: _to_double,
+    bool: _to_bool,
+}
+
+
 def _compare(lv: object, rv: object) -> int:
     """Order two non-NULL values, converting a string to the other side's type (RocketMQ's
     rules). Values of kinds that never compare (a boolean and a number) order as "less"."""
     lt, rt = type(lv), type(rv)
     if lt is not rt:
-        if lt is str:
-            if rt is int:
-                lv = _to_long(lv)  # type: ignore[arg-type]
-            elif rt is float:
-                lv = _to_double(lv)  # type: ignore[arg-type]
-            elif rt is bool:
-                lv = _to_bool(lv)  # type: ignore[arg-type]
-            else:
-                return -1
-        elif rt is str:
-            if lt is int:
-                rv = _to_long(rv)  # type: ignore[arg-type]
-            elif lt is float:
-                rv = _to_double(rv)  # type: ignore[arg-type]
-            elif lt is bool:
-                rv = _to_bool(rv)  # type: ignore[arg-type]
-            else:
-                return -1
+        if lt is str and rt in _FROM_STRING:
+            lv = _FROM_STRING[rt](lv)  # type: ignore[arg-type]
+        elif rt is str and lt in _FROM_STRING:
+            rv = _FROM_STRING[lt](rv)  # type: ignore[arg-type]
         elif not (lt in (int, float) and rt in (int, float)):
             return -1  # boolean against number
     if type(lv) is float or type(rv) is float:
@@ -445,6 +428,16 @@ _ORDER_TESTS: dict[str, Callable[[Any, Any], bool]] = {
 
 # ---- tree -> closures -----------------------------------------------------------------------
 CONST, PROP, COND, VALUE = "constant", "property", "condition", "value"
+_LITERALS: dict[str, Value] = {"true": True, "false": False, "null": None}
+_TESTS = {
+    "in_": ("in_test", False),
+    "not_in": ("in_test", True),
+    "text": ("text_test", False),
+    "not_text": ("text_test", True),
+    "is_null": ("null_test", True),
+    "is_not_null": ("null_test", False),
+}
+"""Tree nodes built by one :class:`_Compiler` method with a flag (negate / want NULL)."""
 
 
 @dataclass(slots=True)
@@ -481,7 +474,13 @@ class _Compiler:
         return shown if len(shown) <= 40 else shown[:40] + "…"
 
     def node(self, tree: lark.Tree[lark.Token]) -> _Node:
-        handler: Callable[[lark.Tree[lark.Token]], _Node] = getattr(self, "_" + str(tree.data))
+        data = str(tree.data)
+        if data in _LITERALS:
+            return self._constant(tree, _LITERALS[data])
+        if data in _TESTS:  # IN, CONTAINS & co, IS NULL and their negations
+            build, flag = _TESTS[data]
+            return self.cond(tree, getattr(self, build)(tree, flag))
+        handler: Callable[[lark.Tree[lark.Token]], _Node] = getattr(self, "_" + data)
         return handler(tree)
 
     @staticmethod
@@ -506,7 +505,8 @@ class _Compiler:
             return cast
         raise self.error(
             n.start,
-            f"{self.text(n)} is a value, not a condition; compare it, e.g. {self.text(n)} = x",
+            f"{self.text(n)} is a value, not a condition; compare it with something, "
+            f"e.g. a = {self.text(n)}",
         )
 
     def check_orderable(self, n: _Node, op: str) -> None:
@@ -576,13 +576,7 @@ class _Compiler:
         self.check_equatable(left, right, "<>")
         return self.cond(tree, _negate_condition(_equal_fn(left, right)))
 
-    def _is_null(self, tree: lark.Tree[lark.Token]) -> _Node:
-        return self.cond(tree, self._null_test(tree, want_null=True))
-
-    def _is_not_null(self, tree: lark.Tree[lark.Token]) -> _Node:
-        return self.cond(tree, self._null_test(tree, want_null=False))
-
-    def _null_test(self, tree: lark.Tree[lark.Token], *, want_null: bool) -> Evaluator:
+    def null_test(self, tree: lark.Tree[lark.Token], want_null: bool) -> Evaluator:
         (operand,) = (self.node(c) for c in _trees(tree))
         if operand.kind == PROP:
             name = operand.name
@@ -621,13 +615,7 @@ class _Compiler:
         lt, gt = _order_fn(value, low, "<"), _order_fn(value, high, ">")
         return self.cond(tree, _or2(lt, gt))
 
-    def _in_(self, tree: lark.Tree[lark.Token]) -> _Node:
-        return self.cond(tree, self._in_test(tree, negate=False))
-
-    def _not_in(self, tree: lark.Tree[lark.Token]) -> _Node:
-        return self.cond(tree, self._in_test(tree, negate=True))
-
-    def _in_test(self, tree: lark.Tree[lark.Token], *, negate: bool) -> Evaluator:
+    def in_test(self, tree: lark.Tree[lark.Token], negate: bool) -> Evaluator:
         operand_tree, list_tree = _trees(tree)
         operand = self.node(operand_tree)
         if operand.kind != PROP:
@@ -643,13 +631,7 @@ class _Compiler:
 
         return is_in
 
-    def _text(self, tree: lark.Tree[lark.Token]) -> _Node:
-        return self.cond(tree, self._text_test(tree, negate=False))
-
-    def _not_text(self, tree: lark.Tree[lark.Token]) -> _Node:
-        return self.cond(tree, self._text_test(tree, negate=True))
-
-    def _text_test(self, tree: lark.Tree[lark.Token], *, negate: bool) -> Evaluator:
+    def text_test(self, tree: lark.Tree[lark.Token], negate: bool) -> Evaluator:
         (operand_tree,) = _trees(tree)
         fn = self.node(operand_tree).fn
         tokens = _tokens(tree)
@@ -712,15 +694,6 @@ class _Compiler:
 
     def _string(self, tree: lark.Tree[lark.Token]) -> _Node:
         return self._constant(tree, _unquote(_tokens(tree)[0]))
-
-    def _true(self, tree: lark.Tree[lark.Token]) -> _Node:
-        return self._constant(tree, True)
-
-    def _false(self, tree: lark.Tree[lark.Token]) -> _Node:
-        return self._constant(tree, False)
-
-    def _null(self, tree: lark.Tree[lark.Token]) -> _Node:
-        return self._constant(tree, None)
 
     def _prop(self, tree: lark.Tree[lark.Token]) -> _Node:
         name = str(_tokens(tree)[0])
