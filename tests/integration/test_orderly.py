@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,6 +30,7 @@ from rocketq.client.consumer import (
     ConsumeFromWhere,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
+    MessageModel,
     PushConsumer,
     PushConsumerConfig,
 )
@@ -374,5 +376,51 @@ def test_batches_respect_consume_message_batch_max_size_in_order(env: Cluster) -
                 await until(lambda: len(log.seen()) == 30, what="all consumed")
         assert log.seqs("k") == list(range(30))
         assert max(sizes) == 4 and sum(sizes) == 30
+
+    asyncio.run(main())
+
+
+def test_broadcasting_orderly_takes_no_broker_lock_and_each_member_gets_everything_in_order(
+    env: Cluster, tmp_path: Path
+) -> None:
+    topic, group = "orderly-broadcast", "cg-orderly-broadcast"
+    keys = ["k0", "k1", "k2"]
+    log = Log()
+
+    async def main() -> None:
+        mqs = await make_topic(env, topic, 2)
+        # another client holds every queue: broadcasting members read them anyway
+        assert await lock_call(env, "lock", group, INTRUDER, mqs) == {0, 1}
+        members = [
+            PushConsumer(
+                config(
+                    env,
+                    group,
+                    message_model=MessageModel.BROADCASTING,
+                    instance_name=f"bc-{name}",
+                    offset_store_dir=str(tmp_path),
+                ),
+                log.listener(name),
+                orderly=True,
+            )
+            for name in ("a", "b")
+        ]
+        for m in members:
+            m.subscribe(topic)
+        async with producer(env, "broadcast") as p:
+            await send_keyed(p, topic, keys, 10)
+            for m in members:
+                await m.start()
+            try:
+                await until(lambda: len(log.deliveries) == 60, what="both got all 30")
+            finally:
+                for m in members:
+                    await m.close()
+        await lock_call(env, "unlock", group, INTRUDER, mqs)
+        for name in ("a", "b"):
+            for key in keys:
+                seqs = [d.seq for d in log.deliveries if d.consumer == name and d.key == key]
+                assert seqs == list(range(10)), (name, key)
+        assert log.overlaps == 0
 
     asyncio.run(main())
