@@ -3,7 +3,8 @@
 ``produce TOPIC`` sends ``--body`` (``--count`` times) or every non-empty line of stdin, with
 the SDK :class:`~rocketq.client.producer.Producer` (sync sends, retried on another broker), and
 prints where each message was stored; past ``PRINT_EACH_MAX`` messages it shows a progress bar
-and a total instead.
+and a total instead. ``--sharding-key K`` sends in order (SPEC §5.4): every message goes to the
+queue Java's SelectMessageQueueByHash picks for K, one send at a time, never retried elsewhere.
 
 ``consume TOPIC`` prints messages as they arrive, with the SDK
 :class:`~rocketq.client.consumer.LitePullConsumer`:
@@ -13,7 +14,14 @@ and a total instead.
   consumeMessage); ``--tag`` is applied here, on the client;
 - with ``--group`` it joins that group (subscribe mode: queues shared by rebalance, the
   group's stored offsets win over ``--from``, ``--tag`` filtered by the broker) and commits
-  what it printed.
+  what it printed;
+- ``--sql EXPR`` filters by a SQL92 expression over properties instead of tags (SPEC §6.17):
+  with ``--group`` the broker evaluates it (it needs ``enablePropertyFilter=true``), without
+  it the CLI does, with the same :mod:`rocketq.sql92` semantics; a syntax error is refused
+  before anything connects;
+- ``--orderly`` (needs ``--group``) consumes as an orderly push consumer (SPEC §6.15): the
+  group's queues are locked on the broker and each queue's messages are printed one at a time
+  in queue order; the printed ones are committed.
 
 It stops after ``--count`` messages, after ``--timeout`` seconds without a message, or on
 Ctrl-C. :func:`demo_round_trip` is the check ``rocketq dev up`` runs before it says "running".
@@ -46,7 +54,10 @@ from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.consumer import (
     ConsumeContext,
     ConsumeFromWhere,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
     ConsumeResult,
+    ExpressionType,
     LitePullConsumer,
     LitePullConsumerConfig,
     PushConsumer,
@@ -112,6 +123,10 @@ def _result_line(r: SendResult) -> str:
 @click.option("-t", "--tag", default="", help="Tag consumers can filter on.")
 @click.option("-k", "--key", "keys", multiple=True, help="Business key (repeatable).")
 @click.option("-p", "--property", "properties", multiple=True, metavar="KEY=VALUE")
+@click.option(
+    "--sharding-key",
+    help="Ordered send: every message to the queue this key hashes to, one at a time.",
+)
 @click.option("-g", "--group", default=CLI_PRODUCER_GROUP, show_default=True)
 @namesrv_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per sent message.")
@@ -122,6 +137,7 @@ def produce(
     tag: str,
     keys: tuple[str, ...],
     properties: tuple[str, ...],
+    sharding_key: str | None,
     group: str,
     namesrv: str,
     as_json: bool,
@@ -131,6 +147,8 @@ def produce(
     bodies = _bodies(body, count)
     config = ProducerConfig(group, namesrv_list(namesrv))
     many = body is not None and (count or 1) > PRINT_EACH_MAX
+    # Concurrent sends may be stored in any order; an ordered send waits for each one.
+    window_max = 1 if sharding_key is not None or not many else SEND_WINDOW_MAX
 
     async def go() -> tuple[int, int]:
         ok = failed = 0
@@ -157,8 +175,9 @@ def produce(
 
                 for data in bodies:
                     msg = Message(topic, data, tags=tag, keys=list(keys), properties=props)
-                    window.append(asyncio.ensure_future(producer.send(msg)))
-                    if len(window) >= (SEND_WINDOW_MAX if many else 1):
+                    sent = producer.send(msg, sharding_key=sharding_key)
+                    window.append(asyncio.ensure_future(sent))
+                    if len(window) >= window_max:
                         await drain()
                 await drain()
         return ok, failed
@@ -199,6 +218,32 @@ def _tag_filter(expression: str) -> Callable[[ReceivedMessage], bool]:
     return lambda m: m.tags in tags
 
 
+def _subscription(tag: str, sql: str | None) -> tuple[str, ExpressionType]:
+    """The expression and its type from --tag / --sql; a bad SQL92 expression is a usage
+    error here, before anything connects."""
+    if sql is None:
+        return tag or "*", ExpressionType.TAG
+    if tag:
+        raise click.UsageError("give --tag or --sql, not both")
+    from rocketq.sql92 import Sql92Error, compile_sql92  # lark only when --sql is used
+
+    try:
+        compile_sql92(sql)
+    except Sql92Error as exc:
+        raise click.BadParameter(str(exc), param_hint="--sql") from None
+    return sql, ExpressionType.SQL92
+
+
+def _local_filter(expression: str, kind: ExpressionType) -> Callable[[ReceivedMessage], bool]:
+    """The filter a read-only consumer (no --group, every queue assigned) applies itself."""
+    if kind is ExpressionType.SQL92:
+        from rocketq.sql92 import compile_sql92
+
+        sql = compile_sql92(expression)
+        return lambda m: sql.matches(m.properties)
+    return _tag_filter(expression)
+
+
 def _message_line(m: ReceivedMessage, show_properties: bool) -> str:
     head = (
         f"[{m.broker_name}#{m.queue_id} @{m.queue_offset}] {fmt_time(m.store_timestamp_ms)}"
@@ -213,8 +258,19 @@ def _message_line(m: ReceivedMessage, show_properties: bool) -> str:
     return f"{head}\n  {body_preview(m.body, 2000)}"
 
 
+def _print_message(m: ReceivedMessage, show_properties: bool, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(json.loads(to_json(m))))
+    else:
+        click.echo(_message_line(m, show_properties))
+
+
 async def _open_consumer(
-    topic: str, group: str | None, start: str, tag: str, namesrv: str
+    topic: str,
+    group: str | None,
+    start: str,
+    subscription: tuple[str, ExpressionType],
+    namesrv: str,
 ) -> LitePullConsumer:
     where, stamp = _start_position(start)
     config = LitePullConsumerConfig(
@@ -227,7 +283,7 @@ async def _open_consumer(
         config = dataclasses.replace(config, consume_timestamp=stamp)
     consumer = LitePullConsumer(config)
     if group is not None:
-        consumer.subscribe(topic, tag or "*")
+        consumer.subscribe(topic, *subscription)
         await consumer.start()
         return consumer
     await consumer.start()
@@ -244,6 +300,78 @@ async def _open_consumer(
     return consumer
 
 
+@dataclasses.dataclass(frozen=True)
+class _ConsumeArgs:
+    topic: str
+    group: str | None
+    start: str
+    count: int | None
+    subscription: tuple[str, ExpressionType]
+    timeout_s: float | None
+    show_properties: bool
+    namesrv: str
+    as_json: bool
+
+
+async def _consume_polling(a: _ConsumeArgs) -> int:
+    """Read with a lite pull consumer; returns how many messages were printed."""
+    keep = _local_filter(*a.subscription) if a.group is None else (lambda m: True)
+    printed = 0
+    consumer = await _open_consumer(a.topic, a.group, a.start, a.subscription, a.namesrv)
+    try:
+        idle_since = time.monotonic()
+        while a.count is None or printed < a.count:
+            batch = [m for m in await consumer.poll(POLL_TIMEOUT_MS) if keep(m)]
+            if not batch:
+                if a.timeout_s is not None and time.monotonic() - idle_since >= a.timeout_s:
+                    break
+                continue
+            idle_since = time.monotonic()
+            for m in batch[: None if a.count is None else a.count - printed]:
+                _print_message(m, a.show_properties, a.as_json)
+                printed += 1
+    finally:
+        await consumer.close()
+    return printed
+
+
+async def _consume_orderly(a: _ConsumeArgs) -> int:
+    """Consume as an orderly push consumer of ``a.group``: one message per listener call, each
+    queue in order; messages past --count are left unconsumed (suspended, not committed)."""
+    assert a.group is not None
+    where, stamp = _start_position(a.start)
+    config = PushConsumerConfig(a.group, tuple(namesrv_list(a.namesrv)), consume_from_where=where)
+    if stamp:
+        config = dataclasses.replace(config, consume_timestamp=stamp)
+    printed = 0
+    last_message = time.monotonic()
+    enough = asyncio.Event()
+
+    async def listener(
+        msgs: list[ReceivedMessage], ctx: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        nonlocal printed, last_message
+        if a.count is not None and printed + len(msgs) > a.count:
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        for m in msgs:
+            _print_message(m, a.show_properties, a.as_json)
+        printed += len(msgs)
+        last_message = time.monotonic()
+        if a.count is not None and printed >= a.count:
+            enough.set()
+        return ConsumeOrderlyStatus.SUCCESS
+
+    consumer = PushConsumer(config, listener, orderly=True)
+    consumer.subscribe(a.topic, *a.subscription)
+    async with consumer:
+        while not enough.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(enough.wait(), POLL_TIMEOUT_MS / 1000)
+            if a.timeout_s is not None and time.monotonic() - last_message >= a.timeout_s:
+                break
+    return printed
+
+
 @click.command()
 @click.argument("topic")
 @click.option("-g", "--group", help="Join this consumer group and commit (default: read only).")
@@ -256,6 +384,10 @@ async def _open_consumer(
 )
 @click.option("-c", "--count", type=click.IntRange(min=1), help="Stop after this many messages.")
 @click.option("-t", "--tag", default="", help="Tag expression, e.g. 'TagA || TagB'.")
+@click.option("--sql", help="SQL92 filter over properties, e.g. \"a > 5 AND s = 'x'\".")
+@click.option(
+    "--orderly", is_flag=True, help="Orderly consumer (needs --group): each queue in order."
+)
 @click.option("--timeout", type=float, help="Stop after this many seconds without a message.")
 @click.option("--properties", "show_properties", is_flag=True, help="Print every property.")
 @namesrv_option
@@ -266,37 +398,31 @@ def consume(
     start: str,
     count: int | None,
     tag: str,
+    sql: str | None,
+    orderly: bool,
     timeout: float | None,
     show_properties: bool,
     namesrv: str,
     as_json: bool,
 ) -> None:
     """Print messages of TOPIC as they arrive (Ctrl-C to stop)."""
-    keep = _tag_filter(tag) if group is None else (lambda m: True)
-
-    async def go() -> int:
-        printed = 0
-        consumer = await _open_consumer(topic, group, start, tag, namesrv)
-        try:
-            idle_since = time.monotonic()
-            while count is None or printed < count:
-                batch = [m for m in await consumer.poll(POLL_TIMEOUT_MS) if keep(m)]
-                if not batch:
-                    if timeout is not None and time.monotonic() - idle_since >= timeout:
-                        break
-                    continue
-                idle_since = time.monotonic()
-                for m in batch[: None if count is None else count - printed]:
-                    if as_json:
-                        click.echo(json.dumps(json.loads(to_json(m))))
-                    else:
-                        click.echo(_message_line(m, show_properties))
-                    printed += 1
-        finally:
-            await consumer.close()
-        return printed
-
-    printed = run(go())
+    if orderly and group is None:
+        raise click.UsageError(
+            "--orderly needs --group: an orderly consumer locks the group's queues on the "
+            "broker and commits what it printed"
+        )
+    args = _ConsumeArgs(
+        topic,
+        group,
+        start,
+        count,
+        _subscription(tag, sql),
+        timeout,
+        show_properties,
+        namesrv,
+        as_json,
+    )
+    printed = run(_consume_orderly(args) if orderly else _consume_polling(args))
     if not as_json:
         click.echo(f"{printed} message(s)", err=True)
     if count is not None and printed < count:
