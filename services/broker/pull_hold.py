@@ -22,7 +22,8 @@ and a future. Three things resolve the future:
 3. **Periodic check**, every ``pull_hold_check_interval_ms`` (5 s, RocketMQ's
    PullRequestHoldService), or every ``short_polling_time_ms`` when long polling is off: reads
    each held queue's max offset and wakes pulls that now have something to read (without a tag
-   check: the re-run pull decides), and expires pulls whose deadline passed by the injected
+   or property check: the re-run pull decides, and answers NO_MATCHED_MSG with the offset to
+   go on from if nothing matched), and expires pulls whose deadline passed by the injected
    clock. It is the safety net for arrivals that bypass dispatch listeners and the only path
    in unit tests that drive time with a ManualClock.
 
