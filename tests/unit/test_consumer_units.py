@@ -940,8 +940,11 @@ def test_lock_renewal_refreshes_held_queues_and_drops_lost_ones_unpersisted() ->
         assert dispatched[-1].process_queue is fresh
         pqs[qs(4)[0]].locked = False
         assert await rb.lock_one(qs(4)[0]) and pqs[qs(4)[0]].locked
+        busy = rb.process_queue_table[qs(4)[3]]
+        assert busy.consume_lock.acquire()  # a call outlived the close's wait
         await rb.unlock_all()
-        assert locker.holders == {} and not any(pq.locked for pq in rb.process_queue_table.values())
+        assert set(locker.holders) == {qs(4)[3]}  # left to lapse on the broker
+        assert not any(pq.locked for pq in rb.process_queue_table.values())
 
     asyncio.run(main())
 

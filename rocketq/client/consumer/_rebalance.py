@@ -411,11 +411,22 @@ class RebalanceImpl:
             )
 
     async def unlock_all(self) -> None:
-        """Release every owned queue's lock (close, after offsets are persisted)."""
+        """Release every owned queue's lock (close, after offsets are persisted). A queue whose
+        listener call is still running (a thread that outlived await_termination_ms) stays
+        locked until the broker lets the lock lapse, so no other member starts it meanwhile."""
         if self._locker is None:
             return
         async with self._lock:
-            for broker_name, mqs in sorted(by_broker(self.process_queue_table).items()):
+            busy = [mq for mq, pq in self.process_queue_table.items() if pq.consume_lock.locked()]
+            for mq in busy:
+                log.warning(
+                    "group %s: a listener call on %s is still running; its lock is left to "
+                    "lapse on the broker instead of being released",
+                    self.group,
+                    mq,
+                )
+            idle = [mq for mq in self.process_queue_table if mq not in busy]
+            for broker_name, mqs in sorted(by_broker(idle).items()):
                 await self._unlock(broker_name, mqs)
             for pq in self.process_queue_table.values():
                 pq.locked = False
