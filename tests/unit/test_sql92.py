@@ -507,7 +507,7 @@ def conditions(draw: st.DrawFn, depth: int = 0) -> str:
     return a
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conditions(), st.lists(PROPS, min_size=1, max_size=4))
 def test_fuzz_grammar_expressions(expression: str, props_list: list[dict[str, str]]) -> None:
     try:
