@@ -17,8 +17,8 @@ calls (32 messages per pull, one reader per queue, like a consumer's pull loops;
 | SQL92 100 %        | ``a >= 0``     | 100 %   |
 
 For each it prints messages scanned per second (queue entries the broker walked: the whole
-backlog / elapsed time), messages delivered per second, pulls, and the scan rate as a ratio
-to the unfiltered run. The broker compares TAG hashes in the consume queue without reading the
+backlog / elapsed time), messages delivered per second, pulls, and both rates as ratios to
+the unfiltered run. The broker compares TAG hashes in the consume queue without reading the
 commitlog, but must read and evaluate every record's properties for SQL92 (SPEC §6.17), so
 SQL92 : unfiltered is the figure the issue asks for. Numbers are printed, never asserted: on
 a shared two-core machine they describe the machine as much as RocketQ.
@@ -206,16 +206,18 @@ async def broker_of(namesrv: tuple[str, ...]) -> tuple[str, str]:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    base = outcomes[0].scanned_per_s
+    """One row per run; the ratios are to the first (unfiltered) run."""
+    base = outcomes[0]
     rows = [
         f"{'run':<13} {'expression':<10} {'scanned/s':>11} {'delivered/s':>12} "
-        f"{'delivered':>10} {'pulls':>7} {'seconds':>8} {'scan ratio':>10}"
+        f"{'delivered':>10} {'pulls':>7} {'seconds':>8} {'scan ratio':>10} {'dlv ratio':>9}"
     ]
     for o in outcomes:
         rows.append(
             f"{o.case.name:<13} {o.case.expression:<10} {o.scanned_per_s:>11,.0f} "
             f"{o.delivered_per_s:>12,.0f} {o.delivered:>10,} {o.pulls:>7,} "
-            f"{o.elapsed_s:>8.2f} {o.scanned_per_s / base:>10.2f}"
+            f"{o.elapsed_s:>8.2f} {o.scanned_per_s / base.scanned_per_s:>10.2f} "
+            f"{o.delivered_per_s / base.delivered_per_s:>9.2f}"
         )
     return "\n".join(rows)
 
@@ -242,11 +244,12 @@ async def suite(namesrv: tuple[str, ...], total: int, rounds: int) -> list[Outco
     by_name = {o.case.name: o for o in outcomes}
     if not {"unfiltered", "SQL92 10 %", "SQL92 100 %"} <= set(by_name):
         return outcomes
-    unfiltered = by_name["unfiltered"].scanned_per_s
+    base = by_name["unfiltered"]
+    sql10, sql100 = by_name["SQL92 10 %"], by_name["SQL92 100 %"]
     print(
-        "SQL92 : unfiltered (scan rate) = "
-        f"{by_name['SQL92 10 %'].scanned_per_s / unfiltered:.2f} at 10 % match, "
-        f"{by_name['SQL92 100 %'].scanned_per_s / unfiltered:.2f} at 100 % match",
+        f"SQL92 : unfiltered = {sql10.scanned_per_s / base.scanned_per_s:.2f} scanned "
+        f"({sql10.delivered_per_s / base.delivered_per_s:.2f} delivered) at 10 % match, "
+        f"{sql100.scanned_per_s / base.scanned_per_s:.2f} at 100 % match",
         flush=True,
     )
     return outcomes
