@@ -163,6 +163,9 @@ class PullProcessor:
                     hold_ms,
                     record_filter=record_filter,
                 )
+                # The group may have fallen out of agreement while this pull was held (a member
+                # joined with another subscription): check again before serving anything.
+                self.clients.check_subscription_consistent(req.consumer_group, req.topic)
                 result = self.store.get_messages(
                     topic,
                     qid,
