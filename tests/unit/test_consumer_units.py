@@ -995,9 +995,11 @@ class OnePull:
     def __init__(self, result: PullResult | Exception) -> None:
         self.result = result
         self.offsets: list[int] = []
+        self.commits: list[int] = []
 
     async def pull(self, req: PullRequest, sub: Any, **kw: Any) -> PullResult:
         self.offsets.append(req.next_offset)
+        self.commits.append(kw["commit_offset"])
         if isinstance(self.result, Exception):
             raise self.result
         return self.result
@@ -1006,7 +1008,9 @@ class OnePull:
 def test_orderly_pulls_only_a_locked_queue_and_rereads_its_offset_first() -> None:
     refused: list[str] = []
     beats: list[int] = []
-    svc = orderly_pull_service(MemoryOffsets(), 42, refused, beats)
+    offsets = MemoryOffsets()
+    offsets.table[MQ] = 40
+    svc = orderly_pull_service(offsets, 42, refused, beats)
     puller = OnePull(PullResult(messaging_pb2.NO_NEW_MSG, 42, 0, 42, [], -1))
     svc._puller = puller  # type: ignore[assignment]
     req = PullRequest(MQ, ProcessQueue(), 7)
@@ -1022,6 +1026,9 @@ def test_orderly_pulls_only_a_locked_queue_and_rereads_its_offset_first() -> Non
         req.next_offset = 50
         await svc._pull_once(req)
         assert puller.offsets == [42, 50]  # only the first locked pull re-reads
+        # no commit offset rides on orderly pulls: a stale one could land after a release's
+        # persist and move the next owner's start back
+        assert puller.commits == [0, 0]
 
     asyncio.run(main())
 

@@ -208,6 +208,15 @@ class RebalanceImpl:
     def owned(self, topic: str | None = None) -> list[MessageQueue]:
         return sorted(mq for mq in self.process_queue_table if topic is None or mq.topic == topic)
 
+    async def persist_owned(
+        self, persist_all: Callable[[list[MessageQueue]], Awaitable[None]]
+    ) -> None:
+        """Run a periodic persist of the owned queues' offsets between rebalances, never
+        during one: a push of an offset read before a release could otherwise reach the
+        broker after the release's own persist and move the next owner's start back."""
+        async with self._lock:
+            await persist_all(self.owned())
+
     async def do_rebalance(self) -> bool:
         """Rebalance every subscribed topic, then drop queues of topics no longer subscribed.
 

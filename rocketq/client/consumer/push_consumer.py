@@ -429,7 +429,7 @@ class PushConsumer:
     async def persist_offsets(self) -> None:
         """Write the in-memory offsets now instead of at the next 5 s tick."""
         if self._offset_store is not None and self._rebalance is not None:
-            await self._offset_store.persist_all(self._rebalance.owned())
+            await self._rebalance.persist_owned(self._offset_store.persist_all)
 
     # ---- collaborators' callbacks -----------------------------------------------------------
 
