@@ -416,6 +416,11 @@ class PullService:
                     result.next_begin_offset,
                 )
             if not result.messages:
+                if pq.msg_count == 0:
+                    # Every message was dropped by the tag-string check (a hash collision): with
+                    # nothing in flight they are done, so move the offset now rather than after
+                    # the next pull's 15 s hold (RocketMQ waits; the lag view would lie meanwhile).
+                    self._offsets.update_offset(mq, req.next_offset, increase_only=True)
                 return 0.0
             dispatch = pq.put_messages(result.messages)
             self._submit(result.messages, pq, mq, dispatch)

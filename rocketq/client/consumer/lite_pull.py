@@ -69,12 +69,15 @@ from rocketq.client.consumer.config import (
 )
 from rocketq.client.consumer.offset_store import OffsetStore, ReadOffsetType
 from rocketq.client.consumer.process_queue import ProcessQueue, wall_clock_ms
-from rocketq.client.errors import ClientStateError, RocketQError
+from rocketq.client.errors import ClientStateError, InvalidArgumentError, RocketQError
 from rocketq.message import MessageQueue, ReceivedMessage
 
 log = logging.getLogger(__name__)
 
 PULL_DELAY_WHEN_EXCEPTION_S = 1.0
+PULL_FAILURE_LOG_INTERVAL_S = 30.0
+"""A pull failing the same way again is logged at most this often per topic, so a permanent
+refusal (an SQL92 filter on a broker without enablePropertyFilter) does not flood the log."""
 """RocketMQ lite pull's pullTimeDelayMillsWhenException."""
 PULL_DELAY_WHEN_PAUSED_S = 1.0
 PULL_DELAY_WHEN_REFUSED_S = 3.0
@@ -149,6 +152,7 @@ class LitePullConsumer:
     def __init__(self, config: LitePullConsumerConfig) -> None:
         self.config = config
         self._conflicts = SubscriptionConflicts(config.consumer_group, log)
+        self._failure_logged_s: dict[tuple[str, type[RocketQError]], float] = {}
         self._mode = _Mode.NONE
         self._subscriptions: dict[str, Subscription] = {}
         self._assigned: set[MessageQueue] = set()
@@ -564,7 +568,7 @@ class LitePullConsumer:
             if is_subscription_inconsistent(exc):
                 self._conflicts.log_refused_pull(mq.topic, exc)
                 return PULL_DELAY_WHEN_REFUSED_S
-            log.warning("group %s: pull of %s failed: %s", self.config.consumer_group, mq, exc)
+            self._log_pull_failure(mq, exc)
             return PULL_DELAY_WHEN_EXCEPTION_S
         if not self._current(st):
             return 0.0
@@ -592,6 +596,26 @@ class LitePullConsumer:
         return PULL_DELAY_WHEN_EXCEPTION_S
 
     # ---- misc -------------------------------------------------------------------------------
+
+    def _log_pull_failure(self, mq: MessageQueue, exc: RocketQError) -> None:
+        """WARNING (ERROR for a refused request, which retrying will not fix), rate-limited."""
+        key = (mq.topic, type(exc))
+        now_s = asyncio.get_running_loop().time()
+        if now_s - self._failure_logged_s.get(key, -PULL_FAILURE_LOG_INTERVAL_S) < (
+            PULL_FAILURE_LOG_INTERVAL_S
+        ):
+            return
+        self._failure_logged_s[key] = now_s
+        level = logging.ERROR if isinstance(exc, InvalidArgumentError) else logging.WARNING
+        log.log(
+            level,
+            "group %s: pull of %s failed: %s (same failures on %s silenced for %.0f s)",
+            self.config.consumer_group,
+            mq,
+            exc,
+            mq.topic,
+            PULL_FAILURE_LOG_INTERVAL_S,
+        )
 
     def _consumer_data(self) -> messaging_pb2.ConsumerData:
         cfg = self.config
