@@ -44,6 +44,8 @@ test-unit: setup
 bench: setup  ## storage and messaging benchmarks; figures are printed, never asserted
 	$(PY) -m tools.bench.store_bench
 	$(PY) -m tools.bench.messaging_bench
+	$(PY) -m tools.bench.orderly_bench
+	$(PY) -m tools.bench.filter_bench
 
 gen-protos: setup  ## regenerate rocketq/_api from proto/
 	$(PY) tools/gen_protos.py
