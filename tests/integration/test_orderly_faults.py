@@ -19,6 +19,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from rocketq._api.rocketq.v1 import admin_pb2, admin_pb2_grpc
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.errors import TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig
-from rocketq.message import Message
+from rocketq.message import Message, MessageQueue
 from tests.integration.cluster import Cluster, ServiceProcess, cluster, spawn, wait_for
 from tests.integration.history import (
     END,
@@ -53,22 +54,40 @@ KILL_AT_FRACTION = 0.3
 CONSUME_WAIT_S = 40.0
 BROKER_LOCK_MAX_LIVE_MS = 5000
 WORKER_MODULE = "tests.integration.workers.orderly_worker"
+BROKER = "broker-a"
+
+HANDOVER_TOPIC = "OrderlyHandover"
+HANDOVER_GROUP = "orderly-handover"
+HANDOVER_QUEUES = 16
+HANDOVER_PER_QUEUE = 2000
+HANDOVER_WORKERS = 3
+HANDOVER_CONSUME_MS = 0
+HANDOVER_PULL_DELAY_MS = 50
+"""Pulls reach the broker this late, so one is nearly always in flight when a queue moves."""
+PRELOAD_BATCH = 250
 FIRST_WORKERS = (("w1",), ("w2", "--async-listener"), ("w3",))
 
 
-async def _create_topic(namesrv: list[str]) -> None:
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("orderly-faults")
+    with cluster(tmp, rebalanceLockMaxLiveTime=BROKER_LOCK_MAX_LIVE_MS) as c:
+        yield c
+
+
+async def _create_topic(namesrv: list[str], topic: str, queues: int) -> None:
     async with Admin(namesrv) as admin:
-        results = await admin.create_topic(TopicConfig(TOPIC, QUEUES, QUEUES, order=True))
+        results = await admin.create_topic(TopicConfig(topic, queues, queues, order=True))
         assert all(r.ok for r in results), results
         deadline = time.monotonic() + 15
         while True:
             try:
-                route = await admin.route(TOPIC)
+                route = await admin.route(topic)
                 if route:
                     return
             except TopicNotFoundError:
                 pass
-            assert time.monotonic() < deadline, f"no route for {TOPIC}"
+            assert time.monotonic() < deadline, f"no route for {topic}"
             await asyncio.sleep(0.05)
 
 
@@ -117,9 +136,11 @@ class BackgroundProducer:
 class Workers:
     """The orderly worker processes of the test and their history files."""
 
-    def __init__(self, tmp_path: Path, c: Cluster) -> None:
+    def __init__(self, tmp_path: Path, c: Cluster, group: str, topic: str) -> None:
         self.tmp_path = tmp_path
         self.c = c
+        self.group = group
+        self.topic = topic
         self.procs: dict[str, ServiceProcess] = {}
         self.killed: dict[int, int] = {}
 
@@ -128,13 +149,11 @@ class Workers:
             "--namesrv",
             self.c.namesrv,
             "--group",
-            GROUP,
+            self.group,
             "--topic",
-            TOPIC,
+            self.topic,
             "--history",
             str(self.history(name)),
-            "--consume-ms",
-            str(CONSUME_MS),
             *extra,
         ]
         sp = spawn(name, WORKER_MODULE, args, self.tmp_path / name)
@@ -165,12 +184,12 @@ class Workers:
         return "\n".join(f"--- {n} log ---\n{sp.log_tail(25)}" for n, sp in self.procs.items())
 
 
-async def _lock_table(addr: str) -> str:
+async def _lock_table(addr: str, group: str) -> str:
     """Who holds which queue on the broker, for failure messages."""
     try:
         async with grpc.aio.insecure_channel(addr) as ch:
             resp = await admin_pb2_grpc.AdminStub(ch).GetConsumerConnection(
-                admin_pb2.GetConsumerConnectionRequest(consumer_group=GROUP), timeout=5
+                admin_pb2.GetConsumerConnectionRequest(consumer_group=group), timeout=5
             )
     except grpc.aio.AioRpcError as err:
         return f"(lock table unavailable: {err.code().name} {err.details()})"
@@ -180,70 +199,140 @@ async def _lock_table(addr: str) -> str:
 
 
 def _wait_consumed(
-    workers: Workers, want: int, producer: BackgroundProducer, timeout_s: float, what: str
+    workers: Workers,
+    want: int,
+    sent: set[tuple[str, int]],
+    timeout_s: float,
+    what: str,
+    queues_of_key: dict[str, set[int]] | None = None,
 ) -> None:
+    """Wait until ``want`` distinct messages were consumed; fail with the progress otherwise."""
     deadline = time.monotonic() + timeout_s
     while True:
         got = workers.consumed()
         if len(got) >= want:
             return
         if time.monotonic() > deadline:
-            missing = sorted(producer.sent - got)
-            by_key = Counter(k for k, _ in missing)
-            key_queues = {
-                k: sorted(producer.queues_of_key.get(k, ())) for k, _ in by_key.most_common(10)
-            }
+            by_key = Counter(k for k, _ in sent - got)
+            key_queues = {k: sorted((queues_of_key or {}).get(k, ())) for k in dict(by_key)}
+            lock_table = asyncio.run(_lock_table(workers.c.brokers[0].addr, workers.group))
             raise AssertionError(
                 f"{what}: {len(got)}/{want} consumed after {timeout_s:.0f} s; per worker "
                 f"{dict(workers.done_per_worker())}; missing per key (first 10) "
-                f"{by_key.most_common(10)}; queues of those keys "
-                f"{key_queues}"
-                f"\nbroker: {asyncio.run(_lock_table(workers.c.brokers[0].addr))}"
-                f"\n{workers.logs()}"
+                f"{by_key.most_common(10)}; queues of the missing keys {key_queues}"
+                f"\nbroker: {lock_table}\n{workers.logs()}"
             )
         time.sleep(0.2)
 
 
-def test_order_exclusivity_and_no_loss_across_kill_and_join(tmp_path: Path) -> None:
+def _stop_all(workers: Workers) -> None:
+    for name, sp in workers.procs.items():
+        if sp.alive():
+            assert sp.stop() == 0, f"{name} did not exit cleanly\n{sp.log_tail()}"
+
+
+def _kill_leftovers(workers: Workers) -> None:
+    for sp in workers.procs.values():
+        if sp.alive():
+            sp.kill()
+
+
+def test_order_exclusivity_and_no_loss_across_kill_and_join(env: Cluster, tmp_path: Path) -> None:
     t_begin = time.monotonic()
-    with cluster(tmp_path, rebalanceLockMaxLiveTime=BROKER_LOCK_MAX_LIVE_MS) as c:
-        asyncio.run(_create_topic(c.namesrv_addrs))
-        workers = Workers(tmp_path, c)
-        producer = BackgroundProducer(c.namesrv_addrs)
-        try:
-            producer.start()
-            with ThreadPoolExecutor(3) as pool:  # each start waits for its ready file
-                list(pool.map(lambda a: workers.start(*a), FIRST_WORKERS))
-            total = KEYS * PER_KEY
-            _wait_consumed(workers, int(total * KILL_AT_FRACTION), producer, 30, "before kill")
-            wait_for(lambda: all(workers.done_per_worker().values()), timeout_s=20)
+    asyncio.run(_create_topic(env.namesrv_addrs, TOPIC, QUEUES))
+    workers = Workers(tmp_path, env, GROUP, TOPIC)
+    producer = BackgroundProducer(env.namesrv_addrs)
+    consume = ("--consume-ms", str(CONSUME_MS))
+    try:
+        producer.start()
+        with ThreadPoolExecutor(3) as pool:  # each start waits for its ready file
+            list(pool.map(lambda a: workers.start(*a, *consume), FIRST_WORKERS))
+        share = int(KEYS * PER_KEY * KILL_AT_FRACTION)
+        _wait_consumed(workers, share, producer.sent, 30, "before kill", producer.queues_of_key)
+        wait_for(lambda: all(workers.done_per_worker().values()), timeout_s=20)
 
-            victim = workers.done_per_worker().most_common(1)[0][0]
-            workers.kill(victim)
-            t_kill = time.monotonic()
-            workers.start("w4")
+        victim = workers.done_per_worker().most_common(1)[0][0]
+        workers.kill(victim)
+        t_kill = time.monotonic()
+        workers.start("w4", *consume)
 
-            producer.join(30)
-            _wait_consumed(workers, len(producer.sent), producer, CONSUME_WAIT_S, "after kill")
-            t_done = time.monotonic()
-            for name, sp in workers.procs.items():
-                if sp.alive():
-                    assert sp.stop() == 0, f"{name} did not exit cleanly\n{sp.log_tail()}"
-        finally:
-            for sp in workers.procs.values():
-                if sp.alive():
-                    sp.kill()
-
-        history = load_histories(workers.history(n) for n in workers.procs)
-        report = check_history(history, producer.sent, workers.killed)
-        print(
-            f"\nkilled {victim}; everything consumed {t_done - t_kill:.1f} s after the kill; "
-            f"test ran {time.monotonic() - t_begin:.1f} s\n{report.summary()}"
+        producer.join(30)
+        _wait_consumed(
+            workers,
+            len(producer.sent),
+            producer.sent,
+            CONSUME_WAIT_S,
+            "after kill",
+            producer.queues_of_key,
         )
-        report.assert_ok()
-        assert report.consumed == len(producer.sent) == KEYS * PER_KEY
-        # the fault really happened mid-stream: the victim left work that others finished
-        victim_pid = workers.procs[victim].pid
-        assert report.consumers[victim_pid].messages < KEYS * PER_KEY
-        assert len([s for s in report.consumers.values() if s.messages]) >= 3
-        assert report.consumers[workers.procs["w4"].pid].messages > 0, "w4 was given nothing"
+        t_done = time.monotonic()
+        _stop_all(workers)
+    finally:
+        _kill_leftovers(workers)
+
+    history = load_histories(workers.history(n) for n in workers.procs)
+    report = check_history(history, producer.sent, workers.killed)
+    print(
+        f"\nkilled {victim}; everything consumed {t_done - t_kill:.1f} s after the kill; "
+        f"test ran {time.monotonic() - t_begin:.1f} s\n{report.summary()}"
+    )
+    report.assert_ok()
+    assert report.consumed == len(producer.sent) == KEYS * PER_KEY
+    # the fault really happened mid-stream: the victim left work that others finished
+    victim_pid = workers.procs[victim].pid
+    assert report.consumers[victim_pid].messages < KEYS * PER_KEY
+    assert len([s for s in report.consumers.values() if s.messages]) >= 3
+    assert report.consumers[workers.procs["w4"].pid].messages > 0, "w4 was given nothing"
+
+
+async def _preload(namesrv: list[str], topic: str, per_queue: int) -> set[tuple[str, int]]:
+    """``per_queue`` messages in every queue, key ``q{queue id}``, seq = queue offset."""
+    sent: set[tuple[str, int]] = set()
+    config = ProducerConfig(group="orderly-handover-loader", namesrv_addrs=namesrv)
+    async with Producer(config) as producer:
+
+        async def fill(queue_id: int) -> None:
+            mq = MessageQueue(topic, BROKER, queue_id)
+            key = f"q{queue_id:02d}"
+            for first in range(0, per_queue, PRELOAD_BATCH):
+                seqs = range(first, min(per_queue, first + PRELOAD_BATCH))
+                msgs = [
+                    Message(topic, b"x", properties={KEY_PROPERTY: key, SEQ_PROPERTY: str(s)})
+                    for s in seqs
+                ]
+                await producer.send_batch(msgs, queue=mq)
+                sent.update((key, s) for s in seqs)
+
+        await asyncio.gather(*(fill(q) for q in range(HANDOVER_QUEUES)))
+    return sent
+
+
+def test_clean_handovers_into_a_backlog_redeliver_nothing(env: Cluster, tmp_path: Path) -> None:
+    """Members join one by one while a backlog drains, their pulls slowed by 20 ms of latency:
+    every queue that moves is handed over cleanly (offset persisted, then unlocked), so the new
+    owner starts exactly where the old one stopped — no duplicate, no overlap, no gap. A pull
+    still in flight at the hand-over carries an older commit offset; if the broker applied it
+    after the persisted one, the group's offset would move back and the new owner would consume
+    the difference again."""
+    asyncio.run(_create_topic(env.namesrv_addrs, HANDOVER_TOPIC, HANDOVER_QUEUES))
+    sent = asyncio.run(_preload(env.namesrv_addrs, HANDOVER_TOPIC, HANDOVER_PER_QUEUE))
+    workers = Workers(tmp_path, env, HANDOVER_GROUP, HANDOVER_TOPIC)
+    flags = (
+        "--async-listener",
+        "--consume-ms",
+        str(HANDOVER_CONSUME_MS),
+        "--pull-delay-ms",
+        str(HANDOVER_PULL_DELAY_MS),
+    )
+    try:
+        for n in range(HANDOVER_WORKERS):
+            workers.start(f"h{n + 1}", *flags)
+            wait_for(lambda n=n: workers.done_per_worker()[f"h{n + 1}"] > 0, timeout_s=20)
+        _wait_consumed(workers, len(sent), sent, CONSUME_WAIT_S, "handover backlog")
+        _stop_all(workers)
+    finally:
+        _kill_leftovers(workers)
+    report = check_history(load_histories(workers.history(n) for n in workers.procs), sent)
+    print(f"\n{report.summary()}")
+    report.assert_ok()
+    assert report.duplicates == 0

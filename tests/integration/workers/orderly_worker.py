@@ -2,7 +2,8 @@
 
     python -m tests.integration.workers.orderly_worker --namesrv HOST:PORT --group G --topic T \\
         [--history FILE] [--stats-file FILE] --ready-file F [--consume-ms N] \\
-        [--mode orderly|concurrent] [--async-listener] [--batch N] [--pull-batch N]
+        [--mode orderly|concurrent] [--async-listener] [--batch N] [--pull-batch N] \\
+        [--pull-delay-ms N]
 
 Runs one :class:`rocketq.PushConsumer` (``orderly=True`` unless ``--mode concurrent``) of group
 G on topic T, from the first offset, with short lock timings so a test sees take-overs within
@@ -16,6 +17,9 @@ coroutine — appends the call's start lines to ``--history`` (format:
 visible, appends the end lines, and returns success. Each group of lines is one ``os.write``
 on an ``O_APPEND`` descriptor, so a SIGKILL loses at most the end lines of the call in
 progress.
+
+``--pull-delay-ms`` injects latency into every pull (after its commit offset was read), the
+fault under which a late pull could carry a stale commit offset to the broker.
 
 ``--stats-file`` gets ``{"messages", "calls", "first_ns", "last_ns"}`` (monotonic ns of the
 first call start and the last call end) rewritten atomically every 100 ms and at exit, for
@@ -40,6 +44,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rocketq.client.consumer import (
     ConsumeContext,
@@ -225,6 +230,24 @@ async def run(args: argparse.Namespace) -> None:
         rec.close()
 
 
+def delay_pulls(delay_ms: float) -> None:
+    """Fault injection: every pull reaches the broker ``delay_ms`` late, as over a slow link.
+
+    The commit offset a pull carries is read before the delay (the SDK reads it, then calls
+    ``Puller.pull``), so a pull in flight can carry an offset older than what was consumed and
+    persisted meanwhile — the window in which a late pull could move the group's offset back.
+    """
+    from rocketq.client.consumer import _pull
+
+    original = _pull.Puller.pull
+
+    async def delayed(self: _pull.Puller, *args: Any, **kwargs: Any) -> _pull.PullResult:
+        await asyncio.sleep(delay_ms / 1000)
+        return await original(self, *args, **kwargs)
+
+    _pull.Puller.pull = delayed  # type: ignore[method-assign]
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--namesrv", required=True, help="nameserver host:port (';' separates more)")
@@ -241,6 +264,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rebalance-interval-ms", type=int, default=2000)
     p.add_argument("--lock-interval-ms", type=int, default=1000)
     p.add_argument("--lock-max-live-ms", type=int, default=3000)
+    p.add_argument(
+        "--pull-delay-ms", type=float, default=0.0, help="fault: pulls reach the broker late"
+    )
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -251,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s",
     )
+    if args.pull_delay_ms:
+        delay_pulls(args.pull_delay_ms)
     asyncio.run(run(args))
 
 
