@@ -66,11 +66,26 @@ class ConsumerOffsetManager:
         self._dirty = False
 
     # -- changes ---------------------------------------------------------------------------
-    def commit(self, group: str, topic: str, queue_id: int, offset: int, client: str = "") -> None:
-        """Set the group's offset on one queue (overwrites; a decrease is logged)."""
+    def commit(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        client: str = "",
+        *,
+        increase_only: bool = False,
+    ) -> None:
+        """Set the group's offset on one queue (overwrites; a decrease is logged).
+
+        ``increase_only`` is for the offset a pull carries (FLAG_COMMIT_OFFSET): a pull sent
+        just before its consumer persisted and released the queue can arrive after that persist,
+        and its older offset must not move the next owner's start back (duplicates). Explicit
+        updates (UpdateConsumerOffset, admin resets) still overwrite.
+        """
         queues = self._table.setdefault(offset_key(topic, group), {})
         previous = queues.get(queue_id)
-        if previous == offset:
+        if previous == offset or (increase_only and previous is not None and offset < previous):
             return
         if previous is not None and offset < previous:
             log.warning(

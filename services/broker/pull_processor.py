@@ -15,7 +15,9 @@ Steps (SPEC §6.7, proto ``Messaging.Pull`` for the codes):
 5. the group's members must agree about the topic (``check_subscription_consistent``:
    FAILED_PRECONDITION SUBSCRIPTION_INCONSISTENT while they do not, under
    ``strictSubscriptionConsistency``);
-6. FLAG_COMMIT_OFFSET on a master stores ``commit_offset`` (SPEC §6.12: every pull carries it);
+6. FLAG_COMMIT_OFFSET on a master stores ``commit_offset`` (SPEC §6.12: every pull carries it),
+   but never moves the stored offset back: a pull racing its consumer's release of the queue
+   would otherwise undo the persisted offset under the next owner;
 7. ``store.get_messages`` with the subscription's filters (TAG: the tag-hash filter on consume
    queue units; SQL92: the property filter on commitlog records, see ``filter.py``), and the
    status mapped as below. A filtered scan walks forward past non-matching messages: when a
@@ -144,7 +146,9 @@ class PullProcessor:
         flags = req.sys_flag
         if flags & FLAG_COMMIT_OFFSET and self.config.is_master and req.commit_offset >= 0:
             peer = context.peer() if context is not None else ""
-            self.offsets.commit(req.consumer_group, topic, qid, req.commit_offset, client=peer)
+            self.offsets.commit(
+                req.consumer_group, topic, qid, req.commit_offset, client=peer, increase_only=True
+            )
         result = self.store.get_messages(
             topic, qid, offset, max_nums, tags_filter=tags_filter, record_filter=record_filter
         )

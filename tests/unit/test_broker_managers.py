@@ -276,6 +276,20 @@ def test_offsets_overwrite_and_log_decrease(
     assert mgr.table("g1", "other") == {}
 
 
+def test_offsets_carried_by_pulls_only_move_forward(tmp_path: Path) -> None:
+    """A pull racing its consumer's release of the queue must not undo the persisted offset."""
+    mgr = ConsumerOffsetManager(tmp_path / "config", ManualClock())
+    mgr.load()
+    mgr.commit("g1", "t1", 0, 5, increase_only=True)  # first commit: nothing stored yet
+    mgr.commit("g1", "t1", 0, 20)  # the owner persists on release
+    mgr.commit("g1", "t1", 0, 12, increase_only=True)  # its stale pull arrives afterwards
+    assert mgr.query("g1", "t1", 0) == 20
+    mgr.commit("g1", "t1", 0, 25, increase_only=True)
+    assert mgr.query("g1", "t1", 0) == 25
+    mgr.commit("g1", "t1", 0, 0)  # explicit updates (resets) still move it back
+    assert mgr.query("g1", "t1", 0) == 0
+
+
 def test_offsets_lookups_and_removal(tmp_path: Path) -> None:
     mgr = ConsumerOffsetManager(tmp_path / "config", ManualClock())
     mgr.load()

@@ -36,12 +36,10 @@ heartbeat is still filtered right instead of being refused.
 Orderly consumers (SPEC §6.15) skip the span flow control (their queue is consumed strictly
 in order, so the span cannot come from one stuck message), and the first pull a PullRequest
 makes while holding the lock reads the start offset from the broker again: the previous owner
-persisted it just before unlocking. They also send no commit offset with their pulls (RocketMQ
-does): a pull sent just before the running call commits carries the offset before that call,
-and when it reaches the broker just after the release's persist — two RPCs a millisecond
-apart are not ordered — it moves the stored offset back under the next owner, which then
-consumes that call's messages again (seen in the orderly fault tests). Their offsets are stored
-by the persists alone (periodic, release, close), which the rebalance lock keeps in order.
+persisted it just before unlocking. Their pulls carry the commit offset like every clustering
+pull: a pull sent just before the running call commits carries the offset before that call and
+may reach the broker just after the release's persist (two RPCs a millisecond apart are not
+ordered), so brokers store a pull's commit offset only when it moves forward.
 """
 
 from __future__ import annotations
@@ -333,7 +331,7 @@ class PullService:
         if s.orderly and s.clustering and not await self._orderly_ready(req):
             return PULL_DELAY_WHEN_EXCEPTION_S
         commit_offset = 0
-        if s.clustering and not s.orderly:
+        if s.clustering:
             commit_offset = await self._offsets.read_offset(mq, ReadOffsetType.READ_FROM_MEMORY)
         try:
             result = await self._puller.pull(
