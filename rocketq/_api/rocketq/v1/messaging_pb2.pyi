@@ -398,7 +398,10 @@ class PullRequest(_message.Message):
     0x8 FLAG_CLASS_FILTER (not supported: INVALID_ARGUMENT).
     """
     commit_offset: _builtins.int
-    """Consume offset to store for this queue when FLAG_COMMIT_OFFSET is set. Ignored by slaves."""
+    """Consume offset to store for this queue when FLAG_COMMIT_OFFSET is set. Stored only when it
+    is ahead of the stored one (a pull racing its consumer's release of the queue must not move
+    the next owner back; UpdateConsumerOffset moves it anywhere). Ignored by slaves.
+    """
     suspend_timeout_ms: _builtins.int
     """How long the broker may hold the call when nothing is found and FLAG_SUSPEND is set.
     Push consumers use 15000, pull consumers 20000. The call's gRPC deadline must be longer.
