@@ -97,6 +97,17 @@ class Prop:
     TRACE_CONTEXT = "TRACE_CONTEXT"
     TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
     TIMER_DELAY_MS = "TIMER_DELAY_MS"
+    TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+    TIMER_OUT_MS = "TIMER_OUT_MS"
+    """Absolute delivery time the broker computed for a message in the timer topic."""
+    TIMER_ENQUEUE_MS = "TIMER_ENQUEUE_MS"
+    TIMER_DEQUEUE_MS = "TIMER_DEQUEUE_MS"
+    TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
+    TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
+    """On a cancel marker in the timer topic: the unique id of the timer it cancels."""
+    TIMER_SOURCE = "TIMER_SOURCE"
+    """On a timer-wheel re-put: "{commitlog offset}" of the timer-topic record it came from, so
+    the broker drops a second re-put of the same timer (after a timer-wheel crash)."""
 
 
 # ---- fixed part -----------------------------------------------------------------------------

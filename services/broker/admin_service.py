@@ -691,6 +691,26 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         )
 
     @rpc
+    async def ListDeadLetters(
+        self, request: admin_pb2.ListDeadLettersRequest, context: Context
+    ) -> admin_pb2.ListDeadLettersResponse:
+        raise ServiceError(
+            grpc.StatusCode.UNIMPLEMENTED,
+            common_pb2.ERROR_REASON_UNSPECIFIED,
+            "ListDeadLetters arrives with the timer-wheel issue (5)",
+        )
+
+    @rpc
+    async def ResendDeadLetter(
+        self, request: admin_pb2.ResendDeadLetterRequest, context: Context
+    ) -> admin_pb2.ResendDeadLetterResponse:
+        raise ServiceError(
+            grpc.StatusCode.UNIMPLEMENTED,
+            common_pb2.ERROR_REASON_UNSPECIFIED,
+            "ResendDeadLetter arrives with the timer-wheel issue (5)",
+        )
+
+    @rpc
     async def ResetOffset(
         self, request: admin_pb2.ResetOffsetRequest, context: Context
     ) -> admin_pb2.ResetOffsetResponse:

@@ -92,6 +92,13 @@ class BrokerConfig:
     """[rebalanceLockMaxLiveTime] An orderly queue lock not renewed for this long is free
     (RocketMQ's rocketmq.broker.rebalance.lockMaxLiveTime). Clients renew every 20 s and give
     a lock up after 30 s, so keep it above both."""
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    """[messageDelayLevel] Delay of each level, 1-based (SPEC §8.1); units s m h d."""
+    timer_max_delay_sec: int = 3 * 86_400
+    """[timerMaxDelaySec] Longest delay a message may ask for; beyond it INVALID_ARGUMENT."""
+    timer_topic_queue_nums: int = 8
+    """[timerTopicQueueNums] Queues of rmq_sys_wheel_timer on this broker: the unit of work
+    timer-wheel instances share."""
     strict_subscription_consistency: bool = True
     """[strictSubscriptionConsistency] While the live members of a clustering group subscribe
     to a topic differently, refuse their pulls of it (FAILED_PRECONDITION,
@@ -138,8 +145,17 @@ class BrokerConfig:
             raise ValueError("maxTransferCountOnMessageInMemory must be 1..1024")
         if not 1000 <= self.rebalance_lock_max_live_time_ms <= 3_600_000:
             raise ValueError("rebalanceLockMaxLiveTime must be 1000..3600000 ms")
+        self.delay_levels_ms()  # raises ValueError naming a bad level
+        if not 1 <= self.timer_max_delay_sec <= 400 * 86_400:
+            raise ValueError("timerMaxDelaySec must be 1..34560000 (400 days)")
+        if not 1 <= self.timer_topic_queue_nums <= 256:
+            raise ValueError("timerTopicQueueNums must be 1..256")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listenPort {self.listen_port} is not a port number")
+
+    def delay_levels_ms(self) -> list[int]:
+        """``message_delay_level`` parsed: element i is the delay of level i + 1, in ms."""
+        return parse_delay_levels(self.message_delay_level)
 
     @property
     def is_master(self) -> bool:
@@ -189,6 +205,26 @@ class BrokerConfig:
         return dataclasses.replace(self, **kwargs)
 
 
+_DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+DELAY_LEVELS_MAX = 64
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """``"1s 5s 10s 30s 1m ... 2h"`` to milliseconds per level; ValueError on a bad item."""
+    levels: list[int] = []
+    for item in text.split():
+        unit = _DELAY_UNITS_MS.get(item[-1:].lower())
+        if unit is None or not item[:-1].isdigit() or int(item[:-1]) <= 0:
+            raise ValueError(
+                f"messageDelayLevel item {item!r}: expected a positive number and a unit "
+                "s, m, h or d, e.g. 30s"
+            )
+        levels.append(int(item[:-1]) * unit)
+    if not 1 <= len(levels) <= DELAY_LEVELS_MAX:
+        raise ValueError(f"messageDelayLevel needs 1..{DELAY_LEVELS_MAX} levels")
+    return levels
+
+
 def _bool(text: str) -> bool:
     low = text.lower()
     if low in ("true", "1", "yes", "on"):
@@ -232,6 +268,9 @@ KEYS: dict[str, tuple[str, Parser]] = {
     "enablePropertyFilter": ("enable_property_filter", _bool),
     "rebalanceLockMaxLiveTime": ("rebalance_lock_max_live_time_ms", int),
     "strictSubscriptionConsistency": ("strict_subscription_consistency", _bool),
+    "messageDelayLevel": ("message_delay_level", str),
+    "timerMaxDelaySec": ("timer_max_delay_sec", int),
+    "timerTopicQueueNums": ("timer_topic_queue_nums", int),
     "mappedFileSizeCommitLog": ("commitlog_file_bytes", int),
     "mappedFileUnitsConsumeQueue": ("consume_queue_units_per_file", int),
     "messageIndexEnable": ("message_index_enable", _bool),

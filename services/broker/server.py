@@ -50,7 +50,7 @@ from services.broker.registration import BrokerRegistrar
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
 from services.common import grpc_server
-from services.common.clock import SYSTEM_CLOCK
+from services.common.clock import clock_from_env
 from services.store.message_store import MessageStore
 
 log = logging.getLogger("rocketq.broker")
@@ -70,7 +70,7 @@ class Broker:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.clock = SYSTEM_CLOCK
+        self.clock = clock_from_env()  # ROCKETQ_CLOCK_SPEED runs long delays fast in tests
         self.server = grpc_server.create_server()
         self.advertised_addr = ""
         self.tasks: list[asyncio.Task[None]] = []

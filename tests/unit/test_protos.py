@@ -70,6 +70,8 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
             "ListSubscriptionGroups",
             "GetConsumeStats",
             "GetConsumerConnection",
+            "ListDeadLetters",
+            "ResendDeadLetter",
             "ResetOffset",
             "GetBrokerConfig",
             "UpdateBrokerConfig",

@@ -893,6 +893,136 @@ class GetConsumerConnectionResponse(_message.Message):
 Global___GetConsumerConnectionResponse: _TypeAlias = GetConsumerConnectionResponse  # noqa: Y015
 
 @_typing.final
+class ListDeadLettersRequest(_message.Message):
+    """Asks for a group's dead letters."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_NUM_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    """Consumer group."""
+    offset: _builtins.int
+    """Queue offset in %DLQ%{group} (queue 0) to start from. Absent = the oldest still stored."""
+    max_num: _builtins.int
+    """At most this many. Absent = 32; allowed 1..256."""
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        offset: _builtins.int | None = ...,
+        max_num: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_num", b"_max_num", "_offset", b"_offset", "max_num", b"max_num", "offset", b"offset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_num", b"_max_num", "_offset", b"_offset", "consumer_group", b"consumer_group", "max_num", b"max_num", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_num: _TypeAlias = _typing.Literal["max_num"]  # noqa: Y015
+    _WhichOneofArgType__max_num: _TypeAlias = _typing.Literal["_max_num", b"_max_num"]  # noqa: Y015
+    _WhichOneofReturnType__offset: _TypeAlias = _typing.Literal["offset"]  # noqa: Y015
+    _WhichOneofArgType__offset: _TypeAlias = _typing.Literal["_offset", b"_offset"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_num) -> _WhichOneofReturnType__max_num | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__offset) -> _WhichOneofReturnType__offset | None: ...
+
+Global___ListDeadLettersRequest: _TypeAlias = ListDeadLettersRequest  # noqa: Y015
+
+@_typing.final
+class ListDeadLettersResponse(_message.Message):
+    """Dead letters, oldest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    next_offset: _builtins.int
+    """Offset to continue from."""
+    total: _builtins.int
+    """Dead letters stored in the DLQ now (max offset minus min offset)."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.StoredMessage]:
+        """The messages, with their DLQ queue offsets; RETRY_TOPIC / ORIGIN_MESSAGE_ID properties name
+        where they came from.
+        """
+
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[_common_pb2.StoredMessage] | None = ...,
+        next_offset: _builtins.int = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_offset", b"next_offset", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDeadLettersResponse: _TypeAlias = ListDeadLettersResponse  # noqa: Y015
+
+@_typing.final
+class ResendDeadLetterRequest(_message.Message):
+    """Resends one dead letter."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    OFFSET_MSG_ID_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    """Consumer group whose DLQ holds it."""
+    offset_msg_id: _builtins.str
+    """The dead letter's offset message id (StoredMessage.offset_msg_id from ListDeadLetters)."""
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        offset_msg_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "offset_msg_id", b"offset_msg_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResendDeadLetterRequest: _TypeAlias = ResendDeadLetterRequest  # noqa: Y015
+
+@_typing.final
+class ResendDeadLetterResponse(_message.Message):
+    """Where the resent message went."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Topic it was resent to."""
+    msg_id: _builtins.str
+    """Unique id of the new message."""
+    queue_id: _builtins.int
+    """Queue and offset it was stored at."""
+    queue_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        msg_id: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        queue_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["msg_id", b"msg_id", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResendDeadLetterResponse: _TypeAlias = ResendDeadLetterResponse  # noqa: Y015
+
+@_typing.final
 class ResetOffsetRequest(_message.Message):
     """Moves a group's offsets."""
 

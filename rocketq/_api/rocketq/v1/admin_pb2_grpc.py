@@ -95,6 +95,16 @@ class AdminStub:
                 request_serializer=rocketq_dot_v1_dot_admin__pb2.ResetOffsetRequest.SerializeToString,
                 response_deserializer=rocketq_dot_v1_dot_admin__pb2.ResetOffsetResponse.FromString,
                 _registered_method=True)
+        self.ListDeadLetters = channel.unary_unary(
+                '/rocketq.v1.Admin/ListDeadLetters',
+                request_serializer=rocketq_dot_v1_dot_admin__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_admin__pb2.ListDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.ResendDeadLetter = channel.unary_unary(
+                '/rocketq.v1.Admin/ResendDeadLetter',
+                request_serializer=rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterResponse.FromString,
+                _registered_method=True)
         self.GetBrokerConfig = channel.unary_unary(
                 '/rocketq.v1.Admin/GetBrokerConfig',
                 request_serializer=rocketq_dot_v1_dot_admin__pb2.GetBrokerConfigRequest.SerializeToString,
@@ -227,6 +237,28 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDeadLetters(self, request, context):
+        """Reads dead letters of a consumer group (%DLQ%{group}, SPEC §6.16) on the receiving broker,
+        oldest first from an offset; the DLQ is write-only for consumers, so this is how people see
+        it. An unknown group or an empty DLQ is an empty list.
+        INVALID_ARGUMENT: bad group name, negative offset, max_num outside 1..256.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResendDeadLetter(self, request, context):
+        """Sends one dead letter back to the topic it was first sent to (its RETRY_TOPIC property), as
+        a new message with the same body, tags, keys and user properties and reconsume times reset.
+        The dead letter stays in the DLQ (it is a log); resending twice sends twice.
+        INVALID_ARGUMENT: bad group name or malformed offset message id. NOT_FOUND: no such dead
+        letter of that group on this broker (reason MESSAGE_NOT_FOUND), or its original topic no
+        longer exists (TOPIC_NOT_EXIST). UNAVAILABLE: slave.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetBrokerConfig(self, request, context):
         """Returns the receiving broker's effective configuration. Never fails for bad input.
         """
@@ -314,6 +346,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ResetOffset,
                     request_deserializer=rocketq_dot_v1_dot_admin__pb2.ResetOffsetRequest.FromString,
                     response_serializer=rocketq_dot_v1_dot_admin__pb2.ResetOffsetResponse.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=rocketq_dot_v1_dot_admin__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_admin__pb2.ListDeadLettersResponse.SerializeToString,
+            ),
+            'ResendDeadLetter': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResendDeadLetter,
+                    request_deserializer=rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterResponse.SerializeToString,
             ),
             'GetBrokerConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.GetBrokerConfig,
@@ -656,6 +698,60 @@ class Admin:
             '/rocketq.v1.Admin/ResetOffset',
             rocketq_dot_v1_dot_admin__pb2.ResetOffsetRequest.SerializeToString,
             rocketq_dot_v1_dot_admin__pb2.ResetOffsetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Admin/ListDeadLetters',
+            rocketq_dot_v1_dot_admin__pb2.ListDeadLettersRequest.SerializeToString,
+            rocketq_dot_v1_dot_admin__pb2.ListDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResendDeadLetter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Admin/ResendDeadLetter',
+            rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterRequest.SerializeToString,
+            rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -101,6 +101,20 @@ class AdminStub:
     INVALID_ARGUMENT: bad names, no position, negative timestamp or offset, bad queue id.
     NOT_FOUND: unknown topic or subscription group. PERMISSION_DENIED: ACL. UNAVAILABLE: slave.
     """
+    ListDeadLetters: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListDeadLettersRequest, _admin_pb2.ListDeadLettersResponse]
+    """Reads dead letters of a consumer group (%DLQ%{group}, SPEC §6.16) on the receiving broker,
+    oldest first from an offset; the DLQ is write-only for consumers, so this is how people see
+    it. An unknown group or an empty DLQ is an empty list.
+    INVALID_ARGUMENT: bad group name, negative offset, max_num outside 1..256.
+    """
+    ResendDeadLetter: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResendDeadLetterRequest, _admin_pb2.ResendDeadLetterResponse]
+    """Sends one dead letter back to the topic it was first sent to (its RETRY_TOPIC property), as
+    a new message with the same body, tags, keys and user properties and reconsume times reset.
+    The dead letter stays in the DLQ (it is a log); resending twice sends twice.
+    INVALID_ARGUMENT: bad group name or malformed offset message id. NOT_FOUND: no such dead
+    letter of that group on this broker (reason MESSAGE_NOT_FOUND), or its original topic no
+    longer exists (TOPIC_NOT_EXIST). UNAVAILABLE: slave.
+    """
     GetBrokerConfig: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetBrokerConfigRequest, _admin_pb2.GetBrokerConfigResponse]
     """Returns the receiving broker's effective configuration. Never fails for bad input."""
     UpdateBrokerConfig: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateBrokerConfigRequest, _admin_pb2.UpdateBrokerConfigResponse]
@@ -179,6 +193,20 @@ class AdminAsyncStub(AdminStub):
     the group's live members over their ClientStreams (ResetOffsetNotice).
     INVALID_ARGUMENT: bad names, no position, negative timestamp or offset, bad queue id.
     NOT_FOUND: unknown topic or subscription group. PERMISSION_DENIED: ACL. UNAVAILABLE: slave.
+    """
+    ListDeadLetters: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListDeadLettersRequest, _admin_pb2.ListDeadLettersResponse]  # type: ignore[assignment]
+    """Reads dead letters of a consumer group (%DLQ%{group}, SPEC §6.16) on the receiving broker,
+    oldest first from an offset; the DLQ is write-only for consumers, so this is how people see
+    it. An unknown group or an empty DLQ is an empty list.
+    INVALID_ARGUMENT: bad group name, negative offset, max_num outside 1..256.
+    """
+    ResendDeadLetter: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResendDeadLetterRequest, _admin_pb2.ResendDeadLetterResponse]  # type: ignore[assignment]
+    """Sends one dead letter back to the topic it was first sent to (its RETRY_TOPIC property), as
+    a new message with the same body, tags, keys and user properties and reconsume times reset.
+    The dead letter stays in the DLQ (it is a log); resending twice sends twice.
+    INVALID_ARGUMENT: bad group name or malformed offset message id. NOT_FOUND: no such dead
+    letter of that group on this broker (reason MESSAGE_NOT_FOUND), or its original topic no
+    longer exists (TOPIC_NOT_EXIST). UNAVAILABLE: slave.
     """
     GetBrokerConfig: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetBrokerConfigRequest, _admin_pb2.GetBrokerConfigResponse]  # type: ignore[assignment]
     """Returns the receiving broker's effective configuration. Never fails for bad input."""
@@ -327,6 +355,32 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         the group's live members over their ClientStreams (ResetOffsetNotice).
         INVALID_ARGUMENT: bad names, no position, negative timestamp or offset, bad queue id.
         NOT_FOUND: unknown topic or subscription group. PERMISSION_DENIED: ACL. UNAVAILABLE: slave.
+        """
+
+    @_abc_1.abstractmethod
+    def ListDeadLetters(
+        self,
+        request: _admin_pb2.ListDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListDeadLettersResponse, _abc.Awaitable[_admin_pb2.ListDeadLettersResponse]]:
+        """Reads dead letters of a consumer group (%DLQ%{group}, SPEC §6.16) on the receiving broker,
+        oldest first from an offset; the DLQ is write-only for consumers, so this is how people see
+        it. An unknown group or an empty DLQ is an empty list.
+        INVALID_ARGUMENT: bad group name, negative offset, max_num outside 1..256.
+        """
+
+    @_abc_1.abstractmethod
+    def ResendDeadLetter(
+        self,
+        request: _admin_pb2.ResendDeadLetterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ResendDeadLetterResponse, _abc.Awaitable[_admin_pb2.ResendDeadLetterResponse]]:
+        """Sends one dead letter back to the topic it was first sent to (its RETRY_TOPIC property), as
+        a new message with the same body, tags, keys and user properties and reconsume times reset.
+        The dead letter stays in the DLQ (it is a log); resending twice sends twice.
+        INVALID_ARGUMENT: bad group name or malformed offset message id. NOT_FOUND: no such dead
+        letter of that group on this broker (reason MESSAGE_NOT_FOUND), or its original topic no
+        longer exists (TOPIC_NOT_EXIST). UNAVAILABLE: slave.
         """
 
     @_abc_1.abstractmethod

@@ -126,9 +126,17 @@ class MessagingServicer:
         are stored, in order, or none. The request must stay under 4 MiB (max_message_size_bytes,
         counting topic, bodies and properties of every message); servers raise gRPC's receive limit
         above that so the size check, not the transport, produces the error.
+        A delayed message (property DELAY = level 1..N of the broker's messageDelayLevel,
+        TIMER_DELIVER_MS = absolute delivery time, or TIMER_DELAY_MS = delay in ms) is stored in
+        rmq_sys_wheel_timer with its real topic and queue in REAL_TOPIC / REAL_QID and its delivery
+        time in TIMER_OUT_MS; the timer-wheel service re-puts it when due. The result is SEND_OK
+        with the timer message's offsets; msg_id is the timer's handle (TimerAdmin.CancelTimer).
+        A re-put carrying TIMER_SOURCE that this broker already stored is acknowledged without
+        storing it again.
         INVALID_ARGUMENT: empty batch, messages with different topics, bad topic name, queue id
         outside [0, write_queue_nums), too large (reason MESSAGE_TOO_LARGE), a delayed or
-        transactional message inside a batch of more than one (SPEC §5.5), delay level > 18.
+        transactional message inside a batch of more than one (SPEC §5.5), a delay level outside
+        the broker's levels, a malformed TIMER_* value, a delay beyond timerMaxDelaySec (3 days).
         NOT_FOUND: topic unknown and auto-create is off or the default topic is unknown.
         PERMISSION_DENIED: topic or broker not writable, or ACL.
         RESOURCE_EXHAUSTED: flow control (send queue full or page cache busy) or disk full.

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rocketq/v1/timer.proto\x12\nrocketq.v1\"\x16\n\x14GetTimerStatsRequest\"~\n\x12TimerQueueProgress\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x13\n\x0bread_offset\x18\x03 \x01(\x03\x12\x18\n\x10\x63ommitted_offset\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\"\xd9\x02\n\x15GetTimerStatsResponse\x12\x16\n\x0epending_timers\x18\x01 \x01(\x03\x12\x1d\n\x15wheel_current_time_ms\x18\x02 \x01(\x03\x12\x19\n\x11slot_precision_ms\x18\x03 \x01(\x03\x12\x19\n\x11wheel_slots_total\x18\x04 \x01(\x03\x12\x17\n\x0ftimer_log_bytes\x18\x05 \x01(\x03\x12\x19\n\x11\x64\x65queue_behind_ms\x18\x06 \x01(\x03\x12\x19\n\x11\x65nqueue_behind_ms\x18\x07 \x01(\x03\x12\"\n\x1anext_delivery_timestamp_ms\x18\x08 \x01(\x03\x12\x17\n\x0f\x64\x65livered_total\x18\t \x01(\x03\x12\x17\n\x0f\x63\x61ncelled_total\x18\n \x01(\x03\x12.\n\x06queues\x18\x0b \x03(\x0b\x32\x1e.rocketq.v1.TimerQueueProgress\"3\n\x12\x43\x61ncelTimerRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06handle\x18\x02 \x01(\t\"4\n\x13\x43\x61ncelTimerResponse\x12\x1d\n\x15\x64\x65livery_timestamp_ms\x18\x01 \x01(\x03\x32\xb2\x01\n\nTimerAdmin\x12T\n\rGetTimerStats\x12 .rocketq.v1.GetTimerStatsRequest\x1a!.rocketq.v1.GetTimerStatsResponse\x12N\n\x0b\x43\x61ncelTimer\x12\x1e.rocketq.v1.CancelTimerRequest\x1a\x1f.rocketq.v1.CancelTimerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rocketq/v1/timer.proto\x12\nrocketq.v1\"\x16\n\x14GetTimerStatsRequest\"~\n\x12TimerQueueProgress\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x13\n\x0bread_offset\x18\x03 \x01(\x03\x12\x18\n\x10\x63ommitted_offset\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\"\xf7\x03\n\x15GetTimerStatsResponse\x12\x16\n\x0epending_timers\x18\x01 \x01(\x03\x12\x1d\n\x15wheel_current_time_ms\x18\x02 \x01(\x03\x12\x19\n\x11slot_precision_ms\x18\x03 \x01(\x03\x12\x19\n\x11wheel_slots_total\x18\x04 \x01(\x03\x12\x17\n\x0ftimer_log_bytes\x18\x05 \x01(\x03\x12\x19\n\x11\x64\x65queue_behind_ms\x18\x06 \x01(\x03\x12\x19\n\x11\x65nqueue_behind_ms\x18\x07 \x01(\x03\x12\"\n\x1anext_delivery_timestamp_ms\x18\x08 \x01(\x03\x12\x17\n\x0f\x64\x65livered_total\x18\t \x01(\x03\x12\x17\n\x0f\x63\x61ncelled_total\x18\n \x01(\x03\x12.\n\x06queues\x18\x0b \x03(\x0b\x32\x1e.rocketq.v1.TimerQueueProgress\x12\x17\n\x0fscheduled_total\x18\x0c \x01(\x03\x12\x16\n\x0e\x64ue_per_second\x18\r \x01(\x01\x12\x17\n\x0flateness_p50_ms\x18\x0e \x01(\x03\x12\x17\n\x0flateness_p99_ms\x18\x0f \x01(\x03\x12\x17\n\x0flateness_max_ms\x18\x10 \x01(\x03\x12 \n\x18overdue_on_arrival_total\x18\x11 \x01(\x03\"3\n\x12\x43\x61ncelTimerRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06handle\x18\x02 \x01(\t\"4\n\x13\x43\x61ncelTimerResponse\x12\x1d\n\x15\x64\x65livery_timestamp_ms\x18\x01 \x01(\x03\x32\xb2\x01\n\nTimerAdmin\x12T\n\rGetTimerStats\x12 .rocketq.v1.GetTimerStatsRequest\x1a!.rocketq.v1.GetTimerStatsResponse\x12N\n\x0b\x43\x61ncelTimer\x12\x1e.rocketq.v1.CancelTimerRequest\x1a\x1f.rocketq.v1.CancelTimerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TIMERQUEUEPROGRESS']._serialized_start=62
   _globals['_TIMERQUEUEPROGRESS']._serialized_end=188
   _globals['_GETTIMERSTATSRESPONSE']._serialized_start=191
-  _globals['_GETTIMERSTATSRESPONSE']._serialized_end=536
-  _globals['_CANCELTIMERREQUEST']._serialized_start=538
-  _globals['_CANCELTIMERREQUEST']._serialized_end=589
-  _globals['_CANCELTIMERRESPONSE']._serialized_start=591
-  _globals['_CANCELTIMERRESPONSE']._serialized_end=643
-  _globals['_TIMERADMIN']._serialized_start=646
-  _globals['_TIMERADMIN']._serialized_end=824
+  _globals['_GETTIMERSTATSRESPONSE']._serialized_end=694
+  _globals['_CANCELTIMERREQUEST']._serialized_start=696
+  _globals['_CANCELTIMERREQUEST']._serialized_end=747
+  _globals['_CANCELTIMERRESPONSE']._serialized_start=749
+  _globals['_CANCELTIMERRESPONSE']._serialized_end=801
+  _globals['_TIMERADMIN']._serialized_start=804
+  _globals['_TIMERADMIN']._serialized_end=982
 # @@protoc_insertion_point(module_scope)

@@ -97,6 +97,12 @@ class GetTimerStatsResponse(_message.Message):
     DELIVERED_TOTAL_FIELD_NUMBER: _builtins.int
     CANCELLED_TOTAL_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
+    SCHEDULED_TOTAL_FIELD_NUMBER: _builtins.int
+    DUE_PER_SECOND_FIELD_NUMBER: _builtins.int
+    LATENESS_P50_MS_FIELD_NUMBER: _builtins.int
+    LATENESS_P99_MS_FIELD_NUMBER: _builtins.int
+    LATENESS_MAX_MS_FIELD_NUMBER: _builtins.int
+    OVERDUE_ON_ARRIVAL_TOTAL_FIELD_NUMBER: _builtins.int
     pending_timers: _builtins.int
     """Timers scheduled and neither delivered nor cancelled."""
     wheel_current_time_ms: _builtins.int
@@ -117,6 +123,18 @@ class GetTimerStatsResponse(_message.Message):
     """Messages re-put to their real topics since the service started."""
     cancelled_total: _builtins.int
     """Timers cancelled since the service started."""
+    scheduled_total: _builtins.int
+    """Timers read from the brokers and made durable since the service started."""
+    due_per_second: _builtins.float
+    """Timers that fell due per second, over the last 10 s."""
+    lateness_p50_ms: _builtins.int
+    """Lateness of deliveries (re-put acknowledged minus delivery time) over the last 10 000
+    deliveries: median, 99th percentile and maximum, in ms.
+    """
+    lateness_p99_ms: _builtins.int
+    lateness_max_ms: _builtins.int
+    overdue_on_arrival_total: _builtins.int
+    """Timers found due at once when read (delivery time already past: backlog or downtime)."""
     @_builtins.property
     def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___TimerQueueProgress]:
         """Per-queue progress, sorted by broker name then queue id."""
@@ -135,10 +153,16 @@ class GetTimerStatsResponse(_message.Message):
         delivered_total: _builtins.int = ...,
         cancelled_total: _builtins.int = ...,
         queues: _abc.Iterable[Global___TimerQueueProgress] | None = ...,
+        scheduled_total: _builtins.int = ...,
+        due_per_second: _builtins.float = ...,
+        lateness_p50_ms: _builtins.int = ...,
+        lateness_p99_ms: _builtins.int = ...,
+        lateness_max_ms: _builtins.int = ...,
+        overdue_on_arrival_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled_total", b"cancelled_total", "delivered_total", b"delivered_total", "dequeue_behind_ms", b"dequeue_behind_ms", "enqueue_behind_ms", b"enqueue_behind_ms", "next_delivery_timestamp_ms", b"next_delivery_timestamp_ms", "pending_timers", b"pending_timers", "queues", b"queues", "slot_precision_ms", b"slot_precision_ms", "timer_log_bytes", b"timer_log_bytes", "wheel_current_time_ms", b"wheel_current_time_ms", "wheel_slots_total", b"wheel_slots_total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled_total", b"cancelled_total", "delivered_total", b"delivered_total", "dequeue_behind_ms", b"dequeue_behind_ms", "due_per_second", b"due_per_second", "enqueue_behind_ms", b"enqueue_behind_ms", "lateness_max_ms", b"lateness_max_ms", "lateness_p50_ms", b"lateness_p50_ms", "lateness_p99_ms", b"lateness_p99_ms", "next_delivery_timestamp_ms", b"next_delivery_timestamp_ms", "overdue_on_arrival_total", b"overdue_on_arrival_total", "pending_timers", b"pending_timers", "queues", b"queues", "scheduled_total", b"scheduled_total", "slot_precision_ms", b"slot_precision_ms", "timer_log_bytes", b"timer_log_bytes", "wheel_current_time_ms", b"wheel_current_time_ms", "wheel_slots_total", b"wheel_slots_total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -146,7 +170,10 @@ Global___GetTimerStatsResponse: _TypeAlias = GetTimerStatsResponse  # noqa: Y015
 
 @_typing.final
 class CancelTimerRequest(_message.Message):
-    """Cancels one timer."""
+    """Cancels one timer. The service finds the delayed message on the brokers (by its unique id in
+    rmq_sys_wheel_timer) and appends a cancel marker (TIMER_DEL_UNIQKEY) due at the same time, so
+    the slot that would deliver it skips it (RocketMQ 5's design; no per-timer memory).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
