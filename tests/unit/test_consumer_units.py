@@ -1026,9 +1026,9 @@ def test_orderly_pulls_only_a_locked_queue_and_rereads_its_offset_first() -> Non
         req.next_offset = 50
         await svc._pull_once(req)
         assert puller.offsets == [42, 50]  # only the first locked pull re-reads
-        # no commit offset rides on orderly pulls: a stale one could land after a release's
-        # persist and move the next owner's start back
-        assert puller.commits == [0, 0]
+        # orderly pulls carry the in-memory offset like concurrent ones (brokers only let a
+        # pull's commit offset move forward, so a stale one cannot undo a release's persist)
+        assert puller.commits == [40, 42]
 
     asyncio.run(main())
 
