@@ -36,6 +36,8 @@ class ServiceProcess:
     workdir: Path
     log_path: Path
     argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    """Extra environment it was started with (kept by :func:`restart`)."""
 
     @property
     def pid(self) -> int:
@@ -131,7 +133,7 @@ def spawn(
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=str(workdir)
         )
-    sp = ServiceProcess(name, proc, "", workdir, log_path, argv)
+    sp = ServiceProcess(name, proc, "", workdir, log_path, argv, env)
     _SPAWNED.append(sp)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -192,13 +194,37 @@ def start_broker(
     return spawn(name, "services.broker", args, workdir, env)
 
 
+def start_timer_wheel(
+    tmp_path: Path,
+    namesrv_addrs: list[str],
+    name: str = "timer-0",
+    env: dict[str, str] | None = None,
+    **config_keys: object,
+) -> ServiceProcess:
+    """Start a timer-wheel service (data in ``tmp_path/name/data``); ``config_keys`` as
+    ``--set key=value`` (e.g. ``timerPrecisionMs=1000``)."""
+    workdir = tmp_path / name
+    args = [
+        "--namesrv",
+        ";".join(namesrv_addrs),
+        "--data-dir",
+        str(workdir / "data"),
+        "--listen",
+        "127.0.0.1:0",
+    ]
+    for key, value in config_keys.items():
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        args += ["--set", f"{key}={text}"]
+    return spawn(name, "services.timer_wheel", args, workdir, env)
+
+
 def restart(sp: ServiceProcess) -> ServiceProcess:
     """Start the same command again (same data dir); the port may differ if it was 0."""
     args = sp.argv[3:]
     ready_idx = args.index("--ready-file")
     args = args[:ready_idx] + args[ready_idx + 2 :]
     module = sp.argv[2]
-    return spawn(sp.name, module, args, sp.workdir)
+    return spawn(sp.name, module, args, sp.workdir, sp.env)
 
 
 @dataclass
