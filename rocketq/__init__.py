@@ -5,7 +5,8 @@ The public API, asyncio first with blocking wrappers::
     from rocketq import Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
 
 Producers (:class:`Producer`, :class:`AccumulatingProducer`), consumers (:class:`PushConsumer`,
-:class:`LitePullConsumer`), the admin client (:class:`Admin`), the message model
+:class:`LitePullConsumer`), the admin client (:class:`Admin`), the timer-wheel's client
+(:class:`TimerClient`: stats, cancelling a delayed message), the message model
 (:class:`Message`, :class:`ReceivedMessage`, :class:`SendResult`) and the error types
 (:mod:`rocketq.client.errors`, base :class:`RocketQError`). :mod:`rocketq.codec` is the commitlog
 record codec shared with the broker.
@@ -58,6 +59,7 @@ from rocketq.client.consumer import (
     SubscriptionConflict,
 )
 from rocketq.client.errors import RocketQError
+from rocketq.client.timer import TimerClient, TimerStats
 from rocketq.message import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
 
 try:
@@ -110,5 +112,7 @@ __all__ = [
     "SyncLitePullConsumer",
     "SyncProducer",
     "SyncPushConsumer",
+    "TimerClient",
+    "TimerStats",
     "__version__",
 ]

@@ -42,8 +42,10 @@ class Message:
 
     ``keys`` are business keys, indexed for :meth:`Admin.query_by_key`; give one string or
     several. ``tags`` is the one tag consumers filter on. ``delay_level`` 1..18 delays delivery
-    (SPEC §8.1) and ``deliver_time_ms`` sets an absolute delivery time (both need the timer
-    service). ``properties`` are user properties; names RocketQ reserves are refused at send.
+    (SPEC §8.1), ``deliver_time_ms`` sets an absolute delivery time (ms since the epoch) and
+    ``delay_ms`` a delay from when the broker stores it (all need the timer-wheel service; the
+    send's ``msg_id`` is the timer's handle for cancelling). ``properties`` are user
+    properties; names RocketQ reserves are refused at send.
     """
 
     topic: str
@@ -55,6 +57,7 @@ class Message:
     delay_level: int = 0
     deliver_time_ms: int = 0
     wait_store_msg_ok: bool = True
+    delay_ms: int = 0
 
     @property
     def key_list(self) -> list[str]:
@@ -63,7 +66,8 @@ class Message:
         return [k for k in self.keys if k]
 
     def wire_properties(self) -> dict[str, str]:
-        """User properties plus TAGS / KEYS / DELAY / TIMER_DELIVER_MS / WAIT as stored."""
+        """User properties plus TAGS / KEYS / DELAY / TIMER_DELIVER_MS / TIMER_DELAY_MS / WAIT
+        as stored."""
         props = dict(self.properties)
         if self.tags:
             props[Prop.TAGS] = self.tags
@@ -74,6 +78,8 @@ class Message:
             props[Prop.DELAY_LEVEL] = str(self.delay_level)
         if self.deliver_time_ms:
             props[Prop.TIMER_DELIVER_MS] = str(self.deliver_time_ms)
+        if self.delay_ms:
+            props[Prop.TIMER_DELAY_MS] = str(self.delay_ms)
         if not self.wait_store_msg_ok:
             props[Prop.WAIT_STORE_MSG_OK] = "false"
         return props

@@ -414,6 +414,54 @@ class ConsumerConnectionInfo:
     """Broker name -> why it could not be asked."""
 
 
+@dataclass(frozen=True)
+class DeadLetterPage:
+    """Dead letters of a consumer group on one broker (its ``%DLQ%{group}`` queue 0)."""
+
+    broker_name: str
+    messages: tuple[ReceivedMessage, ...]
+    """Oldest first; ``queue_offset`` is the DLQ offset, RETRY_TOPIC / ORIGIN_MESSAGE_ID name
+    where each came from, ``offset_msg_id`` is what :meth:`Admin.resend_dead_letter` takes."""
+    next_offset: int
+    """DLQ offset to continue from on this broker."""
+    total: int
+    """Dead letters stored in this broker's DLQ now."""
+
+
+@dataclass(frozen=True)
+class DeadLetters:
+    """A consumer group's dead letters, one page per broker asked (SPEC §6.16)."""
+
+    group: str
+    pages: tuple[DeadLetterPage, ...]
+    """By broker name; brokers whose DLQ is empty or absent have an empty page."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """Broker name -> why it could not be asked."""
+
+    @property
+    def messages(self) -> list[ReceivedMessage]:
+        """Every page's messages, by broker then DLQ offset."""
+        return [m for page in self.pages for m in page.messages]
+
+    @property
+    def total(self) -> int:
+        """Dead letters stored over every broker asked."""
+        return sum(page.total for page in self.pages)
+
+
+@dataclass(frozen=True)
+class ResentDeadLetter:
+    """Where :meth:`Admin.resend_dead_letter` sent a dead letter: a new message in its original
+    topic (the dead letter itself stays in the DLQ)."""
+
+    topic: str
+    msg_id: str
+    """Unique id of the new message."""
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+
+
 # ---- protobuf -> dataclass ------------------------------------------------------------------
 def broker_group(pb: nameserver_pb2.BrokerData) -> BrokerGroup:
     return BrokerGroup(pb.cluster, pb.broker_name, dict(sorted(pb.broker_addrs.items())))
@@ -552,4 +600,13 @@ def consumer_connection(
             for topic, (by_id, refused, brokers) in sorted(conflicts.items())
         ),
         locks=tuple(sorted(locks, key=lambda lk: (lk.topic, lk.broker_name, lk.queue_id))),
+    )
+
+
+def dead_letter_page(pb: admin_pb2.ListDeadLettersResponse, broker_name: str) -> DeadLetterPage:
+    return DeadLetterPage(
+        broker_name=broker_name,
+        messages=tuple(received_message(m, broker_name) for m in pb.messages),
+        next_offset=pb.next_offset,
+        total=pb.total,
     )

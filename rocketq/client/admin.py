@@ -17,7 +17,8 @@ Where a request goes:
 | query_by_key, query_by_id          | (any live member of the group when its master is down)    |
 | consume_stats, consumer_ids        | every master of the route (topic given) or of the cluster |
 | consumer_connection                | every master of every cluster (members, conflicts, locks) |
-| view_message                       | the broker whose address the offset message id encodes    |
+| dead_letters                       | every master (or one named broker)                        |
+| view_message, resend_dead_letter   | the broker whose address the offset message id encodes    |
 | broker_config, runtime_stats       | one broker, by name (its master) or by "host:port"        |
 
 Fan-out calls run concurrently. A broker that fails in a fan-out read is reported in the
@@ -55,12 +56,15 @@ from rocketq.client._admin_types import (
     ConsumerConnectionInfo,
     ConsumerMember,
     ConsumeStats,
+    DeadLetterPage,
+    DeadLetters,
     GroupConfig,
     LiveBroker,
     OffsetReset,
     QueueLockInfo,
     QueueOffsets,
     QueueProgress,
+    ResentDeadLetter,
     ResetResult,
     RouteQueue,
     RuntimeStats,
@@ -73,6 +77,7 @@ from rocketq.client._admin_types import (
     apply_results,
     broker_group,
     consumer_connection,
+    dead_letter_page,
     received_message,
     runtime_stats,
 )
@@ -104,12 +109,15 @@ __all__ = [
     "ConsumeStats",
     "ConsumerConnectionInfo",
     "ConsumerMember",
+    "DeadLetterPage",
+    "DeadLetters",
     "GroupConfig",
     "LiveBroker",
     "OffsetReset",
     "QueueLockInfo",
     "QueueOffsets",
     "QueueProgress",
+    "ResentDeadLetter",
     "ResetResult",
     "RouteQueue",
     "RuntimeStats",
@@ -125,6 +133,8 @@ __all__ = [
 _CHANNELS_MAX = 256
 #: QueryMessageByKey accepts 1..64 results per broker.
 QUERY_MAX_NUM_MAX = 64
+#: ListDeadLetters accepts 1..256 messages per broker.
+DEAD_LETTERS_MAX_NUM_MAX = 256
 
 _T = TypeVar("_T")
 _NAMESRV_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -782,3 +792,60 @@ class Admin:
         with contextlib.suppress(RocketQError):  # the name is a nicety; the message was found
             broker_name = (await self.cluster_info()).broker_name_of(addr)
         return received_message(pb.message, broker_name)
+
+    # ---- dead letters --------------------------------------------------------------------------
+    async def dead_letters(
+        self,
+        group: str,
+        broker: str | None = None,
+        offset: int | None = None,
+        max_num: int = 32,
+    ) -> DeadLetters:
+        """Dead letters of ``group`` (its ``%DLQ%{group}``, which consumers cannot read), oldest
+        first, at most ``max_num`` (1..256) per broker, from every master or one broker.
+
+        ``offset`` is a DLQ queue offset to start from on each broker asked (None = the oldest
+        still stored); page through one broker with ``broker`` and its page's ``next_offset``.
+        """
+        _checked(check_group, group)
+        if not 1 <= max_num <= DEAD_LETTERS_MAX_NUM_MAX:
+            raise InvalidArgumentError(f"max_num is {max_num}; use 1..{DEAD_LETTERS_MAX_NUM_MAX}")
+        if offset is not None and offset < 0:
+            raise InvalidArgumentError(f"offset is {offset}; DLQ offsets start at 0")
+        request = admin_pb2.ListDeadLettersRequest(consumer_group=group, max_num=max_num)
+        if offset is not None:
+            request.offset = offset
+        targets = await self._masters_or(broker)
+
+        async def ask(name: str, addr: str) -> DeadLetterPage:
+            stub = self._admin(addr)
+            pb = await self._guard(addr, stub.ListDeadLetters(request, **self._kw))
+            return dead_letter_page(pb, name)
+
+        answers, failures = await self._fan_out(targets, ask)
+        if failures and not answers:
+            raise _first_error(failures)
+        return DeadLetters(
+            group=group,
+            pages=tuple(answers[n] for n in sorted(answers)),
+            errors={n: e.message for n, e in sorted(failures.items())},
+        )
+
+    async def resend_dead_letter(self, group: str, offset_msg_id: str) -> ResentDeadLetter:
+        """Send the dead letter ``offset_msg_id`` (from :meth:`dead_letters`) of ``group`` back to
+        the topic it was first sent to, as a new message with its reconsume times reset; asks the
+        broker whose address the id encodes. The dead letter stays in the DLQ."""
+        _checked(check_group, group)
+        try:
+            host, _ = codec.decode_offset_msg_id(offset_msg_id)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc), code="INVALID_ARGUMENT") from None
+        addr = str(host)
+        request = admin_pb2.ResendDeadLetterRequest(
+            consumer_group=group, offset_msg_id=offset_msg_id
+        )
+        pb = await self._guard(addr, self._admin(addr).ResendDeadLetter(request, **self._kw))
+        broker_name = ""
+        with contextlib.suppress(RocketQError):  # the name is a nicety; the resend happened
+            broker_name = (await self.cluster_info()).broker_name_of(addr)
+        return ResentDeadLetter(pb.topic, pb.msg_id, broker_name, pb.queue_id, pb.queue_offset)

@@ -61,6 +61,8 @@ STABLE_NAMES = {
     "AllocateAveragelyByCircle",
     "Admin",
     "RocketQError",
+    "TimerClient",
+    "TimerStats",
 }
 
 

@@ -121,6 +121,8 @@ def prepare_message(msg: Message, *, create_topic_key: str, max_size_bytes: int)
         )
     if msg.deliver_time_ms < 0:
         raise InvalidArgumentError(f"deliver_time_ms is {msg.deliver_time_ms}; it must be >= 0")
+    if msg.delay_ms < 0:
+        raise InvalidArgumentError(f"delay_ms is {msg.delay_ms}; it must be >= 0")
     try:
         check_user_properties(msg.properties)
         props = msg.wire_properties()
@@ -143,7 +145,9 @@ def prepare_message(msg: Message, *, create_topic_key: str, max_size_bytes: int)
             "maxMessageSize on producer and broker"
         )
     pb = common_pb2.Message(topic=msg.topic, flag=msg.flag, body=bytes(msg.body), properties=props)
-    return PreparedMessage(pb, msg_id, size, bool(msg.delay_level or msg.deliver_time_ms))
+    return PreparedMessage(
+        pb, msg_id, size, bool(msg.delay_level or msg.deliver_time_ms or msg.delay_ms)
+    )
 
 
 def check_batch(items: Sequence[PreparedMessage], max_size_bytes: int) -> None:
