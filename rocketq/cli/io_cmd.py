@@ -5,6 +5,8 @@ the SDK :class:`~rocketq.client.producer.Producer` (sync sends, retried on anoth
 prints where each message was stored; past ``PRINT_EACH_MAX`` messages it shows a progress bar
 and a total instead. ``--sharding-key K`` sends in order (SPEC §5.4): every message goes to the
 queue Java's SelectMessageQueueByHash picks for K, one send at a time, never retried elsewhere.
+``--delay-level N`` / ``--deliver-at-ms T`` / ``--delay-ms D`` delay the messages through the
+timer-wheel (SPEC §8); each printed msgId is that timer's handle for ``rocketq timer cancel``.
 
 ``consume TOPIC`` prints messages as they arrive, with the SDK
 :class:`~rocketq.client.consumer.LitePullConsumer`:
@@ -66,7 +68,7 @@ from rocketq.client.consumer import (
 from rocketq.client.consumer.config import format_consume_timestamp
 from rocketq.client.errors import RocketQError, TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig
-from rocketq.message import Message, ReceivedMessage, SendResult
+from rocketq.message import DELAY_LEVEL_MAX, Message, ReceivedMessage, SendResult
 
 PRINT_EACH_MAX = 20
 """Up to this many sends print one line each; more show a progress bar."""
@@ -127,6 +129,20 @@ def _result_line(r: SendResult) -> str:
     "--sharding-key",
     help="Ordered send: every message to the queue this key hashes to, one at a time.",
 )
+@click.option(
+    "--delay-level",
+    type=click.IntRange(1, DELAY_LEVEL_MAX),
+    help="Deliver after delay level N (1 = 1s ... 18 = 2h, the broker's messageDelayLevel).",
+)
+@click.option(
+    "--deliver-at-ms",
+    "deliver_at",
+    metavar="TIME",
+    help="Deliver at this time: ms since the epoch or an ISO date-time (local time).",
+)
+@click.option(
+    "--delay-ms", type=click.IntRange(min=1), help="Deliver this many ms after it is stored."
+)
 @click.option("-g", "--group", default=CLI_PRODUCER_GROUP, show_default=True)
 @namesrv_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per sent message.")
@@ -138,12 +154,20 @@ def produce(
     keys: tuple[str, ...],
     properties: tuple[str, ...],
     sharding_key: str | None,
+    delay_level: int | None,
+    deliver_at: str | None,
+    delay_ms: int | None,
     group: str,
     namesrv: str,
     as_json: bool,
 ) -> None:
-    """Send messages to TOPIC and print where each was stored."""
+    """Send messages to TOPIC and print where each was stored.
+
+    With --delay-level, --deliver-at-ms or --delay-ms the messages are delayed (the timer-wheel
+    delivers them); the printed msgId is the handle `rocketq timer cancel` takes.
+    """
     props = _parse_properties(properties)
+    level, deliver_ms, delay_after_ms = _delay(delay_level, deliver_at, delay_ms)
     bodies = _bodies(body, count)
     config = ProducerConfig(group, namesrv_list(namesrv))
     many = body is not None and (count or 1) > PRINT_EACH_MAX
@@ -174,7 +198,16 @@ def produce(
                     window.clear()
 
                 for data in bodies:
-                    msg = Message(topic, data, tags=tag, keys=list(keys), properties=props)
+                    msg = Message(
+                        topic,
+                        data,
+                        tags=tag,
+                        keys=list(keys),
+                        properties=props,
+                        delay_level=level,
+                        deliver_time_ms=deliver_ms,
+                        delay_ms=delay_after_ms,
+                    )
                     sent = producer.send(msg, sharding_key=sharding_key)
                     window.append(asyncio.ensure_future(sent))
                     if len(window) >= window_max:
@@ -187,6 +220,23 @@ def produce(
         click.echo(f"sent {ok} message(s) to {topic}" + (f", {failed} failed" if failed else ""))
     if failed or ok == 0:
         sys.exit(1)
+
+
+def _delay(level: int | None, deliver_at: str | None, delay_ms: int | None) -> tuple[int, int, int]:
+    """(delay_level, deliver_time_ms, delay_ms) of --delay-level / --deliver-at-ms / --delay-ms
+    (at most one given; 0 = not set)."""
+    given = [n for n, v in (("--delay-level", level), ("--deliver-at-ms", deliver_at),
+                            ("--delay-ms", delay_ms)) if v is not None]  # fmt: skip
+    if len(given) > 1:
+        raise click.UsageError(f"give one of {' / '.join(given)}, not several")
+    at_ms = 0
+    if deliver_at is not None:
+        at_ms = parse_time_ms(deliver_at)
+        if at_ms <= 0:
+            raise click.BadParameter(
+                f"{deliver_at!r} is not a delivery time", param_hint="--deliver-at-ms"
+            )
+    return level or 0, at_ms, delay_ms or 0
 
 
 @contextlib.contextmanager

@@ -1,26 +1,31 @@
-"""``rocketq nameserver``, ``rocketq broker`` and ``rocketq dev up|down``: run RocketQ's servers.
+"""``rocketq nameserver``, ``broker``, ``timer-wheel`` and ``dev up|down``: run RocketQ's servers.
 
-``nameserver`` and ``broker`` are the same programs as ``python -m services.nameserver`` and
-``python -m services.broker`` (flags passed through unchanged); the server side is imported only
-inside the commands, so ``import rocketq`` never pulls it in.
+``nameserver``, ``broker`` and ``timer-wheel`` are the same programs as ``python -m
+services.nameserver``, ``python -m services.broker`` and ``python -m services.timer_wheel``
+(flags passed through unchanged); the server side is imported only inside the commands, so
+``import rocketq`` never pulls it in.
 
-``dev up`` is the embedded default for one machine: a nameserver and a broker as child
-processes, data and logs under one directory::
+``dev up`` is the embedded default for one machine: a nameserver, a broker and a timer-wheel
+(delayed messages, consume retries) as child processes, data and logs under one directory::
 
     DIR/store/        the broker's store (commitlog, consume queues, index, config)
-    DIR/logs/         namesrv.log, broker.log
+    DIR/timer-0/      the timer-wheel's data (TimerLog, wheel, message log, checkpoint)
+    DIR/logs/         namesrv.log, broker.log, timer.log
     DIR/run/          ready files ({"addr", "pid"}, written by each process once serving)
     DIR/pids.json     with --detach: what ``dev down`` stops
 
-It waits for both ready files, creates a demo topic, sends a few messages and reads them back
-(proving the round trip before saying "running"), prints how to use it, and stays in the
-foreground until Ctrl-C, stopping the broker and then the nameserver cleanly. The children run
-in their own session so Ctrl-C reaches only this supervisor, which stops them in that order.
+It waits for each ready file in turn, creates a demo topic, sends a few messages and reads them
+back (proving the round trip before saying "running"), prints how to use it, and stays in the
+foreground until Ctrl-C, stopping the timer-wheel, the broker and then the nameserver cleanly.
+The children run in their own session so Ctrl-C reaches only this supervisor, which stops them
+in that order. A build without the timer-wheel module (``services.timer_wheel.__main__``)
+starts the other two and says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -40,7 +45,14 @@ STOP_TIMEOUT_S = 30.0
 DEMO_TOPIC = "DemoTopic"
 DEMO_GROUP = "demo-consumer"
 DEMO_MESSAGES = 3
-_MODULES = {"namesrv": "services.nameserver", "broker": "services.broker"}
+TIMER_DATA_DIR = "timer-0"
+_MODULES = {
+    "namesrv": "services.nameserver",
+    "broker": "services.broker",
+    "timer": "services.timer_wheel",
+}
+#: dev down stops in this order: what depends on the others first.
+_STOP_ORDER = ("timer", "broker", "namesrv")
 
 
 # ---- the servers themselves -----------------------------------------------------------------
@@ -91,6 +103,63 @@ def broker(config: Path | None, overrides: tuple[str, ...], ready_file: Path | N
     if ready_file is not None:
         argv += ["--ready-file", str(ready_file)]
     sys.exit(broker_main(argv))
+
+
+def timer_wheel_available() -> bool:
+    """Whether this build has the timer-wheel service (``python -m services.timer_wheel``)."""
+    try:
+        return importlib.util.find_spec(_MODULES["timer"] + ".__main__") is not None
+    except ImportError:
+        return False
+
+
+@click.command("timer-wheel", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-n",
+    "--namesrv",
+    envvar="ROCKETQ_NAMESRV",
+    default="127.0.0.1:9876",
+    show_default=True,
+    show_envvar=True,
+    help="Nameserver addresses, separated by ';'.",
+)
+@click.option(
+    "--data-dir",
+    default=".rocketq-timer",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="TimerLog, wheel, message log and checkpoint.",
+)
+@click.option("--listen", default="0.0.0.0:10931", show_default=True, help="host:port to bind.")
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override one key, e.g. --set timerPrecisionMs=1000 (repeatable).",
+)
+def timer_wheel(
+    namesrv: str,
+    data_dir: Path,
+    listen: str,
+    ready_file: Path | None,
+    overrides: tuple[str, ...],
+) -> None:
+    """Run a timer-wheel (delayed delivery, consume-retry backoff) in the foreground; Ctrl-C or
+    SIGTERM stops it cleanly. Several instances share the brokers' timer queues."""
+    import runpy
+
+    if not timer_wheel_available():
+        raise click.ClickException("this build has no timer-wheel service (services.timer_wheel)")
+    argv = ["--namesrv", namesrv, "--data-dir", str(data_dir), "--listen", listen]
+    if ready_file is not None:
+        argv += ["--ready-file", str(ready_file)]
+    for item in overrides:
+        argv += ["--set", item]
+    # Run the module's own main, exactly as `python -m services.timer_wheel` would.
+    sys.argv = ["rocketq timer-wheel", *argv]
+    runpy.run_module(_MODULES["timer"], run_name="__main__", alter_sys=True)
 
 
 # ---- dev up / down --------------------------------------------------------------------------
@@ -193,7 +262,7 @@ def _running(base: Path) -> dict[str, Any] | None:
 
 @click.group()
 def dev() -> None:
-    """A one-machine RocketQ (nameserver + broker) for development."""
+    """A one-machine RocketQ (nameserver + broker + timer-wheel) for development."""
 
 
 @dev.command("up")
@@ -207,40 +276,95 @@ def dev() -> None:
 )
 @click.option("--namesrv-port", type=int, default=9876, show_default=True, help="0 = any free.")
 @click.option("--broker-port", type=int, default=10911, show_default=True, help="0 = any free.")
+@click.option("--timer-port", type=int, default=10931, show_default=True, help="0 = any free.")
 @click.option("--detach", is_flag=True, help="Return once running; stop with `rocketq dev down`.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Broker key.")
+@click.option("--timer-set", "timer_overrides", multiple=True, metavar="KEY=VALUE",
+              help="Timer-wheel key, e.g. timerPrecisionMs=100.")  # fmt: skip
+@click.option("--no-timer", is_flag=True, help="Do not start the timer-wheel.")
 @click.option("--no-demo", is_flag=True, help="Skip the demo topic and round trip.")
 def dev_up(
     base: Path,
     namesrv_port: int,
     broker_port: int,
+    timer_port: int,
     detach: bool,
     overrides: tuple[str, ...],
+    timer_overrides: tuple[str, ...],
+    no_timer: bool,
     no_demo: bool,
 ) -> None:
-    """Start a nameserver and a broker with data under --dir, prove a round trip, and run."""
+    """Start a nameserver, a broker and a timer-wheel with data under --dir, prove a round
+    trip, and run."""
     base = base.resolve()
     if (running := _running(base)) is not None:
         raise click.ClickException(
             f"RocketQ is already running from {base} (nameserver {running['namesrv']}); "
             f"stop it with: rocketq dev down --dir {base}"
         )
-    for sub in ("logs", "run", "store"):
+    with_timer = not no_timer and timer_wheel_available()
+    for sub in ("logs", "run", "store", *([TIMER_DATA_DIR] if with_timer else [])):
         (base / sub).mkdir(parents=True, exist_ok=True)
+    broker_args = [
+        *("--set", "brokerName=broker-a", "--set", "listenAddress=127.0.0.1"),
+        *("--set", f"listenPort={broker_port}", "--set", "brokerIP1=127.0.0.1"),
+        *("--set", f"storePathRootDir={base / 'store'}"),
+    ]
+    for item in overrides:
+        broker_args += ["--set", item]
+    timer_args = _timer_args(base, timer_port, timer_overrides) if with_timer else None
+    children = _start_all(base, namesrv_port, broker_args, timer_args, demo=not no_demo)
+    ns, br = children[0], children[1]
+    addrs = {c.name: c.addr for c in children}
+    if detach:
+        _pids_file(base).write_text(
+            json.dumps(
+                {
+                    "namesrv": ns.addr,
+                    "broker": br.addr,
+                    "timer": addrs.get("timer", ""),
+                    "processes": {c.name: {"pid": c.proc.pid, "addr": c.addr} for c in children},
+                },
+                indent=2,
+            )
+        )
+    if not with_timer:
+        click.echo(
+            "timer-wheel not started (--no-timer)"
+            if no_timer
+            else "timer-wheel skipped: this build has no services.timer_wheel module; "
+            "delayed messages and consume retries stay pending until one runs"
+        )
+    _summary(base, ns.addr, br.addr, addrs.get("timer", ""), detach)
+    if not detach:
+        _supervise(children)
+
+
+def _timer_args(base: Path, port: int, overrides: tuple[str, ...]) -> list[str]:
+    args = ["--data-dir", str(base / TIMER_DATA_DIR), "--listen", f"127.0.0.1:{port}"]
+    for item in overrides:
+        args += ["--set", item]
+    return args
+
+
+def _start_all(
+    base: Path,
+    namesrv_port: int,
+    broker_args: list[str],
+    timer_args: list[str] | None,
+    *,
+    demo: bool,
+) -> list[_Child]:
+    """Nameserver, broker, then (if ``timer_args``) the timer-wheel, each waited for by its
+    ready file; then the demo round trip. On any failure, stop what started and re-raise."""
     children: list[_Child] = []
     try:
         ns = _spawn("namesrv", ["--listen", f"127.0.0.1:{namesrv_port}"], base)
         children.append(ns)
-        args = [
-            *("--set", "brokerName=broker-a", "--set", "listenAddress=127.0.0.1"),
-            *("--set", f"listenPort={broker_port}", "--set", "brokerIP1=127.0.0.1"),
-            *("--set", f"namesrvAddr={ns.addr}", "--set", f"storePathRootDir={base / 'store'}"),
-        ]
-        for item in overrides:
-            args += ["--set", item]
-        br = _spawn("broker", args, base)
-        children.append(br)
-        if not no_demo:
+        children.append(_spawn("broker", ["--set", f"namesrvAddr={ns.addr}", *broker_args], base))
+        if timer_args is not None:
+            children.append(_spawn("timer", ["--namesrv", ns.addr, *timer_args], base))
+        if demo:
             from rocketq.cli.io_cmd import demo_round_trip
 
             click.echo(run(demo_round_trip(ns.addr, DEMO_TOPIC, DEMO_GROUP, DEMO_MESSAGES)))
@@ -248,29 +372,24 @@ def dev_up(
         for child in reversed(children):
             _stop_pid(child.proc.pid, child.name)
         raise
-    if detach:
-        _pids_file(base).write_text(
-            json.dumps(
-                {
-                    "namesrv": ns.addr,
-                    "broker": br.addr,
-                    "processes": {c.name: {"pid": c.proc.pid, "addr": c.addr} for c in children},
-                },
-                indent=2,
-            )
-        )
-    _summary(base, ns.addr, br.addr, detach)
-    if not detach:
-        _supervise(children)
+    return children
 
 
-def _summary(base: Path, ns_addr: str, br_addr: str, detach: bool) -> None:
+def _summary(base: Path, ns_addr: str, br_addr: str, timer_addr: str, detach: bool) -> None:
+    """What runs where and how to use it; ``timer_addr`` is empty if no timer-wheel runs."""
     stop = f"rocketq dev down --dir {base}" if detach else "press Ctrl-C"
     env = f"ROCKETQ_NAMESRV={ns_addr}"
+    timer = "not running"
+    delayed = ""
+    if timer_addr:
+        env += f" ROCKETQ_TIMER={timer_addr}"
+        timer = f"{timer_addr}  (data {base / TIMER_DATA_DIR})"
+        delayed = "  echo later | rocketq produce Orders --delay-level 2\n  rocketq timer stats\n"
     click.echo(
         f"\nRocketQ is running\n"
         f"  nameserver  {ns_addr}\n"
         f"  broker      {br_addr}  (broker-a, cluster DefaultCluster)\n"
+        f"  timer-wheel {timer}\n"
         f"  data        {base / 'store'}\n"
         f"  logs        {base / 'logs'}\n"
         f"  stop        {stop}\n"
@@ -280,6 +399,7 @@ def _summary(base: Path, ns_addr: str, br_addr: str, detach: bool) -> None:
         f"  rocketq topic create Orders\n"
         f"  echo hello | rocketq produce Orders\n"
         f"  rocketq consume Orders --from first --count 1\n"
+        f"{delayed}"
         f"  rocketq bench produce --topic Orders --duration 10\n"
     )
 
@@ -304,7 +424,8 @@ def _supervise(children: list[_Child]) -> None:
             err=True,
         )
     click.echo("stopping RocketQ ...")
-    clean = all(_stop_pid(c.proc.pid, c.name) for c in reversed(children))  # broker first
+    # Timer-wheel first (it re-puts to the broker), then the broker, then the nameserver.
+    clean = all(_stop_pid(c.proc.pid, c.name) for c in reversed(children))
     click.echo("stopped" if clean else "stopped (some processes had to be killed)")
     sys.exit(1 if died is not None else 0)
 
@@ -318,7 +439,7 @@ def _supervise(children: list[_Child]) -> None:
     type=click.Path(file_okay=False, path_type=Path),
 )
 def dev_down(base: Path) -> None:
-    """Stop a RocketQ started with `rocketq dev up --detach` (broker first, then nameserver)."""
+    """Stop a RocketQ started with `rocketq dev up --detach` (timer-wheel, broker, nameserver)."""
     base = base.resolve()
     data = _running(base)
     if data is None:
@@ -326,11 +447,11 @@ def dev_down(base: Path) -> None:
         raise click.ClickException(f"no detached RocketQ is running from {base}")
     processes: dict[str, Any] = data["processes"]
     clean = True
-    for name in ("broker", "namesrv"):
+    for name in _STOP_ORDER:
         if name in processes:
             clean = _stop_pid(int(processes[name]["pid"]), name) and clean
     _pids_file(base).unlink(missing_ok=True)
     click.echo("RocketQ stopped" if clean else "RocketQ stopped (some processes were killed)")
 
 
-SERVER_COMMANDS = (nameserver, broker, dev)
+SERVER_COMMANDS = (nameserver, broker, timer_wheel, dev)
