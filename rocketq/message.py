@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from rocketq import codec
 from rocketq.codec import Prop
 
-#: Delay levels 1..18 (SPEC §8.1; level 1 = 1 s).
-DELAY_LEVEL_MAX = 18
+#: Highest delay level a client lets through: a broker's messageDelayLevel may define up to 64
+#: levels (18 by default, SPEC §8.1; level 1 = 1 s), and the broker refuses a level it lacks.
+DELAY_LEVEL_MAX = 64
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -41,10 +42,11 @@ class Message:
     """A message to send.
 
     ``keys`` are business keys, indexed for :meth:`Admin.query_by_key`; give one string or
-    several. ``tags`` is the one tag consumers filter on. ``delay_level`` 1..18 delays delivery
-    (SPEC §8.1), ``deliver_time_ms`` sets an absolute delivery time (ms since the epoch) and
-    ``delay_ms`` a delay from when the broker stores it (all need the timer-wheel service; the
-    send's ``msg_id`` is the timer's handle for cancelling). ``properties`` are user
+    several. ``tags`` is the one tag consumers filter on. ``delay_level`` 1..18 (the default
+    levels; up to 64 on a broker configured with more) delays delivery (SPEC §8.1),
+    ``deliver_time_ms`` sets an absolute delivery time (ms since the epoch) and ``delay_ms`` a
+    delay from when the broker stores it (all need the timer-wheel service; the send's
+    ``msg_id`` is the timer's handle for cancelling). ``properties`` are user
     properties; names RocketQ reserves are refused at send.
     """
 

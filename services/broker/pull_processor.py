@@ -50,7 +50,7 @@ import grpc
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
-from rocketq.validation import PULL_BATCH_MAX, check_group, check_topic, is_readable
+from rocketq.validation import PULL_BATCH_MAX, TIMER_TOPIC, check_group, check_topic, is_readable
 from services.broker.client_manager import ClientManager
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
@@ -64,6 +64,7 @@ from services.broker.model import SubscriptionGroupConfig
 from services.broker.pull_hold import PullHoldService
 from services.broker.query_processor import record_to_pb
 from services.broker.subscription_group_manager import SubscriptionGroupManager
+from services.broker.timer_put import TIMER_CONSUMER_GROUP
 from services.broker.topic_config_manager import TopicConfigManager
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import denied, invalid, not_found, precondition
@@ -232,6 +233,12 @@ class PullProcessor:
             )
         if not is_readable(topic_cfg.perm):
             denied(f"topic {req.topic} is not readable (perm {topic_cfg.perm})", topic=req.topic)
+        if req.topic == TIMER_TOPIC and req.consumer_group != TIMER_CONSUMER_GROUP:
+            denied(
+                f"{TIMER_TOPIC} holds pending timers; only the timer-wheel service "
+                f"({TIMER_CONSUMER_GROUP}) may pull it",
+                topic=req.topic,
+            )
         if req.queue_id >= topic_cfg.read_queue_nums:
             invalid(
                 common_pb2.ILLEGAL_ARGUMENT,

@@ -41,6 +41,8 @@ import os
 import struct
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, NoReturn
 from urllib.parse import unquote
 
 import grpc
@@ -48,17 +50,28 @@ import grpc
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.codec import HostAddress, Prop, SysFlag
-from rocketq.message import DELAY_LEVEL_MAX, RESERVED_PROPERTIES
+from rocketq.message import RESERVED_PROPERTIES
 from rocketq.validation import (
     AUTO_CREATE_TOPIC_KEY,
     QUEUE_NUMS_MAX,
     RETRY_GROUP_TOPIC_PREFIX,
+    TIMER_TOPIC,
     check_group,
     check_topic,
     is_writeable,
 )
 from services.broker.config import BrokerConfig
 from services.broker.model import TopicConfig
+from services.broker.timer_put import (
+    DELAY_PROPERTIES,
+    DelayError,
+    RePutDedup,
+    StoredRePut,
+    delivery_ms,
+    ensure_timer_topic,
+    timer_properties,
+    timer_queue_id,
+)
 from services.broker.topic_config_manager import TopicConfigManager
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import ServiceError, denied, invalid, not_found, precondition
@@ -81,11 +94,12 @@ _FORBIDDEN_PROPERTIES = RESERVED_PROPERTIES - {
     Prop.TRANSACTION_PREPARED,
     Prop.PRODUCER_GROUP,
 }
-_DELAY_PROPERTIES = frozenset({Prop.DELAY_LEVEL, Prop.TIMER_DELIVER_MS})
-_CHECKED_PROPERTIES = _FORBIDDEN_PROPERTIES | _DELAY_PROPERTIES | {Prop.TRANSACTION_PREPARED}
+#: Properties that send a message down the slow path (delays, re-puts, cancel markers, ...).
+_CHECKED_PROPERTIES = _FORBIDDEN_PROPERTIES.union(
+    DELAY_PROPERTIES, (Prop.TRANSACTION_PREPARED, Prop.TIMER_SOURCE, Prop.TIMER_DEL_UNIQKEY)
+)
 _PORT = struct.Struct(">i")
 
-DELAY_UNAVAILABLE = "delayed delivery needs the timer-wheel service (not available yet)"
 TRANSACTION_UNAVAILABLE = (
     "transactional messages need the transaction service (not available yet); "
     "send without the transactional flag"
@@ -170,6 +184,47 @@ class UniqueIds:
         return next_id
 
 
+class _Hop(NamedTuple):
+    """What a message's special properties mean for it."""
+
+    transactional: bool
+    out_ms: int | None
+    """Delivery time of a message going to the timer topic; None = stored in its topic."""
+    source: str | None
+    """TIMER_SOURCE of a timer-wheel re-put."""
+
+
+@dataclass(slots=True)
+class SendPlan:
+    """What one Send stores and how it is answered."""
+
+    to_store: list[MessageToStore]
+    uniq_keys: list[str]
+    """UNIQ_KEY of each message in ``to_store``."""
+    wait: bool
+    sources: dict[str, int] = field(default_factory=dict)
+    """TIMER_SOURCE of each re-put to store -> its index in ``to_store``."""
+    repeats: list[tuple[int, StoredRePut | int]] = field(default_factory=list)
+    """Re-puts stored already: (position in the request, the first store, or the index in
+    ``to_store`` of an earlier message of this request with the same source)."""
+    repeats_end_offset: int = 0
+    """Commitlog end of the repeats' first stores: the answer waits for their flush too."""
+
+    def repeat_of(self, position: int, source: str, dedup: RePutDedup) -> bool:
+        """Whether ``source`` was stored before (or earlier in this request); if so the
+        repeat is noted for the answer."""
+        stored = dedup.get(source)
+        if stored is not None:
+            self.repeats_end_offset = max(self.repeats_end_offset, stored.end_offset)
+            self.repeats.append((position, stored))
+            return True
+        index = self.sources.get(source)
+        if index is None:
+            return False
+        self.repeats.append((position, index))
+        return True
+
+
 class SendProcessor:
     """Validates and stores Send requests (one per broker)."""
 
@@ -188,24 +243,35 @@ class SendProcessor:
         self._peers: dict[str, HostAddress] = {}
         self._id_prefix = offset_msg_id_prefix(store.config.store_host)
         self._unique_ids = UniqueIds(store.config.store_host)
+        self._levels_ms = config.delay_levels_ms()
+        self.dedup = RePutDedup(clock)
+        """TIMER_SOURCE values stored recently (timer-wheel re-puts)."""
 
     # -- entry point -----------------------------------------------------------------------
     async def send(
         self, request: messaging_pb2.SendRequest, peer: str
     ) -> messaging_pb2.SendResponse:
         """Validate, store and answer one Send; raises ServiceError for a refused request."""
-        to_store, uniq_keys, wait = self.build(request, peer)
-        results = _store_call(self.store.append, to_store)
+        plan = self.build(request, peer)
+        to_store = plan.to_store
+        results = _store_call(self.store.append, to_store) if to_store else []
+        if plan.sources:
+            self._remember_sources(plan, results, request.queue_id)
         status = SEND_OK
-        if wait and self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            last = results[-1]
-            if not await self.store.flusher.wait_flushed(last.physical_offset + last.size_bytes):
-                status = FLUSH_DISK_TIMEOUT
+        end = plan.repeats_end_offset
+        if results:
+            end = max(end, results[-1].physical_offset + results[-1].size_bytes)
+        sync = self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        if end and plan.wait and sync and not await self.store.flusher.wait_flushed(end):
+            status = FLUSH_DISK_TIMEOUT
         prefix = self._id_prefix
         qid = request.queue_id
         response = messaging_pb2.SendResponse()
         add = response.results.add  # ~2x cheaper per result than building SendResult objects
-        for r, uniq in zip(results, uniq_keys, strict=True):
+        if plan.repeats:
+            _answer_with_repeats(add, plan, results, status, prefix, qid)
+            return response
+        for r, uniq in zip(results, plan.uniq_keys, strict=True):
             add(
                 status=status,
                 msg_id=uniq,
@@ -215,12 +281,29 @@ class SendProcessor:
             )
         return response
 
+    def _remember_sources(self, plan: SendPlan, results: list[AppendResult], qid: int) -> None:
+        """Record where each re-put went, so a repeat of its TIMER_SOURCE stores nothing."""
+        prefix = self._id_prefix
+        now_ms = self.clock.now_ms()
+        for source, index in plan.sources.items():
+            r = results[index]
+            self.dedup.add(
+                source,
+                StoredRePut(
+                    stored_ms=now_ms,
+                    msg_id=plan.uniq_keys[index],
+                    offset_msg_id=f"{prefix}{r.physical_offset:016X}",
+                    queue_id=qid,
+                    queue_offset=r.queue_offset,
+                    end_offset=r.physical_offset + r.size_bytes,
+                ),
+            )
+
     # -- validation ------------------------------------------------------------------------
-    def build(
-        self, request: messaging_pb2.SendRequest, peer: str
-    ) -> tuple[list[MessageToStore], list[str], bool]:
-        """Check ``request`` and turn it into store messages, their unique ids, and whether
-        SEND_OK must wait for the flush policy. Raises ServiceError."""
+    def build(self, request: messaging_pb2.SendRequest, peer: str) -> SendPlan:
+        """Check ``request`` and turn it into a plan: store messages, their unique ids, whether
+        SEND_OK must wait for the flush policy, and re-puts already stored. Raises
+        ServiceError."""
         cfg = self.config
         if not cfg.is_master:
             raise ServiceError(
@@ -267,52 +350,49 @@ class SendProcessor:
 
     def _build_messages(
         self, request: messaging_pb2.SendRequest, topic: str, peer: str, transactional: bool
-    ) -> tuple[list[MessageToStore], list[str], bool]:
+    ) -> SendPlan:
         messages = request.messages
         count = len(messages)
         is_retry = topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
         qid = request.queue_id
-        born_ms = request.born_timestamp_ms or self.clock.now_ms()
+        now_ms = self.clock.now_ms()
+        born_ms = request.born_timestamp_ms or now_ms
         host = self._born_host(peer)
         sys_flag = request.sys_flag & SysFlag.COMPRESSED
         reconsume = request.reconsume_times
         limit = self.config.max_message_size_bytes
-        topic_len = len(topic)
         total = 0
         wait = False
+        delayed = False
         tags_hash = codec.tags_hash
-        new_id = self._unique_ids.factory(self.clock.now_ms())
+        new_id = self._unique_ids.factory(now_ms)
         max_reconsume = (
             str(request.max_reconsume_times)
             if is_retry and request.HasField("max_reconsume_times")
             else None
         )
-        out: list[MessageToStore] = []
-        uniq_keys: list[str] = []
+        plan = SendPlan([], [], False)
+        out = plan.to_store
         for i, m in enumerate(messages):
-            if m.topic != topic:
-                invalid(
-                    common_pb2.ILLEGAL_ARGUMENT,
-                    f"message {i} has topic {m.topic!r} but message 0 has {topic!r}; a batch "
-                    "must hold one topic",
-                )
-            body = m.body
-            if not body:
-                invalid(common_pb2.ILLEGAL_ARGUMENT, f"message {i} has an empty body", topic=topic)
-            pb_props = m.properties
-            # A comprehension over the upb map is 2-3x cheaper than dict(map).
-            props = {k: pb_props[k] for k in pb_props} if pb_props else {}
+            props = self._message_properties(m, i, topic)
+            to_topic, to_qid, out_ms, source = topic, qid, None, None
             if not _CHECKED_PROPERTIES.isdisjoint(props):
-                transactional = self._check_special_properties(
-                    props, i, count, topic, is_retry, transactional
-                )
+                hop = self._special_properties(props, i, count, topic, is_retry, now_ms)
+                transactional = transactional or hop.transactional
+                out_ms = hop.out_ms
+                source = hop.source
+                if source is not None and plan.repeat_of(i, source, self.dedup):
+                    continue  # stored once already: answered with that store's position
             if max_reconsume is not None:
                 props[Prop.MAX_RECONSUME_TIMES] = max_reconsume
             uniq = props.get(Prop.UNIQ_KEY)
             if not uniq:
                 uniq = props[Prop.UNIQ_KEY] = new_id()
+            if out_ms is not None:
+                delayed = True
+                props, to_topic, to_qid = self._to_timer(props, topic, qid, out_ms, uniq)
             encoded = _encode_properties(props, i, topic)
-            total += topic_len + len(body) + len(encoded)
+            total += len(to_topic) + len(m.body) + len(encoded)
             if total > limit:
                 invalid(
                     common_pb2.MESSAGE_TOO_LARGE,
@@ -325,9 +405,9 @@ class SendProcessor:
                 wait = True
             out.append(
                 MessageToStore(
-                    topic,
-                    qid,
-                    body,
+                    to_topic,
+                    to_qid,
+                    m.body,
                     encoded,
                     tags_hash(props.get(Prop.TAGS, "")),
                     props.get(Prop.KEYS, ""),
@@ -339,29 +419,66 @@ class SendProcessor:
                     reconsume,
                 )
             )
-            uniq_keys.append(uniq)
+            plan.uniq_keys.append(uniq)
+            if source is not None:
+                plan.sources[source] = len(out) - 1
         if transactional:
-            if count > 1:
-                invalid(
-                    common_pb2.ILLEGAL_ARGUMENT,
-                    "a batch of more than one message may not hold a transactional message "
-                    "(SPEC §5.5)",
-                    topic=topic,
-                )
-            precondition(TRANSACTION_UNAVAILABLE, topic=topic)
-        return out, uniq_keys, wait
+            self._refuse_transactional(count, delayed, topic)
+        plan.wait = wait
+        return plan
 
-    def _check_special_properties(
+    @staticmethod
+    def _message_properties(m: common_pb2.Message, index: int, topic: str) -> dict[str, str]:
+        """Topic and body checks of one message of a batch; its properties as a dict."""
+        if m.topic != topic:
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                f"message {index} has topic {m.topic!r} but message 0 has {topic!r}; a batch "
+                "must hold one topic",
+            )
+        if not m.body:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, f"message {index} has an empty body", topic=topic)
+        pb_props = m.properties
+        # A comprehension over the upb map is 2-3x cheaper than dict(map).
+        return {k: pb_props[k] for k in pb_props} if pb_props else {}
+
+    @staticmethod
+    def _refuse_transactional(count: int, delayed: bool, topic: str) -> NoReturn:
+        if delayed:
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                "a transactional message cannot be delayed; send it without DELAY / TIMER_* "
+                "properties",
+                topic=topic,
+            )
+        if count > 1:
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                "a batch of more than one message may not hold a transactional message (SPEC §5.5)",
+                topic=topic,
+            )
+        precondition(TRANSACTION_UNAVAILABLE, topic=topic)
+
+    def _special_properties(
         self,
         props: dict[str, str],
         index: int,
         count: int,
         topic: str,
         is_retry: bool,
-        transactional: bool,
-    ) -> bool:
-        """Reserved names, delays and transaction markers of one message; returns whether the
-        batch is transactional. Raises ServiceError."""
+        now_ms: int,
+    ) -> _Hop:
+        """Reserved names, delays, re-puts and transaction markers of one message; removes
+        the delay properties of a message not (or no longer) delayed. Raises ServiceError."""
+        source = props.get(Prop.TIMER_SOURCE)
+        if source is not None:
+            # The timer-wheel's re-put: it carries what the broker put on the timer record
+            # (REAL_TOPIC, RETRY_TOPIC, ...) and is never delayed again.
+            if not source:
+                invalid(common_pb2.ILLEGAL_ARGUMENT, f"message {index}: TIMER_SOURCE is empty")
+            for name in DELAY_PROPERTIES:
+                props.pop(name, None)
+            return _Hop(False, None, source)
         if not is_retry:
             # A consumer's local resubmission to %RETRY%{group} legitimately carries the retry
             # properties (RETRY_TOPIC, ORIGIN_MESSAGE_ID, RECONSUME_TIME, ...).
@@ -373,36 +490,54 @@ class SendProcessor:
                     f" {', '.join(forbidden)}; RocketQ sets those itself",
                     topic=topic,
                 )
-        if props.get(Prop.TRANSACTION_PREPARED, "").lower() == "true":
-            transactional = True
-        delay = props.get(Prop.DELAY_LEVEL, "0") or "0"
-        deliver_ms = props.get(Prop.TIMER_DELIVER_MS, "")
+        transactional = props.get(Prop.TRANSACTION_PREPARED, "").lower() == "true"
         try:
-            level = int(delay)
-            if deliver_ms:
-                int(deliver_ms)
-        except ValueError:
+            out_ms = delivery_ms(
+                props,
+                now_ms=now_ms,
+                levels_ms=self._levels_ms,
+                max_delay_ms=self.config.timer_max_delay_sec * 1000,
+            )
+        except DelayError as exc:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, f"message {index}: {exc}", topic=topic)
+        cancel = Prop.TIMER_DEL_UNIQKEY in props
+        if cancel and (out_ms is None or not props[Prop.TIMER_DEL_UNIQKEY]):
             invalid(
                 common_pb2.ILLEGAL_ARGUMENT,
-                f"message {index}: DELAY must be a level 0..{DELAY_LEVEL_MAX} and "
-                "TIMER_DELIVER_MS a time in ms",
+                f"message {index}: a cancel marker needs a timer handle in TIMER_DEL_UNIQKEY and "
+                "the timer's delivery time in TIMER_DELIVER_MS",
                 topic=topic,
             )
-        if not 0 <= level <= DELAY_LEVEL_MAX:
+        if out_ms is not None and count > 1:
             invalid(
                 common_pb2.ILLEGAL_ARGUMENT,
-                f"message {index}: delay level {level} is outside 0..{DELAY_LEVEL_MAX}",
+                "a batch of more than one message may not hold a delayed message (SPEC §5.5)",
                 topic=topic,
             )
-        if level or deliver_ms:
-            if count > 1:
-                invalid(
-                    common_pb2.ILLEGAL_ARGUMENT,
-                    "a batch of more than one message may not hold a delayed message (SPEC §5.5)",
-                    topic=topic,
-                )
-            precondition(DELAY_UNAVAILABLE, topic=topic)
-        return transactional
+        if out_ms is not None and out_ms <= now_ms and not cancel:
+            # Already due: stored in its topic now. A cancel marker always goes to the timer
+            # topic (the timer-wheel decides whether it came too late).
+            for name in DELAY_PROPERTIES:
+                props.pop(name, None)
+            out_ms = None
+        return _Hop(transactional, out_ms, None)
+
+    def _to_timer(
+        self, props: dict[str, str], topic: str, qid: int, out_ms: int, uniq: str
+    ) -> tuple[dict[str, str], str, int]:
+        """A delayed message's properties, topic and queue in the timer topic."""
+        timer_cfg = ensure_timer_topic(self.topics, self.config)
+        if not is_writeable(timer_cfg.perm) or timer_cfg.write_queue_nums < 1:
+            denied(
+                f"timer topic {TIMER_TOPIC} is not writable (perm {timer_cfg.perm}); delayed "
+                "messages are refused",
+                topic=topic,
+            )
+        # A cancel marker goes where the timer it cancels went.
+        handle = props.get(Prop.TIMER_DEL_UNIQKEY) or uniq
+        to_qid = timer_queue_id(handle, timer_cfg.write_queue_nums)
+        timer_props = timer_properties(props, real_topic=topic, real_qid=qid, out_ms=out_ms)
+        return timer_props, TIMER_TOPIC, to_qid
 
     def _topic_config(self, topic: str, request: messaging_pb2.SendRequest) -> TopicConfig:
         cfg = self.topics.get(topic)
@@ -446,6 +581,42 @@ class SendProcessor:
                 self._peers.clear()
             host = self._peers[peer] = parse_peer(peer)
         return host
+
+
+def _answer_with_repeats(
+    add: Callable[..., object],
+    plan: SendPlan,
+    results: list[AppendResult],
+    status: messaging_pb2.SendStatus.ValueType,
+    prefix: str,
+    qid: int,
+) -> None:
+    """Answers in request order when some re-puts were stored before (their first store's
+    position is the answer)."""
+    repeats = dict(plan.repeats)
+    stored = 0
+    for position in range(len(results) + len(repeats)):
+        first = repeats.get(position)
+        if isinstance(first, StoredRePut):
+            add(
+                status=status,
+                msg_id=first.msg_id,
+                offset_msg_id=first.offset_msg_id,
+                queue_id=first.queue_id,
+                queue_offset=first.queue_offset,
+            )
+            continue
+        index = first if first is not None else stored
+        if first is None:
+            stored += 1
+        r = results[index]
+        add(
+            status=status,
+            msg_id=plan.uniq_keys[index],
+            offset_msg_id=f"{prefix}{r.physical_offset:016X}",
+            queue_id=qid,
+            queue_offset=r.queue_offset,
+        )
 
 
 def _store_call(

@@ -21,6 +21,12 @@ System topics made at load (as RocketMQ's TopicConfigManager does):
 | SELF_TEST_TOPIC     | 1                     | 6                        | always                |
 | {brokerClusterName} | 1                     | 6                        | always                |
 | {brokerName}        | 1                     | 6                        | always                |
+| rmq_sys_wheel_timer | timerTopicQueueNums   | 6                        | always                |
+
+The timer topic holds delayed messages until the timer-wheel service re-puts them
+(services.broker.timer_put); producers may not send to it and only the timer-wheel's group may
+pull it. An existing one keeps its queue count when timerTopicQueueNums changes (shrinking it
+would strand the timers in the dropped queues).
 
 Auto-create on send (SPEC §4.3 steps 3–5): a producer that found no route sends to TBW102's
 queues; the broker then creates the real topic from the template: queue count = the client's
@@ -41,6 +47,7 @@ from rocketq.validation import (
     PERM_READ,
     PERM_WRITE,
     SELF_TEST_TOPIC,
+    TIMER_TOPIC,
     check_queue_nums,
     check_topic,
     is_system_topic,
@@ -121,6 +128,8 @@ class TopicConfigManager:
             n = self.config.default_topic_queue_nums
             wanted.append(TopicConfig(AUTO_CREATE_TOPIC_KEY, n, n, PERM_ALL_BITS))
         wanted.append(TopicConfig(SELF_TEST_TOPIC, 1, 1, PERM_READ | PERM_WRITE))
+        timer_queues = self.config.timer_topic_queue_nums
+        wanted.append(TopicConfig(TIMER_TOPIC, timer_queues, timer_queues, PERM_READ | PERM_WRITE))
         for name in (self.config.cluster_name, self.config.broker_name):
             try:
                 check_topic(name)

@@ -51,7 +51,11 @@ def test_system_topics_created_at_first_load(tmp_path: Path) -> None:
     for name in ("c1", "b1"):
         cfg = mgr.get(name)
         assert cfg is not None and (cfg.queue_nums, cfg.perm) == (1, 6)
-    assert [t.topic_name for t in mgr.all()] == sorted(["TBW102", "SELF_TEST_TOPIC", "c1", "b1"])
+    timer = mgr.get("rmq_sys_wheel_timer")
+    assert timer is not None and (timer.queue_nums, timer.perm) == (8, 6)  # timerTopicQueueNums
+    assert [t.topic_name for t in mgr.all()] == sorted(
+        ["TBW102", "SELF_TEST_TOPIC", "c1", "b1", "rmq_sys_wheel_timer"]
+    )
     assert mgr.is_system("TBW102") and mgr.is_system("c1") and not mgr.is_system("orders")
     # the file was written with RocketMQ's shape and is plain JSON
     raw = json.loads((tmp_path / "config" / TOPICS).read_text())

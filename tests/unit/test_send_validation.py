@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -169,22 +170,145 @@ def test_retry_topic_resubmission_may_carry_retry_properties(b: BrokerParts) -> 
     assert resp.results[0].status == messaging_pb2.SEND_OK
 
 
-@pytest.mark.parametrize("props", [{"DELAY": "3"}, {"TIMER_DELIVER_MS": "1700000000000"}])
-def test_delayed_messages_wait_for_the_timer_wheel(b: BrokerParts, props: dict[str, str]) -> None:
-    err = _refused(b, send_request("T", properties=props))
-    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert "timer-wheel" in err.message
+def _timer_record(b: BrokerParts, resp: messaging_pb2.SendResponse) -> codec.Record:
+    _, offset = codec.decode_offset_msg_id(resp.results[0].offset_msg_id)
+    rec = b.store.read_record(offset)
+    assert rec is not None
+    return rec
+
+
+@pytest.mark.parametrize(
+    ("props", "delay_ms"),
+    [
+        ({"DELAY": "3"}, 10_000),
+        ({"TIMER_DELAY_MS": "2500"}, 2500),
+        ({"TIMER_DELAY_SEC": "7"}, 7000),
+    ],
+)
+def test_delayed_messages_go_to_the_timer_topic(
+    b: BrokerParts, props: dict[str, str], delay_ms: int
+) -> None:
+    resp = _send(b, send_request("T", queue_id=2, properties={**props, "TAGS": "A", "u": "v"}))
+    r = resp.results[0]
+    assert r.status == messaging_pb2.SEND_OK and r.queue_id == 2
+    rec = _timer_record(b, resp)
+    assert rec.topic == "rmq_sys_wheel_timer"
+    assert rec.properties["REAL_TOPIC"] == "T" and rec.properties["REAL_QID"] == "2"
+    assert rec.properties["TIMER_OUT_MS"] == str(b.clock.now_ms() + delay_ms)
+    assert rec.properties["UNIQ_KEY"] == r.msg_id
+    assert rec.properties["TAGS"] == "A" and rec.properties["u"] == "v"
+    assert not set(props) & set(rec.properties)
+    assert rec.queue_id == zlib.crc32(r.msg_id.encode()) % 8
+    assert b.store.max_offset("T", 2) == 0, "a delayed message is visible in its topic"
     batch = _refused(b, send_request("T", [b"a", b"b"], properties=props))
     assert batch.code == INVALID
 
 
-@pytest.mark.parametrize("delay", ["19", "-1", "soon"])
-def test_bad_delay_levels(b: BrokerParts, delay: str) -> None:
-    assert _refused(b, send_request("T", properties={"DELAY": delay})).code == INVALID
+def test_deliver_ms_in_the_past_is_stored_in_its_topic(b: BrokerParts) -> None:
+    now = b.clock.now_ms()
+    for value in (str(now), "0"):
+        _send(b, send_request("T", properties={"TIMER_DELIVER_MS": value}))
+    got = b.store.get_messages("T", 0, 0, 32)
+    msgs = [m for r in got.records for m in decode_records(r)]
+    assert len(msgs) == 2 and all("TIMER_DELIVER_MS" not in m.properties for m in msgs)
+    future = _send(b, send_request("T", properties={"TIMER_DELIVER_MS": str(now + 1)}))
+    assert _timer_record(b, future).properties["TIMER_OUT_MS"] == str(now + 1)
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        {"DELAY": "19"},
+        {"DELAY": "-1"},
+        {"DELAY": "soon"},
+        {"TIMER_DELAY_MS": "-5"},
+        {"TIMER_DELIVER_MS": "tomorrow"},
+        {"DELAY": "2", "TIMER_DELAY_MS": "1000"},
+        {"TIMER_DELAY_MS": str(3 * 86_400_000 + 1)},
+        {"TIMER_DEL_UNIQKEY": "ABC"},
+    ],
+)
+def test_bad_delays(b: BrokerParts, props: dict[str, str]) -> None:
+    assert _refused(b, send_request("T", properties=props)).code == INVALID
+
+
+def test_max_delay_is_named_and_configurable(tmp_path: Path) -> None:
+    parts = BrokerParts(tmp_path, timer_max_delay_sec=60, message_delay_level="1s 2m")
+    try:
+        parts.create_topic("T")
+        err = _refused(parts, send_request("T", properties={"TIMER_DELAY_MS": "60001"}))
+        assert err.code == INVALID and "timerMaxDelaySec=60" in err.message
+        _send(parts, send_request("T", properties={"TIMER_DELAY_MS": "60000"}))
+        assert _refused(parts, send_request("T", properties={"DELAY": "2"})).code == INVALID
+        assert _refused(parts, send_request("T", properties={"DELAY": "3"})).code == INVALID
+        _send(parts, send_request("T", properties={"DELAY": "1"}))
+    finally:
+        parts.close()
 
 
 def test_delay_zero_is_not_delayed(b: BrokerParts) -> None:
     _send(b, send_request("T", properties={"DELAY": "0"}))
+    assert b.store.max_offset("T", 0) == 1
+
+
+def test_cancel_marker_goes_where_its_timer_went(b: BrokerParts) -> None:
+    timer = _send(b, send_request("T", properties={"DELAY": "5"}))
+    handle = timer.results[0].msg_id
+    out_ms = _timer_record(b, timer).properties["TIMER_OUT_MS"]
+    b.clock.advance_ms(60_000)  # due by now: a marker still goes to the timer topic
+    marker = _send(
+        b,
+        send_request("T", properties={"TIMER_DEL_UNIQKEY": handle, "TIMER_DELIVER_MS": out_ms}),
+    )
+    rec = _timer_record(b, marker)
+    assert rec.topic == "rmq_sys_wheel_timer"
+    assert rec.queue_id == _timer_record(b, timer).queue_id
+    assert rec.properties["TIMER_DEL_UNIQKEY"] == handle
+    assert rec.properties["TIMER_OUT_MS"] == out_ms
+
+
+def test_reput_is_stored_once_in_its_topic(b: BrokerParts) -> None:
+    props = {
+        "TIMER_SOURCE": "1234",
+        "TIMER_OUT_MS": "1700000000000",
+        "REAL_TOPIC": "T",
+        "REAL_QID": "1",
+        "UNIQ_KEY": "0A0102030000AAAABBBB00000000CCCC",
+        "DELAY": "3",  # never delayed again
+    }
+    first = _send(b, send_request("T", queue_id=1, properties=props, reconsume_times=2))
+    again = _send(b, send_request("T", queue_id=1, properties=props, reconsume_times=2))
+    assert again == first
+    assert b.store.max_offset("T", 1) == 1
+    rec = codec.decode_record(b.store.get_messages("T", 1, 0, 1).records[0])
+    assert rec.reconsume_times == 2 and "DELAY" not in rec.properties
+    assert rec.properties["TIMER_OUT_MS"] == "1700000000000"
+    assert rec.properties["UNIQ_KEY"] == props["UNIQ_KEY"]
+
+
+def test_reput_batch_answers_repeats_in_order(b: BrokerParts) -> None:
+    def req(*sources: str) -> messaging_pb2.SendRequest:
+        msgs = [
+            common_pb2.Message(topic="T", body=s.encode(), properties={"TIMER_SOURCE": s})
+            for s in sources
+        ]
+        return messaging_pb2.SendRequest(queue_id=0, messages=msgs)
+
+    first = _send(b, req("1", "2"))
+    mixed = _send(b, req("3", "1", "3", "4", "2"))
+    assert b.store.max_offset("T", 0) == 4  # 1, 2, 3, 4 once each
+    by_source = {"1": first.results[0], "2": first.results[1]}
+    by_source["3"], by_source["4"] = mixed.results[0], mixed.results[3]
+    assert list(mixed.results) == [by_source[s] for s in ("3", "1", "3", "4", "2")]
+    assert [r.queue_offset for r in mixed.results] == [2, 0, 2, 3, 1]
+
+
+def test_reput_is_stored_again_after_the_window(b: BrokerParts) -> None:
+    req = send_request("T", properties={"TIMER_SOURCE": "99"})
+    _send(b, req)
+    b.clock.advance_ms(31 * 60_000)
+    _send(b, req)
+    assert b.store.max_offset("T", 0) == 2
 
 
 def test_transactional_messages_wait_for_their_issue(b: BrokerParts) -> None:
@@ -195,6 +319,8 @@ def test_transactional_messages_wait_for_their_issue(b: BrokerParts) -> None:
     batch = _refused(b, send_request("T", [b"a", b"b"], sys_flag=4))
     assert batch.code == INVALID
     assert _refused(b, send_request("T", sys_flag=0x8)).code == INVALID
+    delayed = send_request("T", properties={"DELAY": "1"}, sys_flag=4)
+    assert _refused(b, delayed).code == INVALID
 
 
 def test_compressed_flag_is_kept(b: BrokerParts) -> None:
