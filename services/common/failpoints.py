@@ -35,6 +35,8 @@ KNOWN: dict[str, str] = {
     "recovery_before_truncate": "recovery found a torn tail and is about to truncate it",
     "config_before_rename": "an atomic config write has fsynced its temp file, not renamed it",
     "retention_before_delete": "retention is about to delete an expired file",
+    "timer_log_before_flush": "the timer-wheel is about to fsync its TimerLog",
+    "timer_before_checkpoint": "the timer checkpoint's temp file is written, not yet fsynced",
 }
 
 
