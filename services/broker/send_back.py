@@ -12,15 +12,20 @@ The broker reads it and re-puts a copy, with one more reconsume time, to one of 
 | otherwise                                                  | ``%RETRY%{group}`` after a delay  |
 |                                                            | (level 0 = 3 + reconsume times)   |
 
-The delayed path needs the timer wheel (issue 5): until it exists the broker answers
-FAILED_PRECONDITION and the client consumes the message again locally after 5 s, as it did
-before. Issue 5 fills in :meth:`SendBackProcessor._redeliver`; everything else (checks, the
-record lookup, the copy's properties) is shared by both paths.
+The retry path goes through the timer topic exactly like a delayed send
+(services.broker.timer_put): the delay level is the request's, else 3 + the times the message
+was already reconsumed, capped at the last of ``messageDelayLevel`` (so beyond 16 retries every
+retry waits 2 h); the copy is stored in ``rmq_sys_wheel_timer`` with ``REAL_TOPIC`` =
+``%RETRY%{group}`` (created on first use with the group's ``retryQueueNums`` queues, perm 6),
+``REAL_QID`` = a random queue of it and ``TIMER_OUT_MS`` = now + the level's delay; the
+timer-wheel re-puts it there when due. The checks, the record lookup and the copy's properties
+are shared by both paths.
 
 The copy keeps body (still compressed if it was), flag, tags, keys, born time and host, and
 every property — user properties and whatever RocketMQ's properties the record carried, such
-as REAL_TOPIC / REAL_QID from an earlier delayed hop — except the delay properties (the copy
-is not delayed again by accident), and adds, when absent:
+as REAL_TOPIC / REAL_QID from an earlier delayed hop — except the delay properties and
+TIMER_SOURCE (the copy is not delayed, or taken for a re-put, by accident), and adds, when
+absent:
 
 * ``RETRY_TOPIC``: the topic the message was first sent to (a record read from
   ``%RETRY%{group}`` already carries it; else the record's topic, or the request's
@@ -51,20 +56,30 @@ from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.codec import Prop, SysFlag
 from rocketq.validation import (
+    PERM_READ,
     PERM_WRITE,
     RETRY_GROUP_TOPIC_PREFIX,
+    TIMER_TOPIC,
     TOPIC_NAME_MAX_CHARS,
     check_group,
     dlq_topic,
     is_system_topic,
     is_writeable,
+    retry_topic,
 )
 from services.broker.config import BrokerConfig
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
 from services.broker.subscription_group_manager import SubscriptionGroupManager
+from services.broker.timer_put import (
+    DELAY_PROPERTIES,
+    ensure_timer_topic,
+    retry_level,
+    timer_properties,
+    timer_queue_id,
+)
 from services.broker.topic_config_manager import TopicConfigManager
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.errors import ServiceError, denied, invalid, not_found, precondition
+from services.common.errors import ServiceError, denied, invalid, not_found
 from services.store.commitlog import MessageToStore
 from services.store.message_store import MessageStore, PutStatus, StoreClosedError, StoreFullError
 
@@ -75,14 +90,12 @@ DLQ_QUEUE_NUMS = 1
 DLQ_PERM = PERM_WRITE
 """Write only: dead letters are for people to inspect (by key or id), not for consumers."""
 
-_DELAY_PROPERTIES = (Prop.DELAY_LEVEL, Prop.TIMER_DELIVER_MS, Prop.TIMER_DELAY_MS)
+RETRY_PERM = PERM_READ | PERM_WRITE
+"""A ``%RETRY%{group}`` topic: written by the timer-wheel's re-puts, read by the group."""
+
+_DROPPED_PROPERTIES = (*DELAY_PROPERTIES, Prop.TIMER_SOURCE)
 _KEPT_SYS_FLAGS = SysFlag.COMPRESSED | SysFlag.MULTI_TAGS
 _NOT_CONSUMABLE = (SysFlag.TRANSACTION_PREPARED, SysFlag.TRANSACTION_ROLLBACK)
-
-RETRY_UNAVAILABLE = (
-    "redelivery through %RETRY%{group} needs the timer-wheel service (issue 5); the client "
-    "retries locally"
-)
 
 
 def max_reconsume_times(
@@ -119,7 +132,7 @@ def resend_properties(
     """The copy's properties: the record's, minus delays, plus RETRY_TOPIC and
     ORIGIN_MESSAGE_ID when absent (see the module docstring)."""
     props = dict(record.properties)
-    for name in _DELAY_PROPERTIES:
+    for name in _DROPPED_PROPERTIES:
         props.pop(name, None)
     if not props.get(Prop.RETRY_TOPIC):
         props[Prop.RETRY_TOPIC] = original_topic(record, origin_topic_hint)
@@ -184,6 +197,7 @@ class SendBackProcessor:
         self.topics = topics
         self.groups = groups
         self.clock = clock
+        self._levels_ms = config.delay_levels_ms()
 
     async def send_back(
         self, request: messaging_pb2.ConsumerSendBackRequest
@@ -212,7 +226,7 @@ class SendBackProcessor:
         ):
             await self._dead_letter(group, record, props, reconsume_times)
         else:
-            await self._redeliver(group, request.delay_level, record, props, reconsume_times)
+            await self._redeliver(group_cfg, request.delay_level, record, props, reconsume_times)
         return messaging_pb2.ConsumerSendBackResponse()
 
     # -- checks ----------------------------------------------------------------------------
@@ -288,16 +302,70 @@ class SendBackProcessor:
 
     async def _redeliver(
         self,
-        group: str,
+        group_cfg: SubscriptionGroupConfig,
         delay_level: int,
         record: codec.Record,
         props: dict[str, str],
         reconsume_times: int,
     ) -> None:
-        """Put the copy to %RETRY%{group} after the delay of ``delay_level`` (0 = 3 +
-        reconsume times). Issue 5 (timer wheel) implements this; until then the client
-        consumes the message again locally."""
-        precondition(RETRY_UNAVAILABLE, consumer_group=group)
+        """Put the copy into the timer topic, due to go to %RETRY%{group} after the delay of
+        ``delay_level`` (0 = 3 + the record's reconsume times, capped at the last level)."""
+        group = group_cfg.group_name
+        retry_cfg = self._retry_topic(group, group_cfg.retry_queue_nums)
+        real_qid = random.randrange(retry_cfg.write_queue_nums)  # spreading, not security
+        levels_ms = self._levels_ms
+        level = retry_level(delay_level, record.reconsume_times, len(levels_ms))
+        out_ms = self.clock.now_ms() + levels_ms[level - 1]
+        timer_cfg = ensure_timer_topic(self.topics, self.config)
+        if not is_writeable(timer_cfg.perm) or timer_cfg.write_queue_nums < 1:
+            denied(
+                f"timer topic {TIMER_TOPIC} is not writable (perm {timer_cfg.perm}); retries "
+                "cannot be scheduled",
+                topic=TIMER_TOPIC,
+            )
+        timer_props = timer_properties(
+            props, real_topic=retry_cfg.topic_name, real_qid=real_qid, out_ms=out_ms
+        )
+        handle = timer_props.get(Prop.UNIQ_KEY) or props[Prop.ORIGIN_MESSAGE_ID]
+        message = resend_message(
+            record,
+            topic=TIMER_TOPIC,
+            queue_id=timer_queue_id(handle, timer_cfg.write_queue_nums),
+            properties=timer_props,
+            reconsume_times=reconsume_times,
+        )
+        await self._put(message)
+        log.debug(
+            "group %s: message %s retry %d at level %d, due at %d in %s",
+            group,
+            props[Prop.ORIGIN_MESSAGE_ID],
+            reconsume_times,
+            level,
+            out_ms,
+            retry_cfg.topic_name,
+        )
+
+    def _retry_topic(self, group: str, queue_nums: int) -> TopicConfig:
+        """``%RETRY%{group}``, created on first use; PERMISSION_DENIED if made unwritable."""
+        name = retry_topic(group)
+        if len(name) > TOPIC_NAME_MAX_CHARS:
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                f"group {group} is too long for a retry topic ({name!r} would exceed "
+                f"{TOPIC_NAME_MAX_CHARS} characters)",
+                consumer_group=group,
+            )
+        topic_cfg = self.topics.get(name)
+        if topic_cfg is None:
+            topic_cfg = self.topics.create_system_topic(name, queue_nums, RETRY_PERM)
+            log.info("created retry topic %s with %d queues", name, queue_nums)
+        if not is_writeable(topic_cfg.perm) or topic_cfg.write_queue_nums < 1:
+            denied(
+                f"retry topic {name} is not writable (perm {topic_cfg.perm}, "
+                f"{topic_cfg.write_queue_nums} write queues)",
+                topic=name,
+            )
+        return topic_cfg
 
     def _dlq_topic(self, group: str) -> TopicConfig:
         """``%DLQ%{group}``, created on first use; PERMISSION_DENIED if made unwritable."""

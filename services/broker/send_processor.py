@@ -15,12 +15,16 @@ codes):
 | no reserved property (UNIQ_KEY excepted), no separator chars | INVALID_ARGUMENT                 |
 | topic + bodies + properties <= max_message_size_bytes        | INVALID MESSAGE_TOO_LARGE        |
 | batch > 1: no delayed or transactional message (SPEC §5.5)   | INVALID_ARGUMENT                 |
-| delay level 0..18, TIMER_DELIVER_MS an integer               | INVALID_ARGUMENT                 |
-| delayed / transactional (later issues: timer wheel, 6)       | FAILED_PRECONDITION              |
+| one delay property, a level of messageDelayLevel, TIMER_*    | INVALID_ARGUMENT                 |
+| integers >= 0, delay <= timerMaxDelaySec; not transactional  |                                  |
+| transactional (issue 6)                                      | FAILED_PRECONDITION              |
 
 Then each message gets UNIQ_KEY (if the producer sent none), its tags hash for the consume
 queue, its keys for the index, and the caller's address as born host; the batch goes to the
-store in one append.
+store in one append. A delayed message (or a timer cancel marker) is stored in the timer topic
+instead of its own (services.broker.timer_put); a timer-wheel re-put (TIMER_SOURCE) may carry
+the reserved properties the broker put on the timer record, is never delayed again, and is
+stored once: a repeat is answered with the first store's position.
 
 **No group commit here, on measurement.** Coalescing concurrent single-message Sends into one
 store append (a queue drained by a ``call_soon`` callback) was tried: in-process it cut the

@@ -1,4 +1,5 @@
-"""ConsumerSendBack on a real store: dead letters, the retry refusal, checks (SPEC §6.14, §6.16)."""
+"""ConsumerSendBack on a real store: dead letters, retries through the timer topic, checks
+(SPEC §6.14, §6.16)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.codec import Prop
 from rocketq.validation import PERM_READ, PERM_WRITE
 from services.broker.model import SubscriptionGroupConfig
-from services.broker.send_back import RETRY_UNAVAILABLE, SendBackProcessor
+from services.broker.send_back import SendBackProcessor
 from services.common.errors import ServiceError
 from services.store.message_store import GetStatus
 from tests.unit._broker_parts import PEER, BrokerParts, send_request
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.unit
 TOPIC = "Orders"
 GROUP = "cg"
 DLQ = "%DLQ%cg"
+RETRY = "%RETRY%cg"
+TIMER = "rmq_sys_wheel_timer"
 
 
 class Parts(BrokerParts):
@@ -55,6 +58,14 @@ class Parts(BrokerParts):
             **fields,  # type: ignore[arg-type]
         )
         asyncio.run(self.backs.send_back(req))
+
+    def timer_records(self) -> list[codec.Record]:
+        """Every record of the timer topic, by commitlog offset."""
+        out: list[codec.Record] = []
+        for qid in range(self.config.timer_topic_queue_nums):
+            got = self.store.get_messages(TIMER, qid, 0, 64)
+            out += [codec.decode_record(r) for r in got.records]
+        return sorted(out, key=lambda r: r.physical_offset)
 
     def dlq_records(self) -> list[codec.Record]:
         got = self.store.get_messages(DLQ, 0, 0, 32)
@@ -113,11 +124,8 @@ def test_delay_level_below_zero_goes_to_dlq(parts: Parts) -> None:
 def test_reconsume_times_over_the_max_go_to_dlq(parts: Parts) -> None:
     sent = parts.send()
     offset = parts.offset_of(sent)
-    with pytest.raises(ServiceError) as err:
-        parts.back(offset, max_reconsume_times=1)  # 0 + 1 <= 1: the retry path
-    assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION
-    assert err.value.message == RETRY_UNAVAILABLE
-    assert parts.topics.get(DLQ) is None
+    parts.back(offset, max_reconsume_times=1)  # 0 + 1 <= 1: the retry path
+    assert parts.topics.get(DLQ) is None and len(parts.timer_records()) == 1
     parts.back(offset, max_reconsume_times=0)  # 0 + 1 > 0
     assert len(parts.dlq_records()) == 1
 
@@ -130,12 +138,9 @@ def test_group_retry_max_times_applies_without_the_request_field(parts: Parts) -
     for times, to_dlq in ((1, False), (2, True)):
         req = send_request(retry, [b"again"], properties=props, reconsume_times=times)
         res = asyncio.run(parts.sender.send(req, PEER)).results[0]
-        if not to_dlq:
-            with pytest.raises(ServiceError) as err:
-                parts.back(parts.offset_of(res), origin_topic=retry)
-            assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION
-            continue
         parts.back(parts.offset_of(res), origin_topic=retry)
+        assert len(parts.timer_records()) == 1  # the first one's retry
+        assert len(parts.dlq_records()) == (1 if to_dlq else 0)
     [rec] = parts.dlq_records()
     assert rec.reconsume_times == 3
     assert rec.properties[Prop.RETRY_TOPIC] == TOPIC  # kept from the retry record
@@ -146,9 +151,11 @@ def test_group_retry_max_times_applies_without_the_request_field(parts: Parts) -
 def test_unlimited_retries_never_dead_letter(parts: Parts) -> None:
     parts.groups.put(SubscriptionGroupConfig(GROUP, retry_max_times=-1))
     sent = parts.send(reconsume_times=1000)
-    with pytest.raises(ServiceError) as err:
-        parts.back(parts.offset_of(sent))
-    assert err.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    parts.back(parts.offset_of(sent))
+    [timer] = parts.timer_records()
+    assert timer.reconsume_times == 1001
+    # beyond the last level every retry waits as long as the last level (2 h)
+    assert int(timer.properties[Prop.TIMER_OUT_MS]) == parts.clock.now_ms() + 7_200_000
     parts.back(parts.offset_of(sent), delay_level=-1)  # an explicit dead letter still works
     assert len(parts.dlq_records()) == 1
 
@@ -238,3 +245,82 @@ def test_slave_and_unwritable_broker(tmp_path: Path) -> None:
             assert err.value.code is code
         finally:
             p.close()
+
+
+# -- the retry path --------------------------------------------------------------------------
+LEVELS_MS = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
+
+
+@pytest.mark.parametrize(
+    ("stored_times", "requested", "level"),
+    [
+        (0, 0, 3),
+        (1, 0, 4),
+        (15, 0, 18),
+        (16, 0, 18),
+        (40, 0, 18),
+        (0, 1, 1),
+        (5, 2, 2),
+        (0, 99, 18),
+    ],
+)
+def test_retry_goes_to_the_timer_topic_for_retry_topic(
+    parts: Parts, stored_times: int, requested: int, level: int
+) -> None:
+    sent = parts.send(reconsume_times=stored_times)
+    parts.clock.advance_ms(1234)
+    offset = parts.offset_of(sent)
+    parts.back(offset, delay_level=requested, origin_topic=TOPIC, max_reconsume_times=-1)
+    [rec] = parts.timer_records()
+    props = rec.properties
+    assert props[Prop.REAL_TOPIC] == RETRY
+    assert props[Prop.REAL_QUEUE_ID] == "0"  # retryQueueNums 1
+    assert int(props[Prop.TIMER_OUT_MS]) == parts.clock.now_ms() + LEVELS_MS[level - 1] * 1000
+    assert props[Prop.RETRY_TOPIC] == TOPIC
+    assert props[Prop.ORIGIN_MESSAGE_ID] == sent.msg_id == props[Prop.UNIQ_KEY]
+    assert props[Prop.TAGS] == "TagA" and props["user"] == "u1"
+    assert Prop.DELAY_LEVEL not in props and Prop.TIMER_SOURCE not in props
+    assert rec.reconsume_times == stored_times + 1
+    assert rec.body == b"body-1"
+    assert rec.queue_id == zlib.crc32(sent.msg_id.encode()) % 8
+    retry = parts.topics.get(RETRY)
+    assert retry is not None and (retry.queue_nums, retry.perm) == (1, PERM_READ | PERM_WRITE)
+    assert parts.store.max_offset(RETRY, 0) == 0  # nothing visible before the timer fires
+
+
+def test_retry_topic_gets_the_groups_retry_queue_nums(parts: Parts) -> None:
+    parts.groups.put(SubscriptionGroupConfig(GROUP, retry_queue_nums=3))
+    for _ in range(20):
+        parts.back(parts.offset_of(parts.send()))
+    retry = parts.topics.get(RETRY)
+    assert retry is not None and retry.queue_nums == 3
+    qids = {int(r.properties[Prop.REAL_QUEUE_ID]) for r in parts.timer_records()}
+    assert qids <= {0, 1, 2} and len(qids) > 1
+
+
+def test_retry_record_reput_then_failed_again(parts: Parts) -> None:
+    """The timer-wheel's re-put into %RETRY%, failed again: next level, same origin."""
+    sent = parts.send()
+    parts.back(parts.offset_of(sent), origin_topic=TOPIC)
+    [timer] = parts.timer_records()
+    reput_props = dict(timer.properties)
+    reput_props[Prop.TIMER_SOURCE] = str(timer.physical_offset)
+    req = send_request(RETRY, [timer.body], properties=reput_props, reconsume_times=1)
+    res = asyncio.run(parts.sender.send(req, PEER)).results[0]
+    stored = codec.decode_record(parts.store.get_messages(RETRY, 0, 0, 1).records[0])
+    assert stored.reconsume_times == 1 and stored.properties[Prop.RETRY_TOPIC] == TOPIC
+    parts.back(parts.offset_of(res), origin_topic=RETRY)
+    second = parts.timer_records()[-1]
+    assert second.reconsume_times == 2
+    assert int(second.properties[Prop.TIMER_OUT_MS]) == parts.clock.now_ms() + 30_000  # level 4
+    assert second.properties[Prop.ORIGIN_MESSAGE_ID] == sent.msg_id
+    assert second.properties[Prop.RETRY_TOPIC] == TOPIC
+    assert Prop.TIMER_SOURCE not in second.properties
+
+
+def test_unwritable_retry_topic_is_refused(parts: Parts) -> None:
+    parts.create_topic(RETRY, queues=1, perm=PERM_READ)
+    with pytest.raises(ServiceError) as err:
+        parts.back(parts.offset_of(parts.send()))
+    assert err.value.code is grpc.StatusCode.PERMISSION_DENIED
+    assert parts.timer_records() == []
