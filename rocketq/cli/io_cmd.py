@@ -132,7 +132,7 @@ def _result_line(r: SendResult) -> str:
 @click.option(
     "--delay-level",
     type=click.IntRange(1, DELAY_LEVEL_MAX),
-    help="Deliver after delay level N (1 = 1s ... 18 = 2h, the broker's messageDelayLevel).",
+    help="Deliver after delay level N of the broker's messageDelayLevel (1s 5s ... 2h: 1..18).",
 )
 @click.option(
     "--deliver-at-ms",

@@ -1,7 +1,7 @@
 """The Admin SDK client against two real brokers: what it adds over the broker's Admin service
 is the fan-out (describe, consume stats, offset reset, queries over every broker of a topic,
 consumer connections merged over brokers), target resolution (cluster mode, broker mode by
-name) and partial-failure reporting."""
+name), partial-failure reporting, and dead letters (listed per broker, paged, resent)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ import pytest
 
 from rocketq.client.admin import Admin, ConsumerConnectionInfo, GroupConfig, TopicConfig
 from rocketq.client.consumer import (
+    ConsumeContext,
+    ConsumeFromWhere,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
+    ConsumeResult,
     PushConsumer,
     PushConsumerConfig,
 )
@@ -25,6 +28,7 @@ from rocketq.client.errors import (
     TopicNotFoundError,
 )
 from rocketq.client.producer import Producer, ProducerConfig
+from rocketq.codec import Prop
 from rocketq.message import Message, ReceivedMessage
 from tests.integration.cluster import ServiceProcess, cluster
 
@@ -195,3 +199,103 @@ async def _consumer_connection(namesrv: list[str]) -> None:
         finally:
             for consumer in members:
                 await consumer.close()
+
+
+# ---- dead letters -------------------------------------------------------------------------------
+def test_dead_letters_listed_per_broker_paged_and_resent(tmp_path: Path) -> None:
+    """A group whose listener always fails, with no redelivery allowed, sends every message of a
+    topic on two brokers to its DLQ on each; the admin lists them per broker (oldest first, with
+    where they came from), pages one broker by offset, and resends one to its original topic as
+    a new message while it stays in the DLQ."""
+    with cluster(tmp_path, brokers=2) as c:
+        asyncio.run(_dead_letters(c.namesrv_addrs))
+
+
+async def _fail_into_dlq(namesrv: list[str], topic: str, group: str, bodies: list[bytes]) -> None:
+    failed: set[bytes] = set()
+
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        failed.update(m.body for m in msgs)
+        return ConsumeResult.RECONSUME_LATER
+
+    config = PushConsumerConfig(
+        group,
+        tuple(namesrv),
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        max_reconsume_times=0,  # the first failure makes a dead letter (no timer needed)
+    )
+    consumer = PushConsumer(config, listener)
+    consumer.subscribe(topic, "*")
+    await consumer.start()
+    try:
+        async with Admin(namesrv) as admin:
+            deadline = time.monotonic() + 20
+            while (await admin.dead_letters(group)).total < len(bodies):
+                assert time.monotonic() < deadline, f"only {failed} failed into the DLQ"
+                await asyncio.sleep(0.1)
+    finally:
+        await consumer.close()
+
+
+async def _dead_letters(namesrv: list[str]) -> None:
+    async with Admin(namesrv) as admin:
+        await admin.create_topic(TopicConfig("dl", 2, 2))
+        await _wait_route(admin, "dl", 2)
+        assert (await admin.dead_letters("dl-g")).total == 0  # unknown group: empty, no error
+        async with Producer(ProducerConfig("dl-p", namesrv)) as producer:
+            sent = [
+                await producer.send(Message("dl", f"d{i}".encode(), tags="T", keys=[f"k{i}"]))
+                for i in range(6)
+            ]
+        by_broker = {
+            b: sorted(r.msg_id for r in sent if r.message_queue.broker_name == b)
+            for b in ("broker-a", "broker-b")
+        }
+        assert all(by_broker.values()), "round robin should reach both brokers"
+        bodies = [f"d{i}".encode() for i in range(6)]
+        await _fail_into_dlq(namesrv, "dl", "dl-g", bodies)
+
+        letters = await admin.dead_letters("dl-g")
+        assert not letters.errors
+        assert [p.broker_name for p in letters.pages] == ["broker-a", "broker-b"]
+        assert sorted(m.body for m in letters.messages) == sorted(bodies)
+        for page in letters.pages:
+            assert page.total == len(page.messages) == len(by_broker[page.broker_name])
+            assert [m.queue_offset for m in page.messages] == list(range(page.total))
+            assert page.next_offset == page.total
+            for m in page.messages:
+                assert m.topic == "%DLQ%dl-g" and m.broker_name == page.broker_name
+                assert m.properties[Prop.RETRY_TOPIC] == "dl"
+                assert m.tags == "T" and m.keys == [f"k{m.body.decode()[1:]}"]
+            origins = sorted(
+                m.properties.get(Prop.ORIGIN_MESSAGE_ID, m.msg_id) for m in page.messages
+            )
+            assert origins == by_broker[page.broker_name]
+
+        # one broker, paged: offset and max_num
+        a_total = letters.pages[0].total
+        first = await admin.dead_letters("dl-g", broker="broker-a", max_num=1)
+        assert [p.broker_name for p in first.pages] == ["broker-a"]
+        assert [m.queue_offset for m in first.messages] == [0] and first.pages[0].next_offset == 1
+        rest = await admin.dead_letters("dl-g", broker="broker-a", offset=1)
+        assert [m.queue_offset for m in rest.messages] == list(range(1, a_total))
+
+        # resend one: a new message in the original topic, the dead letter stays
+        dead = letters.pages[1].messages[0]
+        resent = await admin.resend_dead_letter("dl-g", dead.offset_msg_id)
+        assert (resent.topic, resent.broker_name) == ("dl", "broker-b")
+        assert resent.msg_id and resent.msg_id != dead.msg_id
+        back = await admin.query_by_id("dl", resent.msg_id)
+        assert [(m.body, m.reconsume_times, m.tags) for m in back] == [(dead.body, 0, "T")]
+        assert back[0].queue_offset == resent.queue_offset
+        assert (await admin.dead_letters("dl-g")).total == len(bodies)
+
+        # mistakes
+        with pytest.raises(InvalidArgumentError):
+            await admin.dead_letters("bad group!")
+        with pytest.raises(InvalidArgumentError):
+            await admin.dead_letters("dl-g", max_num=257)
+        with pytest.raises(InvalidArgumentError):
+            await admin.resend_dead_letter("dl-g", "not-an-id")
+        with pytest.raises(MessageNotFoundError):  # a real message, but not a dead letter
+            await admin.resend_dead_letter("dl-g", sent[0].offset_msg_id)
