@@ -321,26 +321,31 @@ class TimerLog(SegmentedLog):
 
     def read(self, pos: int) -> TimerUnit:
         """The unit at ``pos``; raises :class:`PositionError` or :class:`TornRecordError`."""
-        mf = self._file_for_read(pos, UNIT_SIZE)
+        mf = self._file_for_read(pos, BLANK_SIZE)  # a blank is shorter than a unit
         local = pos - mf.file_from_offset
         if local % UNIT_SIZE:
             raise PositionError(f"timer log position {pos} is not at a unit boundary")
-        fields = UNIT.unpack_from(mf.view, local)
-        size, prev_pos, magic = fields[0], fields[1], fields[2]
-        if size != UNIT_SIZE or not magic_is_valid(magic) or prev_pos < -1:
-            what = "a blank end-of-file record" if magic == BLANK_MAGIC_CODE else "a torn unit"
-            raise TornRecordError(
-                f"timer log position {pos} holds {what} (size {size}, magic {magic})"
-            )
-        return TimerUnit(
-            size=size,
-            prev_pos=prev_pos,
-            magic=magic,
-            curr_write_time_ms=fields[3],
-            delayed_time_ms=fields[4],
-            offset_py=fields[5],
-            size_py=fields[6],
-            hash_topic=fields[7],
+        if local + UNIT_SIZE <= mf.wrote_position:
+            fields = UNIT.unpack_from(mf.view, local)
+            size, prev_pos, magic = fields[0], fields[1], fields[2]
+            if size == UNIT_SIZE and magic_is_valid(magic) and prev_pos >= -1:
+                return TimerUnit(
+                    size=size,
+                    prev_pos=prev_pos,
+                    magic=magic,
+                    curr_write_time_ms=fields[3],
+                    delayed_time_ms=fields[4],
+                    offset_py=fields[5],
+                    size_py=fields[6],
+                    hash_topic=fields[7],
+                )
+        size, _, magic = BLANK.unpack_from(mf.view, local)
+        if magic == BLANK_MAGIC_CODE:
+            raise TornRecordError(f"timer log position {pos} holds a blank end-of-file record")
+        if local + UNIT_SIZE > mf.wrote_position:
+            raise PositionError(f"timer log: no unit at {pos} (written up to {self.max_pos})")
+        raise TornRecordError(
+            f"timer log position {pos} holds a torn unit (size {size}, magic {magic})"
         )
 
     def iter_units(
