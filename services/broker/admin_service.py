@@ -69,6 +69,7 @@ from services.broker.config import (
     read_properties,
 )
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.dead_letters import DeadLetters
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
 from services.broker.subscription_group_manager import (
     SubscriptionGroupManager,
@@ -222,6 +223,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self.fanout_timeout_ms = fanout_timeout_ms
         self.locks = locks
         """Orderly queue locks, for GetConsumerConnection; None = no lock is listed."""
+        self.dead_letters = DeadLetters(config=config, store=store, topics=topics, clock=clock)
 
     # -- common checks ---------------------------------------------------------------------
     def _require_master(self) -> None:
@@ -694,21 +696,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def ListDeadLetters(
         self, request: admin_pb2.ListDeadLettersRequest, context: Context
     ) -> admin_pb2.ListDeadLettersResponse:
-        raise ServiceError(
-            grpc.StatusCode.UNIMPLEMENTED,
-            common_pb2.ERROR_REASON_UNSPECIFIED,
-            "ListDeadLetters arrives with the timer-wheel issue (5)",
-        )
+        return self.dead_letters.list(request)
 
     @rpc
     async def ResendDeadLetter(
         self, request: admin_pb2.ResendDeadLetterRequest, context: Context
     ) -> admin_pb2.ResendDeadLetterResponse:
-        raise ServiceError(
-            grpc.StatusCode.UNIMPLEMENTED,
-            common_pb2.ERROR_REASON_UNSPECIFIED,
-            "ResendDeadLetter arrives with the timer-wheel issue (5)",
-        )
+        return await self.dead_letters.resend(request)
 
     @rpc
     async def ResetOffset(

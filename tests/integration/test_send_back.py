@@ -1,4 +1,5 @@
-"""ConsumerSendBack over a real broker and raw gRPC stubs: dead letters (SPEC §6.14, §6.16).
+"""ConsumerSendBack over a real broker and raw gRPC stubs: dead letters and retries through
+the timer topic (SPEC §6.14, §6.16).
 
 One nameserver and one broker for the module; each test uses its own topic and group names.
 The dead-letter topic is write-only, so the tests read it the way an operator would: by key,
@@ -25,6 +26,7 @@ from rocketq._api.rocketq.v1 import (
     messaging_pb2_grpc,
 )
 from rocketq.codec import Prop
+from rocketq.validation import TIMER_TOPIC
 from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver
 
 pytestmark = pytest.mark.integration
@@ -210,18 +212,51 @@ def test_dead_letter_when_reconsume_times_exceed_the_max(broker: ServiceProcess)
     run(main())
 
 
-def test_retry_path_waits_for_the_timer_wheel(broker: ServiceProcess) -> None:
+async def timer_record(c: Client, msg_id: str) -> list[common_pb2.StoredMessage]:
+    """The timer-topic records of one unique id (operators find them the same way)."""
+    resp = await c.stub.QueryMessageById(
+        messaging_pb2.QueryMessageByIdRequest(topic=TIMER_TOPIC, msg_id=msg_id)
+    )
+    return sorted(resp.messages, key=lambda m: m.commitlog_offset)
+
+
+def test_retry_goes_through_the_timer_topic(broker: ServiceProcess) -> None:
     async def main() -> None:
         async for c in client(broker.addr):
             sent = await c.send("SbRetry", b"again", reconsume_times=15)
-            for level in (0, 3):
-                code, _, message = await refused(c.back("g-retry", offset_of(sent), level))
-                assert code == grpc.StatusCode.FAILED_PRECONDITION
-                assert "issue 5" in message and "%RETRY%" in message
+            for level, delay_ms in ((0, 7_200_000), (3, 10_000)):  # 3 + 15 = 18: 2 h
+                await c.back("g-retry", offset_of(sent), level, origin_topic="SbRetry")
+                timer = (await timer_record(c, sent.msg_id))[-1]
+                props = dict(timer.message.properties)
+                assert timer.message.topic == TIMER_TOPIC
+                assert props[Prop.REAL_TOPIC] == "%RETRY%g-retry"
+                assert props[Prop.REAL_QUEUE_ID] == "0"
+                assert props[Prop.RETRY_TOPIC] == "SbRetry"
+                assert props[Prop.ORIGIN_MESSAGE_ID] == sent.msg_id
+                assert props[Prop.TAGS] == "Paid" and props["region"] == "eu"
+                assert timer.reconsume_times == 16
+                # the broker stamps TIMER_OUT_MS just before storing
+                lag_ms = timer.store_timestamp_ms - (int(props[Prop.TIMER_OUT_MS]) - delay_ms)
+                assert 0 <= lag_ms < 1000, lag_ms
+            retry = await c.admin.DescribeTopic(
+                admin_pb2.DescribeTopicRequest(topic="%RETRY%g-retry")
+            )
+            assert (retry.config.write_queue_nums, retry.config.perm) == (1, 6)
+            # nothing reached the retry topic or the DLQ yet: the timer-wheel re-puts it
+            pulled = await c.stub.Pull(
+                messaging_pb2.PullRequest(
+                    consumer_group="g-retry",
+                    topic="%RETRY%g-retry",
+                    queue_id=0,
+                    sys_flag=0x4,
+                    subscription="*",
+                )
+            )
+            assert pulled.max_offset == 0 and not pulled.records
             code, _, _ = await refused(
                 c.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic="%DLQ%g-retry"))
             )
-            assert code == grpc.StatusCode.NOT_FOUND  # nothing was dead-lettered
+            assert code == grpc.StatusCode.NOT_FOUND
 
     run(main())
 
