@@ -20,9 +20,11 @@ Unit layout (``UNIT_SIZE`` = 52 bytes, big-endian, SPEC §8.2 / §11.4):
 | 40     | 4     | hashCode        | hash of the real topic (signed int32)                      |
 | 44     | 8     | reserved        | written as 0                                               |
 
-``currWriteTime + delayedTime`` (:attr:`TimerUnit.deliver_ms`) is the time of the slot the unit
-is linked into; for a rolled unit (delay beyond the wheel's window) that is the roll slot, not
-the message's final delivery time, which the message carries in TIMER_OUT_MS.
+``currWriteTime + delayedTime`` is :attr:`TimerUnit.deliver_ms`. The log does not interpret
+it; the timer-wheel service writes the start of the slot it links the unit into as
+currWriteTime and the unit's due time minus that as delayedTime (clamped to int32; negative for
+a timer already overdue), so a unit tells both its slot and its due time. A rolled unit (due
+beyond the wheel's window) has ``MAGIC_ROLL``; its final time is the message's TIMER_OUT_MS.
 
 Files: like the commitlog, a sequence of equally sized files (100 MiB by default) named by the
 20-digit position they start at, so positions are global across files. A unit never straddles
@@ -35,8 +37,10 @@ Durability and recovery: the service appends, then ``flush()`` (fdatasync), then
 :class:`~services.timer_wheel.checkpoint.Checkpoint`. On open the log finds its end by scanning
 the last file for the first slot that is not a valid unit (vectorised, ~0.1 s per 100 MiB);
 the service then calls ``truncate_to(checkpoint.timer_log_pos)`` to drop the tail written after
-the last checkpoint (possibly torn by a crash). Before truncating it can walk that tail with
-:meth:`TimerLog.iter_units` and undo its wheel links (``TimerWheel.unlink_last``), newest first.
+the last checkpoint (possibly torn by a crash). Before truncating, ``TimerWheel.rewind(pos,
+log)`` unlinks that tail from every slot (or walk it with :meth:`TimerLog.iter_units` and call
+``TimerWheel.unlink_last`` newest first): otherwise a slot could keep a position that the next
+append reuses for a unit of another slot.
 Retention: :meth:`TimerLog.delete_files_before` removes whole files below a position.
 
 Writes go through ``struct.pack_into`` on the mapped file: one append costs about a microsecond.
@@ -111,7 +115,7 @@ class TimerUnit:
     """``MAGIC_DEFAULT`` possibly or-ed with ``MAGIC_ROLL`` / ``MAGIC_DELETE``."""
     curr_write_time_ms: int
     delayed_time_ms: int
-    """Signed int32: ms after ``curr_write_time_ms`` at which the unit's slot is due."""
+    """Signed int32: ms after ``curr_write_time_ms`` at which the unit is due."""
     offset_py: int
     """Position of the message in the MessageLog."""
     size_py: int
@@ -120,7 +124,7 @@ class TimerUnit:
 
     @property
     def deliver_ms(self) -> int:
-        """Time of the slot this unit is linked into (the roll slot for a rolled unit)."""
+        """``curr_write_time_ms + delayed_time_ms`` (the service's due time for the unit)."""
         return self.curr_write_time_ms + self.delayed_time_ms
 
 

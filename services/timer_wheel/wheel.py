@@ -45,6 +45,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from services.timer_wheel.timer_log import TimerLog, TimerStoreError
+
 SLOT = struct.Struct(
     ">q"  # timeMs: time // precision_ms (the step)
     "q"  # firstPos
@@ -83,6 +85,15 @@ class Slot(NamedTuple):
 
 
 EMPTY_SLOT = Slot(-1, -1, -1, 0, 0)
+
+
+class RewindResult(NamedTuple):
+    """What :meth:`TimerWheel.rewind` changed."""
+
+    slots_rewound: int
+    units_dropped: int
+    broken_slots: list[Slot]
+    """Slots cleared because their chain hit an unreadable (torn) unit; their timers are lost."""
 
 
 class TimerWheel:
@@ -163,7 +174,8 @@ class TimerWheel:
     def unlink_last(self, time_ms: int, pos: int, prev_pos: int) -> bool:
         """Undo :meth:`link` of the unit at ``pos`` (whose ``prev_pos`` is given) if it is still
         the slot's newest unit; return whether anything changed. Recovery calls this for the
-        units past the checkpoint, newest first, before truncating the TimerLog."""
+        units past the checkpoint, newest first, before truncating the TimerLog; or use
+        :meth:`rewind`, which needs no knowledge of which slot a unit went to."""
         slot = self.get_slot(time_ms)
         if slot.empty or slot.last_pos != pos:
             return False
@@ -172,6 +184,47 @@ class TimerWheel:
         else:
             self.put_slot(time_ms, slot.first_pos, prev_pos, slot.num - 1, slot.magic)
         return True
+
+    def rewind(self, end_pos: int, timer_log: TimerLog) -> RewindResult:
+        """Unlink every unit at or after ``end_pos`` from every slot, before the TimerLog is
+        truncated to ``end_pos`` (crash recovery to a checkpoint).
+
+        Slots whose ``last_pos`` is at or past ``end_pos`` are found in one vectorised pass over
+        the file (whatever turn they belong to); each chain is then walked back through the
+        still-readable tail until it reaches a unit before ``end_pos``, which becomes the slot's
+        newest again, or ``-1``, which empties it. Without this, a slot could point at a
+        position that the next append reuses for another slot's unit. A chain broken by a torn
+        unit cannot be followed: that slot is cleared and returned in ``broken_slots``.
+        """
+        table = np.frombuffer(self._map, dtype=_SLOT_DTYPE, count=self.slot_count)
+        rows = table[(table["num"] > 0) & (table["last"] >= end_pos)]  # a copy
+        del table
+        rewound = dropped = 0
+        broken: list[Slot] = []
+        for step, first, last, linked in zip(
+            rows["step"].tolist(),
+            rows["first"].tolist(),
+            rows["last"].tolist(),
+            rows["num"].tolist(),
+            strict=True,
+        ):
+            time_ms = step * self.precision_ms
+            magic = self.get_slot(time_ms).magic
+            pos, num = last, linked
+            try:
+                while pos >= end_pos and num > 0:
+                    pos = timer_log.read(pos).prev_pos
+                    num -= 1
+                    dropped += 1
+            except TimerStoreError:
+                broken.append(Slot(time_ms, first, last, linked, magic))
+                pos = -1
+            rewound += 1
+            if pos < 0 or num <= 0:
+                self.clear_slot(time_ms)
+            else:
+                self.put_slot(time_ms, first, pos, num, magic)
+        return RewindResult(rewound, dropped, broken)
 
     def clear_slot(self, time_ms: int) -> None:
         """Make the slot for ``time_ms`` read empty (e.g. once it has been delivered)."""

@@ -311,6 +311,44 @@ def test_unlink_last_undoes_links_past_a_checkpoint(tmp_path: Path) -> None:
     assert not wheel.unlink_last(t1, 999 * 52, 52)  # not the newest: nothing changes
 
 
+def test_rewind_unlinks_every_unit_past_the_checkpoint(tmp_path: Path) -> None:
+    log = TimerLog(tmp_path / "timerlog", SMALL_LOG_BYTES)
+    wheel = TimerWheel(tmp_path / "timerwheel", slots_total=60, precision_ms=1000)
+    t1, t2, t3 = 10_000, 12_000, 30_000
+    placed: dict[int, list[int]] = {t1: [], t2: [], t3: []}
+    for n, t in enumerate([t1, t2, t1, t2, t3, t1, t2, t3]):
+        pos = log.append(unit(n, prev_pos=wheel.get_slot(t).last_pos))
+        wheel.link(t, pos)
+        placed[t].append(pos)
+        if n == 2:
+            checkpoint_pos = log.max_pos
+    result = wheel.rewind(checkpoint_pos, log)
+    log.truncate_to(checkpoint_pos)
+    assert (result.slots_rewound, result.units_dropped, result.broken_slots) == (3, 5, [])
+    assert wheel.get_slot(t1) == Slot(t1, placed[t1][0], placed[t1][1], 2, 0)
+    assert wheel.get_slot(t2) == Slot(t2, placed[t2][0], placed[t2][0], 1, 0)
+    assert wheel.get_slot(t3) == EMPTY_SLOT
+    # The reused positions now belong to new units; the old slots do not reach them.
+    pos = log.append(unit(50, prev_pos=wheel.get_slot(t3).last_pos))
+    wheel.link(t3, pos)
+    assert wheel.get_slot(t1).last_pos < checkpoint_pos
+    assert wheel.get_slot(t3) == Slot(t3, checkpoint_pos, checkpoint_pos, 1, 0)
+
+
+def test_rewind_clears_a_slot_whose_chain_is_torn(tmp_path: Path) -> None:
+    directory = tmp_path / "timerlog"
+    log = TimerLog(directory, SMALL_LOG_BYTES)
+    wheel = TimerWheel(tmp_path / "timerwheel", slots_total=60, precision_ms=1000)
+    for n in range(3):
+        wheel.link(5_000, log.append(unit(n, prev_pos=wheel.get_slot(5_000).last_pos)))
+    fd = os.open(directory / "00000000000000000000", os.O_WRONLY)
+    os.pwrite(fd, bytes(4), 2 * UNIT_SIZE)  # the newest unit's size field never made it
+    os.close(fd)
+    result = wheel.rewind(52, log)
+    assert [s.time_ms for s in result.broken_slots] == [5_000]
+    assert wheel.get_slot(5_000) == EMPTY_SLOT
+
+
 def test_scan_lists_non_empty_slots_in_time_order(tmp_path: Path) -> None:
     wheel = TimerWheel(tmp_path / "timerwheel", slots_total=100, precision_ms=100)
     base = 50_000_000
