@@ -28,8 +28,11 @@ wheel turns ago), or whose ``num`` is 0, reads as :data:`EMPTY_SLOT` ``(-1, -1, 
 a slot never needs clearing for the wheel to wrap. Delays beyond ``window_ms`` must be rolled by
 the service (a unit with ``MAGIC_ROLL`` in a slot inside the window that re-schedules it).
 
-Changing ``precision_ms`` for an existing file makes old slots read empty (their steps no longer
-match); changing ``slots_total`` changes the file size, which is refused at open.
+Changing ``precision_ms`` for an existing file makes old slots read empty (their steps then
+stand for times decades away); changing ``slots_total`` changes the file size, refused at open.
+
+Crash recovery: the wheel may have been written back past the last checkpoint; before the
+TimerLog is truncated to the checkpoint, :meth:`TimerWheel.rewind` unlinks the lost tail.
 
 Writes go straight into the mapped file; :meth:`TimerWheel.flush` fdatasyncs it (only dirty
 pages are written back).
