@@ -520,9 +520,14 @@ def test_bad_sends_are_refused_and_the_broker_keeps_serving(brokers: Brokers) ->
                     common_pb2.ILLEGAL_ARGUMENT,
                 ),
                 (
-                    c.send("Good", [b"x"], props={"DELAY": "2"}),
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    common_pb2.ERROR_REASON_UNSPECIFIED,
+                    c.send("Good", [b"x"], props={"TIMER_DELAY_MS": str(4 * 86_400_000)}),
+                    invalid,  # beyond timerMaxDelaySec (3 days)
+                    common_pb2.ILLEGAL_ARGUMENT,
+                ),
+                (
+                    c.send("Good", [b"x", b"y"], props={"DELAY": "2"}),
+                    invalid,  # a batch may not be delayed
+                    common_pb2.ILLEGAL_ARGUMENT,
                 ),
                 (
                     c.send("Unknown", [b"x"], auto_create=False),
@@ -546,8 +551,10 @@ def test_bad_sends_are_refused_and_the_broker_keeps_serving(brokers: Brokers) ->
             for call, code, reason in cases:
                 got = await refused(call)
                 assert got[:2] == (code, reason), got
+            delayed = await c.send("Good", [b"later"], props={"DELAY": "2"})
+            assert delayed.results[0].status == messaging_pb2.SEND_OK  # waits in the timer topic
             after = await c.send("Good", [b"still here"])
-            assert after.results[0].queue_offset == 1  # nothing refused was stored
+            assert after.results[0].queue_offset == 1  # nothing refused (or delayed) is in Good
 
     run(main())
 
