@@ -142,24 +142,29 @@ def test_timer_stats_json_and_table(dev: Dev) -> None:
 def test_delayed_produce_is_delivered_no_earlier_than_its_time(dev: Dev) -> None:
     topic = "E2EDelayed"
     dev("topic", "create", topic, "-q", "2")
-    at_ms = int(time.time() * 1000) + 2500
-    sent = json_lines(dev("produce", topic, "--body", "by-ms", "--delay-ms", "2000", "--json"))
+    at_ms = int(time.time() * 1000) + 4000
+    before_ms = {"by-ms": int(time.time() * 1000)}
+    sent = json_lines(dev("produce", topic, "--body", "by-ms", "--delay-ms", "5000", "--json"))
+    early = dev.run("consume", topic, "--from", "first", "--count", "1", "--timeout", "0.5")
+    assert early.returncode == 1, f"a delayed message was visible at once:\n{early.stdout}"
+    before_ms["by-level"] = int(time.time() * 1000)
     sent += json_lines(dev("produce", topic, "--body", "by-level", "--delay-level", "1", "--json"))
     sent += json_lines(
         dev("produce", topic, "--body", "at-time", "--deliver-at-ms", str(at_ms), "--json")
     )
     assert len(sent) == 3
-    early = dev.run("consume", topic, "--from", "first", "--count", "1", "--timeout", "0.5")
-    assert early.returncode == 1, f"a delayed message was visible at once:\n{early.stdout}"
 
     out = dev("consume", topic, "--from", "first", "--count", "3", "--timeout", "15", "--json")
     got = {m["body"]: m for m in json_lines(out)}
     assert set(got) == {"by-ms", "by-level", "at-time"}
     assert {m["msg_id"] for m in got.values()} == {s["msg_id"] for s in sent}
-    delays = {"by-ms": 2000, "by-level": 1000}
+    # The broker sets TIMER_OUT_MS = its clock + delay at the send; the re-put is stored later.
+    delays = {"by-ms": 5000, "by-level": 1000}
     for body, delay_ms in delays.items():
-        m = got[body]
-        assert m["store_timestamp_ms"] >= m["born_timestamp_ms"] + delay_ms, m
+        out_ms = int(got[body]["properties"]["TIMER_OUT_MS"])
+        assert out_ms >= before_ms[body] + delay_ms, got[body]
+        assert got[body]["store_timestamp_ms"] >= out_ms, got[body]
+    assert int(got["at-time"]["properties"]["TIMER_OUT_MS"]) == at_ms
     assert got["at-time"]["store_timestamp_ms"] >= at_ms
 
 
