@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -273,3 +273,17 @@ def cluster(
             if sp.alive():
                 with contextlib.suppress(AssertionError):
                     sp.stop(timeout_s=15)
+
+
+@contextlib.asynccontextmanager
+async def read_only_broker(c: Cluster, broker: str = "broker-a") -> AsyncIterator[None]:
+    """brokerPermission=4 for the duration: pulls work, sends and send-backs are refused (a way
+    to exercise the consumer's local retry now that the broker serves ConsumerSendBack)."""
+    from rocketq.client.admin import Admin  # only the async tests that use it need the SDK
+
+    async with Admin(c.namesrv_addrs) as admin:
+        await admin.update_broker_config(broker, {"brokerPermission": "4"})
+        try:
+            yield
+        finally:
+            await admin.update_broker_config(broker, {"brokerPermission": "6"})

@@ -30,7 +30,7 @@ from rocketq.client.consumer import (
 from rocketq.client.errors import TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue, ReceivedMessage
-from tests.integration.cluster import Cluster, cluster
+from tests.integration.cluster import Cluster, cluster, read_only_broker
 
 pytestmark = pytest.mark.integration
 
@@ -148,7 +148,7 @@ def test_backlog_is_consumed_in_batches_of_at_most_eight(env: Cluster) -> None:
         cfg = config(env, group, consume_message_batch_max_size=8, pull_batch_size=32)
         consumer = PushConsumer(cfg, listener)
         consumer.subscribe(topic, "*")
-        async with consumer:
+        async with read_only_broker(env), consumer:
             total = queues * per_queue
             await until(lambda: rec.delivered() >= total, 30, f"{total} messages")
             ends = {MessageQueue(topic, BROKER, q): per_queue for q in range(queues)}
@@ -167,9 +167,10 @@ def test_backlog_is_consumed_in_batches_of_at_most_eight(env: Cluster) -> None:
 
 
 def test_a_failed_batch_is_redelivered_whole(env: Cluster) -> None:
-    """RECONSUME_LATER for a batch of 8 retries all 8 (today through the client's local retry,
-    since the broker's delayed retry topic is issue 5) and nothing else; the offset then moves
-    past all of them."""
+    """RECONSUME_LATER for a batch of 8 retries all 8 and nothing else; the offset then moves
+    past all of them. The broker is read-only meanwhile, so the send-backs are refused and the
+    client's local retry redelivers the batch with the original offsets (the served retry path
+    through %RETRY% and the timer wheel has its own tests)."""
     topic, group = "BatchRetry", "g-batch-retry"
 
     async def main() -> None:
@@ -188,7 +189,7 @@ def test_a_failed_batch_is_redelivered_whole(env: Cluster) -> None:
         cfg = config(env, group, consume_message_batch_max_size=8, pull_batch_size=32)
         consumer = PushConsumer(cfg, listener)
         consumer.subscribe(topic, "*")
-        async with consumer:
+        async with read_only_broker(env), consumer:
             await until(lambda: rec.delivered() >= 24, 15, "first deliveries")
             assert len(failed) == 1
             bad = failed[0]

@@ -45,7 +45,7 @@ from rocketq.client.consumer.offset_store import parse_offsets
 from rocketq.client.errors import TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig, SyncProducer
 from rocketq.message import Message, MessageQueue, ReceivedMessage
-from tests.integration.cluster import Cluster, ServiceProcess, cluster, restart
+from tests.integration.cluster import Cluster, ServiceProcess, cluster, read_only_broker, restart
 
 pytestmark = pytest.mark.integration
 
@@ -337,9 +337,10 @@ def test_committed_offset_is_the_smallest_in_flight(env: Cluster) -> None:
     asyncio.run(main())
 
 
-def test_reconsume_later_is_redelivered_locally_after_five_seconds(env: Cluster) -> None:
-    """ConsumerSendBack is not served yet, so a failed message comes back from the client's own
-    5 s retry with reconsume_times + 1, and holds the offset meanwhile (SPEC §6.11)."""
+def test_reconsume_later_is_redelivered_locally_when_the_send_back_fails(env: Cluster) -> None:
+    """A failed message whose send-back the broker refuses (here: the broker was made read-only)
+    comes back from the client's own 5 s retry with reconsume_times + 1, and holds the offset
+    meanwhile (SPEC §6.11). The served retry path is tested with the timer wheel."""
     topic, group = "CRetry", "g-retry"
 
     async def main() -> None:
@@ -353,19 +354,20 @@ def test_reconsume_later_is_redelivered_locally_after_five_seconds(env: Cluster)
                 return ConsumeResult.RECONSUME_LATER
             return ConsumeResult.CONSUME_SUCCESS
 
-        c = push(env, group, listener, topic)
-        await c.start()
         async with producer(env, "retry") as p:
             await send_all(p, topic, ["ok0", "bad", "ok1"])
-        await until(lambda: len(rec.deliveries) >= 3, what="first deliveries")
-        await asyncio.sleep(0.5)
-        assert c.consume_offsets(topic)[mq] == 1  # held at the failed message
-        await until(lambda: rec.bodies().count("bad") == 2, timeout_s=15, what="redelivery")
-        first, second = [d for d in rec.deliveries if d.body == "bad"]
-        assert 4.5 <= second.at - first.at <= 10.0
-        assert (first.reconsume_times, second.reconsume_times) == (0, 1)
-        await until(lambda: c.consume_offsets(topic).get(mq) == 3, what="offset after retry")
-        await c.close()
+        async with read_only_broker(env):
+            c = push(env, group, listener, topic)
+            await c.start()
+            await until(lambda: len(rec.deliveries) >= 3, what="first deliveries")
+            await asyncio.sleep(0.5)
+            assert c.consume_offsets(topic)[mq] == 1  # held at the failed message
+            await until(lambda: rec.bodies().count("bad") == 2, timeout_s=15, what="redelivery")
+            first, second = [d for d in rec.deliveries if d.body == "bad"]
+            assert 4.5 <= second.at - first.at <= 10.0
+            assert (first.reconsume_times, second.reconsume_times) == (0, 1)
+            await until(lambda: c.consume_offsets(topic).get(mq) == 3, what="offset after retry")
+            await c.close()
         assert sorted(rec.bodies()) == ["bad", "bad", "ok0", "ok1"]
 
     asyncio.run(main())
