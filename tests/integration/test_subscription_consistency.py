@@ -276,10 +276,11 @@ async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
             assert deliveries.of() == [], "a pull of a topic in conflict was served"
             assert all(o <= 0 for o in await committed(admin)), "offsets moved"
 
-            # A rolling change: consumer 2 is replaced by one that wants every tag. Consumer 1
-            # still subscribes "tag1 || tag2", so the members still disagree.
-            await c2.close()
+            # A rolling change: consumer 2 is replaced by one that wants every tag, started
+            # before consumer 2 leaves (were consumer 1 ever alone, it would rightly consume as
+            # the whole group). Consumer 1 still subscribes "tag1 || tag2": they still disagree.
             c3 = await start_consumer(namesrv, deliveries, "c3", "tag1 || tag2 || tag3")
+            await c2.close()
             still = sorted([(c1.client_id, "tag1 || tag2"), (c3.client_id, "tag1 || tag2 || tag3")])
 
             async def changed() -> bool:
