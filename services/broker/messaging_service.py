@@ -19,9 +19,10 @@ subscription can be pulled.
 
 LockBatch and UnlockBatch check their queues (this broker's name, a topic it holds, a read
 queue) and hand them to the :class:`RebalanceLockManager` (orderly consumption, SPEC §6.15).
-ConsumerSendBack lives in ``send_back``: the dead-letter path works; the delayed retry through
-%RETRY%{group} needs the timer wheel (issue 5) and answers FAILED_PRECONDITION until then, and a
-push consumer whose send-back fails consumes the message again itself. EndTransaction belongs
+ConsumerSendBack lives in ``send_back``: a failed message goes to %DLQ%{group} once its retries
+are used up, else to %RETRY%{group} through the timer topic (the timer-wheel service re-puts it
+after the level's delay); a push consumer whose send-back fails consumes the message again
+itself after 5 s. EndTransaction belongs
 to the transactions issue and answers UNIMPLEMENTED with a message that says so.
 """
 
