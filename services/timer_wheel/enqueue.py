@@ -294,20 +294,40 @@ class TimerStore:
     def checkpoint(self) -> dict[QueueKey, int]:
         """Make everything appended so far durable, then save the checkpoint; returns the
         read offsets it covers (safe to commit to the brokers now)."""
-        offsets = dict(self.read_offsets)
-        timer_pos = self.timer_log.max_pos
-        message_pos = self.message_log.max_pos
-        hand_ms = self.hand_ms
+        snap = self.begin_checkpoint()
+        self.finish_checkpoint(snap)
+        return snap.offsets
+
+    def begin_checkpoint(self) -> CheckpointSnapshot:
+        """Capture what the next checkpoint covers (on the event loop, between appends)."""
         self.dirty = False
+        return CheckpointSnapshot(
+            dict(self.read_offsets),
+            self.timer_log.max_pos,
+            self.message_log.max_pos,
+            self.hand_ms,
+        )
+
+    def finish_checkpoint(self, snap: CheckpointSnapshot) -> None:
+        """Flush logs and wheel, then save the checkpoint: blocking, safe in a worker thread
+        while the event loop keeps appending (only bytes before the snapshot must be durable;
+        one finish at a time)."""
         self.message_log.flush()
         self.timer_log.flush()
         self.wheel.flush()
-        self.ckpt.timer_log_pos = timer_pos
-        self.ckpt.message_log_pos = message_pos
-        self.ckpt.hand_ms = hand_ms
-        self.ckpt.queue_offsets.update(offsets)
+        self.ckpt.timer_log_pos = snap.timer_log_pos
+        self.ckpt.message_log_pos = snap.message_log_pos
+        self.ckpt.hand_ms = snap.hand_ms
+        self.ckpt.queue_offsets.update(snap.offsets)
         self.ckpt.save()
-        return offsets
+
+
+@dataclass(frozen=True)
+class CheckpointSnapshot:
+    offsets: dict[QueueKey, int]
+    timer_log_pos: int
+    message_log_pos: int
+    hand_ms: int
 
 
 # ---- the consumer ------------------------------------------------------------------------------
@@ -568,8 +588,10 @@ class TimerConsumer:
             moved = any(self._committed.get(k) != v for k, v in store.read_offsets.items())
             if not (store.dirty or moved or force or store.hand_ms != store.ckpt.hand_ms):
                 return
-            offsets = store.checkpoint()
-            await self._commit(offsets)
+            snap = store.begin_checkpoint()
+            # fdatasyncs off the loop, so deliveries keep their millisecond meanwhile
+            await asyncio.to_thread(store.finish_checkpoint, snap)
+            await self._commit(snap.offsets)
 
     async def _commit(self, offsets: dict[QueueKey, int]) -> None:
         assert self.api is not None

@@ -227,7 +227,7 @@ class TimerAdminService(timer_pb2_grpc.TimerAdminServicer):
             queue_id = 0
         marker = common_pb2.Message(
             topic=topic,
-            body=b"",
+            body=b"cancel",  # the broker refuses empty bodies
             properties={
                 Prop.TIMER_DEL_UNIQKEY: handle,
                 Prop.TIMER_DELIVER_MS: str(out_ms),
