@@ -172,6 +172,7 @@ def test_delayed_produce_is_delivered_no_earlier_than_its_time(dev: Dev) -> None
 def test_timer_cancel_by_the_printed_msg_id(dev: Dev) -> None:
     topic = "E2ECancel"
     dev("topic", "create", topic, "-q", "1")
+    before_ms = int(time.time() * 1000)
     [sent] = json_lines(dev("produce", topic, "--body", "never", "--delay-ms", "60000", "--json"))
     handle = sent["msg_id"]
     deadline = time.monotonic() + 15
@@ -187,11 +188,9 @@ def test_timer_cancel_by_the_printed_msg_id(dev: Dev) -> None:
         handle,
         dev.timer,
     )
-    assert cancelled["delivery_timestamp_ms"] >= sent["born_timestamp_ms"] + 60000 - 1000
+    assert cancelled["delivery_timestamp_ms"] >= before_ms + 60000
     again = dev.timer_cmd("cancel", "-t", topic, handle)
     assert again.returncode == 1 and "Traceback" not in again.stderr
-    stats = json.loads(dev.timer_cmd("stats", "--json").stdout)
-    assert stats["cancelled_total"] >= 1
 
 
 def test_produce_refuses_bad_delays(dev: Dev) -> None:
