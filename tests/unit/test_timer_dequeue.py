@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from rocketq import codec
 from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.client.errors import BrokerUnavailableError, TopicNotFoundError
 from rocketq.codec import Prop, SysFlag
 from services.common.clock import ManualClock
 from services.timer_wheel import TIMER_GROUP
-from services.timer_wheel.dequeue import Dequeuer
+from services.timer_wheel.dequeue import Dequeuer, read_reput
 from services.timer_wheel.enqueue import TimerStore
 from tests.unit.test_timer_enqueue import (
     BROKER,
@@ -211,3 +212,33 @@ def test_hand_is_checkpointed_and_resumed(tmp_path: Path) -> None:
     dq2 = Dequeuer(again, broker2, clock, timer_config(tmp_path), sleep=no_sleep)
     run_until(clock, dq2, START_MS + 5_000)
     assert [at for at, _u in broker2.delivered()] == [START_MS + 4_500]
+
+
+def test_reput_fields_match_the_full_decoder_for_ipv6_hosts() -> None:
+    host = codec.HostAddress(bytes(range(16)), 10911)
+    raw = codec.encode_record(
+        topic_bytes=b"rmq_sys_wheel_timer",
+        body=b"payload",
+        properties=codec.encode_properties({Prop.REAL_TOPIC: "T", "k": "v"}),
+        queue_id=1,
+        flag=3,
+        queue_offset=9,
+        physical_offset=123_456,
+        sys_flag=0,
+        born_timestamp_ms=START_MS,
+        born_host=host,
+        store_timestamp_ms=START_MS,
+        store_host=host,
+        reconsume_times=5,
+    )
+    full = codec.decode_record(raw)
+    lean = read_reput(raw)
+    assert (lean.flag, lean.sys_flag, lean.physical_offset, lean.reconsume_times) == (
+        full.flag,
+        full.sys_flag,
+        full.physical_offset,
+        full.reconsume_times,
+    )
+    assert (lean.body, lean.properties) == (full.body, full.properties)
+    with pytest.raises(codec.CorruptRecord):
+        read_reput(raw[:-1])
