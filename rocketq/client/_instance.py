@@ -448,10 +448,11 @@ class ClientInstance:
         """Cache ``route`` under ``route.topic``; consumers of the topic hear of a change."""
         old = self._routes.get(route.topic)
         self._routes[route.topic] = route
-        if old is None or old == route:
-            if old is None and self._users:
-                self._open_streams()
+        if old == route:
             return
+        # A first sighting counts as a change too: a consumer's %RETRY% topic is created by its
+        # own first heartbeat, after the consumer looked for its route, and must not wait for
+        # the next 20 s rebalance once the route poll finds it.
         for consumer in list(self._consumers.values()):
             try:
                 if route.topic in consumer.topics():

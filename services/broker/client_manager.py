@@ -106,6 +106,8 @@ class ClientChannel:
     producer_groups: set[str] = field(default_factory=set)
     consumer_groups: set[str] = field(default_factory=set)
     closed: bool = False
+    last_heartbeat_mono_s: float = 0.0
+    """The last heartbeat on the monotonic clock, which times expiry."""
 
     def push(self, msg: messaging_pb2.ClientStreamResponse) -> bool:
         """Queue ``msg`` for the stream; False (and logged) if closed or the queue is full."""
@@ -406,6 +408,7 @@ class ClientManager:
             self.clock.now_ms(),
             peer,
         )
+        channel.last_heartbeat_mono_s = self.clock.monotonic_s()
         if old is not None:
             channel.producer_groups = old.producer_groups
             channel.consumer_groups = old.consumer_groups
@@ -433,6 +436,7 @@ class ClientManager:
             for c in hb.consumers
         ]
         channel.last_heartbeat_ms = now
+        channel.last_heartbeat_mono_s = self.clock.monotonic_s()
         expire = now + self.config.channel_expired_timeout_ms
         ack = messaging_pb2.ClientStreamResponse(
             heartbeat_ack=messaging_pb2.HeartbeatAck(expire_timestamp_ms=expire)
@@ -609,8 +613,10 @@ class ClientManager:
     # -- expiry ----------------------------------------------------------------------------
     def scan_expired(self) -> list[str]:
         """Drop clients silent for ``channel_expired_timeout_ms``; return their ids."""
-        deadline = self.clock.now_ms() - self.config.channel_expired_timeout_ms
-        expired = [ch for ch in self._channels.values() if ch.last_heartbeat_ms < deadline]
+        # Monotonic, not wall-clock: a clock step (or a test's ScaledClock) must not expire
+        # every client at once.
+        deadline_s = self.clock.monotonic_s() - self.config.channel_expired_timeout_ms / 1000
+        expired = [ch for ch in self._channels.values() if ch.last_heartbeat_mono_s < deadline_s]
         for ch in expired:
             log.warning(
                 "client %s sent no heartbeat for %d ms; closing its stream",

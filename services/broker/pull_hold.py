@@ -66,7 +66,8 @@ class HeldPull:
     """Queue offset the pull wants; a record at or past it may wake it."""
     tags_filter: TagsFilter | None
     deadline_ms: int
-    """By the injected clock (the periodic check); the loop timer uses real time."""
+    """On the injected clock's monotonic reading, in ms (the periodic check); the loop timer
+    uses real time."""
     future: asyncio.Future[bool]
     timer: asyncio.TimerHandle | None = None
     wake_on_arrival: bool = True
@@ -136,7 +137,7 @@ class PullHoldService:
         pull = HeldPull(
             offset,
             tags_filter,
-            self.clock.now_ms() + timeout_ms,
+            int(self.clock.monotonic_s() * 1000) + timeout_ms,
             loop.create_future(),
             wake_on_arrival=self.config.long_polling_enable,
             record_filter=record_filter,
@@ -204,7 +205,7 @@ class PullHoldService:
 
     def check_once(self) -> int:
         """Wake pulls whose queue has grown past their offset, expire overdue ones; how many."""
-        now = self.clock.now_ms()
+        now = int(self.clock.monotonic_s() * 1000)  # hold times are real durations
         woken = 0
         for (topic, queue_id), pulls in list(self._held.items()):
             max_offset = int(self.store.max_offset(topic, queue_id))

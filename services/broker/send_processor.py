@@ -73,6 +73,7 @@ from services.broker.timer_put import (
     StoredRePut,
     delivery_ms,
     ensure_timer_topic,
+    mono_ms,
     timer_properties,
     timer_queue_id,
 )
@@ -288,7 +289,7 @@ class SendProcessor:
     def _remember_sources(self, plan: SendPlan, results: list[AppendResult], qid: int) -> None:
         """Record where each re-put went, so a repeat of its TIMER_SOURCE stores nothing."""
         prefix = self._id_prefix
-        now_ms = self.clock.now_ms()
+        now_ms = mono_ms(self.clock)
         for source, index in plan.sources.items():
             r = results[index]
             self.dedup.add(

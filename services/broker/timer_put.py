@@ -162,12 +162,19 @@ class StoredRePut:
     """Where the first store of a re-put went (what a repeat is answered with)."""
 
     stored_ms: int
+    """When it was stored, in :func:`mono_ms` (monotonic) milliseconds."""
     msg_id: str
     offset_msg_id: str
     queue_id: int
     queue_offset: int
     end_offset: int
     """Commitlog offset just past the record: a repeat waits for its flush like the first."""
+
+
+def mono_ms(clock: Clock) -> int:
+    """Monotonic milliseconds: the dedup window is real elapsed time, even when a test runs the
+    wall clock fast (ScaledClock), so a restarted timer-wheel's repeats are still caught."""
+    return int(clock.monotonic_s() * 1000)
 
 
 class RePutDedup:
@@ -195,7 +202,7 @@ class RePutDedup:
     def get(self, source: str) -> StoredRePut | None:
         """The first store of ``source`` if it happened within the window."""
         entry = self._table.get(source)
-        if entry is None or entry.stored_ms <= self.clock.now_ms() - self.window_ms:
+        if entry is None or entry.stored_ms <= mono_ms(self.clock) - self.window_ms:
             return None
         return entry
 
@@ -203,7 +210,7 @@ class RePutDedup:
         """Remember ``source``; drops expired entries and, when full, the oldest."""
         table = self._table
         table.pop(source, None)
-        oldest_kept_ms = self.clock.now_ms() - self.window_ms
+        oldest_kept_ms = mono_ms(self.clock) - self.window_ms
         while table:
             first = next(iter(table.values()))
             if len(table) < self.entries_max and first.stored_ms > oldest_kept_ms:

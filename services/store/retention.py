@@ -35,6 +35,10 @@ DiskUsage = Callable[[Path], float]
 
 
 def disk_used_ratio(path: Path) -> float:
+    # A store that has not written its first commitlog file yet has no directory: measure the
+    # nearest existing parent (the same volume) instead of failing every check.
+    while not path.exists() and path.parent != path:
+        path = path.parent
     usage = shutil.disk_usage(path)
     return usage.used / usage.total if usage.total else 0.0
 

@@ -12,6 +12,7 @@ from services.broker.timer_put import (
     RePutDedup,
     StoredRePut,
     delivery_ms,
+    mono_ms,
     retry_level,
     timer_properties,
     timer_queue_id,
@@ -131,7 +132,7 @@ def test_retry_level(requested: int, stored: int, level: int) -> None:
 
 
 def _entry(clock: ManualClock, offset: int) -> StoredRePut:
-    return StoredRePut(clock.now_ms(), f"id{offset}", f"off{offset}", 0, offset, offset + 100)
+    return StoredRePut(mono_ms(clock), f"id{offset}", f"off{offset}", 0, offset, offset + 100)
 
 
 def test_dedup_remembers_within_the_window() -> None:
