@@ -46,6 +46,7 @@ bench: setup  ## storage and messaging benchmarks; figures are printed, never as
 	$(PY) -m tools.bench.messaging_bench
 	$(PY) -m tools.bench.orderly_bench
 	$(PY) -m tools.bench.filter_bench
+	$(PY) -m tools.bench.timer_bench
 
 gen-protos: setup  ## regenerate rocketq/_api from proto/
 	$(PY) tools/gen_protos.py
