@@ -52,7 +52,11 @@ pytestmark = pytest.mark.integration
 
 SPEED = 1440
 SENDBACK_REAL_MS = 500
-LATE_REAL_MS = 1_000
+LATE_REAL_MS = 2_000
+"""Redelivery lateness allowed, in real ms: a retry goes send-back → timer topic → timer-wheel →
+re-put → long-polled pull, and one slow step on a loaded 2-core machine (1.5 s was seen with a
+benchmark running beside the suite) must not fail a test about the schedule; the delay-level
+test holds deliveries to the 1 s bound."""
 RETRY_MAX_DEFAULT = 16
 SPEC15_CUMULATIVE_MS = ((4 * 60 + 45) * 60 + 40) * 1000
 """SPEC §15: the 16th retry comes 4 h 45 min 40 s after the first failure."""
