@@ -14,7 +14,7 @@ loopback ports, data in a temporary directory, removed afterwards), then:
 |           | message cannot be batched), ``--senders`` processes with IN_FLIGHT_TOTAL sends in   |
 |           | flight, in random order of delivery time; all fall due in a window that opens after |
 |           | the sends (the lead) and lasts ``--window-s`` (default N / 20 000 s: 20 000 a second)|
-| pending   | once the timer-wheel reports all N durable: its RSS (VmRSS of /proc/PID/status)     |
+| pending   | once the timer-wheel reports all N durable: its RSS (VmRSS and RssAnon, /proc)      |
 | fire      | the window passes; a consumer process receives every re-put message                 |
 
 Figures (a rich table at the end):
@@ -99,7 +99,10 @@ LEAD_SLACK = 1.5
 """Lead = estimated send time x this + ENQUEUE_SLACK_S, so every timer is sent before due."""
 ENQUEUE_SLACK_S = 15.0
 POLL_S = 1.0
-"""GetTimerStats period. Not shorter: a stats call may scan the whole wheel (~75 ms)."""
+"""GetTimerStats period while timers are due. Not shorter: with no slot open, a stats call
+scans the whole wheel (~75 ms of the timer-wheel's CPU)."""
+SCHEDULE_POLL_S = 5.0
+"""GetTimerStats period while scheduling (the scans would slow the enqueue side measured)."""
 PROGRESS_EVERY_S = 5.0
 STALL_S = 60.0
 """Stop waiting for a phase when nothing moved for this long."""
@@ -373,6 +376,8 @@ class Sample(NamedTuple):
     p99_ms: int
     max_ms: int
     rss_kib: int
+    anon_kib: int
+    """RssAnon: the heap; the rest of VmRSS is mapped file pages (logs, wheel)."""
 
 
 class StatsPoller:
@@ -399,16 +404,16 @@ class StatsPoller:
             r = await self._stub.GetTimerStats(timer_pb2.GetTimerStatsRequest(), timeout=5)
         except grpc.aio.AioRpcError:
             return None
-        rss = proc_status_kib(self.pid, "VmRSS")
+        rss, anon = proc_status_kib(self.pid, "VmRSS"), proc_status_kib(self.pid, "RssAnon")
         s = Sample(now_ms(), r.scheduled_total, r.delivered_total, r.pending_timers,
                    r.due_per_second, r.lateness_p50_ms, r.lateness_p99_ms, r.lateness_max_ms,
-                   rss)  # fmt: skip
+                   rss, anon)  # fmt: skip
         self.samples.append(s)
         return s
 
     @property
     def last(self) -> Sample:
-        return self.samples[-1] if self.samples else Sample(now_ms(), 0, 0, 0, 0.0, 0, 0, 0, 0)
+        return self.samples[-1] if self.samples else Sample(now_ms(), 0, 0, 0, 0.0, 0, 0, 0, 0, 0)
 
     async def wait(
         self,
@@ -418,6 +423,7 @@ class StatsPoller:
         deadline_ms: int = 0,
         progress: Callable[[], object] = lambda: None,
         report: Callable[[Sample], str] | None = None,
+        poll_s: float = POLL_S,
     ) -> bool:
         """Poll until ``done(sample)``. False after STALL_S without movement (timer counters
         or ``progress()``) or past ``deadline_ms``. ``report`` makes a progress line."""
@@ -436,7 +442,7 @@ class StatsPoller:
             if time.monotonic() - moved_at > STALL_S or (deadline_ms and now_ms() > deadline_ms):
                 print(f"   gave up waiting for {what}: {self.last}", flush=True)
                 return False
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(poll_s)
 
 
 # ---- the run ----------------------------------------------------------------------------------
@@ -466,13 +472,15 @@ class Outcome:
     sends: dict[str, Any] = field(default_factory=dict)
     """Sender totals (:func:`_send_totals`)."""
     durable_ms: int = 0
-    rss_idle_kib: int = 0
+    idle: Sample | None = None
+    """After the probe."""
     at_pending: Sample | None = None
     delivered_ms: int = 0
     delivered: int = 0
     fire_samples: list[Sample] = field(default_factory=list)
     rss_peak_kib: int = 0
-    load_max: float = 0.0
+    load_max_schedule: float = 0.0
+    load_max_fire: float = 0.0
     consumer: dict[str, Any] = field(default_factory=dict)
 
 
@@ -552,7 +560,13 @@ async def schedule(run: Run, topic: str) -> None:
     def sent() -> int:
         return int(_send_totals(workers)["sent"])
 
-    await poller.wait(lambda s: _senders_done(workers), "sends", progress=sent, report=report)
+    await poller.wait(
+        lambda s: _senders_done(workers),
+        "sends",
+        progress=sent,
+        report=report,
+        poll_s=SCHEDULE_POLL_S,
+    )
     out.sends = t = _send_totals(workers)
     timers = t["sent"] - t["overdue"]
     if await poller.wait(
@@ -628,7 +642,7 @@ async def run_phases(
             run = Run(plan, base, namesrv, poller, out, workers)
             print(f"probe: {plan.probe} timers", flush=True)
             await probe(run)
-            out.rss_idle_kib = proc_status_kib(pids["timer-wheel"], "VmRSS")
+            out.idle = poller.last
             est_s = plan.pending / max(out.probe_rate, 1.0)
             out.lead_s = plan.lead_s or max(LEAD_MIN_S, est_s * LEAD_SLACK + ENQUEUE_SLACK_S)
             out.window_start_ms = now_ms() + int(out.lead_s * 1000)
@@ -637,11 +651,12 @@ async def run_phases(
             profiler.start("schedule")
             await schedule(run, topic)
             profiler.stop()
+            out.load_max_schedule, poller.load_max = poller.load_max, 0.0
             print("fire: waiting for the window", flush=True)
             await fire(run, consumer, lambda: profiler.start("fire"))
             profiler.stop()
             out.rss_peak_kib = proc_status_kib(pids["timer-wheel"], "VmHWM")
-            out.load_max = poller.load_max
+            out.load_max_fire = poller.load_max
     finally:
         profiler.stop()
         for w in workers:
@@ -657,6 +672,17 @@ def _rate(count: int, start_ms: int, end_ms: int) -> str:
 
 def _mib(kib: int) -> str:
     return f"{kib / 1024:,.0f} MiB" if kib else "-"
+
+
+def _rss(s: Sample | None) -> str:
+    return f"{_mib(s.rss_kib)} (heap {_mib(s.anon_kib)})" if s else "-"
+
+
+def _per_timer(idle: Sample | None, s: Sample) -> str:
+    """Growth from idle per pending timer: all of RSS, and the heap (RssAnon) alone."""
+    n = max(1, s.pending - (idle.pending if idle else 0))
+    rss, anon = (s.rss_kib - idle.rss_kib, s.anon_kib - idle.anon_kib) if idle else (0, 0)
+    return f"{rss * 1024 / n:,.0f} B (heap {anon * 1024 / n:,.0f} B)"
 
 
 def _lateness(c: dict[str, Any], name: str) -> str:
@@ -714,9 +740,7 @@ def _send_rows(out: Outcome) -> list[tuple[str, str, str]]:
         f"{t.get('lost', 0)} given up, {t.get('overdue', 0)} acknowledged after due"
     )
     sent, first_ms = int(t.get("sent", 0)), int(t.get("first_ms", 0))
-    per_timer = (
-        (pending.rss_kib - out.rss_idle_kib) * 1024 / max(1, pending.pending) if pending else 0
-    )
+    idle = out.idle
     return [
         ("scheduled/s, send side", _rate(sent, first_ms, int(t.get("last_ms", 0))), note),
         (
@@ -724,11 +748,13 @@ def _send_rows(out: Outcome) -> list[tuple[str, str, str]]:
             _rate(sent - int(t.get("overdue", 0)), first_ms, out.durable_ms),
             "first send to scheduled_total reaching N" if out.durable_ms else "did not finish",
         ),
-        ("timer-wheel RSS idle", _mib(out.rss_idle_kib), "after the probe"),
+        ("timer-wheel RSS idle", _rss(idle), "after the probe"),
         (
             "timer-wheel RSS at N pending",
-            _mib(pending.rss_kib) if pending else "-",
-            f"{pending.pending:,} pending; {per_timer:,.0f} B/timer" if pending else "",
+            _rss(pending),
+            f"{pending.pending:,} pending; per timer {_per_timer(idle, pending)}"
+            if pending
+            else "",
         ),
         ("timer-wheel RSS peak (VmHWM)", _mib(out.rss_peak_kib), ""),
     ]
@@ -756,7 +782,11 @@ def print_report(out: Outcome) -> None:
             f"{probe_s.p50_ms} / {probe_s.p99_ms} / {probe_s.max_ms} ms" if probe_s else "-",
             f"GetTimerStats p50/p99/max; {plan.probe:,} timers, sent at {out.probe_rate:,.0f}/s",
         ),
-        ("load average", f"{out.load_start:.1f} → {out.load_max:.1f}", f"{os.cpu_count()} cores"),
+        (
+            "load average (1 min)",
+            f"{out.load_start:.1f} / {out.load_max_schedule:.1f} / {out.load_max_fire:.1f}",
+            f"at start / max while scheduling / max while firing; {os.cpu_count()} cores",
+        ),
     ]
     table = Table(title=f"Timer-wheel benchmark, {plan.pending:,} timers, one broker")
     for name in ("figure", "value", "note"):
@@ -777,8 +807,13 @@ def print_report(out: Outcome) -> None:
             f"{out.sends['overdue']:,} timers were acknowledged after their due time (sending "
             "was slower than the probe); a larger --lead-s avoids that"
         )
-    if out.load_max > 2 * (os.cpu_count() or 1):
-        console.print("the machine was busy with other work: these figures understate RocketQ")
+    busy = 2 * (os.cpu_count() or 1)
+    if max(out.load_max_schedule, out.load_max_fire) > busy:
+        console.print(
+            "the machine was busy with other work while "
+            + ("timers fired" if out.load_max_fire > busy else "scheduling")
+            + ": these figures understate RocketQ"
+        )
 
 
 # ---- main -------------------------------------------------------------------------------------
