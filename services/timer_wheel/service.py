@@ -47,6 +47,9 @@ CANCEL_MARGIN_MS = 50
 """A timer due sooner than this is treated as delivered: the marker could arrive too late."""
 NEXT_DELIVERY_CACHE_S = 1.0
 CHAIN_WALK_MAX = 100_000
+SCAN_CHUNK_SLOTS = 3600
+"""The search for the next pending slot looks an hour of slots at a time and stops at the
+first hit: scanning the whole 2 × 7-day wheel (38 MB) took 75 ms of the event loop per call."""
 """Units read at most to find the earliest delivery in a slot (stats only)."""
 
 
@@ -121,10 +124,15 @@ class TimerAdminService(timer_pb2_grpc.TimerAdminServicer):
             return value
         store = self.store
         value = 0
-        for slot in store.wheel.scan(store.hand_ms, store.hand_ms + 2 * store.window_ms):
-            value = self._earliest_in_chain(slot.last_pos)
-            if value:
-                break
+        if store.counters.pending > 0:
+            chunk_ms = SCAN_CHUNK_SLOTS * store.wheel.precision_ms
+            start, end = store.hand_ms, store.hand_ms + 2 * store.window_ms
+            while start < end and not value:
+                for slot in store.wheel.scan(start, min(start + chunk_ms, end)):
+                    value = self._earliest_in_chain(slot.last_pos)
+                    if value:
+                        break
+                start += chunk_ms
         self._next_delivery = (time.monotonic(), value)
         return value
 
