@@ -66,8 +66,8 @@ from services.broker.config import (
     STARTUP_ONLY_KEYS,
     BrokerConfig,
     canonical_key,
-    read_properties,
 )
+from services.broker.config_overrides import load_persisted_overrides, save_persisted_overrides
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.dead_letters import DeadLetters
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
@@ -86,7 +86,6 @@ from services.common.errors import (
     rpc,
     unavailable,
 )
-from services.store.config_files import write_atomic
 from services.store.consume_queue import PRE_BLANK_SIZE
 from services.store.message_store import MessageStore
 
@@ -100,8 +99,6 @@ log = logging.getLogger(__name__)
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 StatusCode = grpc.StatusCode
 
-#: File under the store's config dir holding runtime config updates (key=value lines).
-BROKER_PROPERTIES = "broker.properties"
 #: How long a cluster-mode change waits for each master, and a nameserver for cluster info.
 FANOUT_TIMEOUT_MS = 5000
 NAMESRV_TIMEOUT_MS = 3000
@@ -137,38 +134,6 @@ _STORE_FIELDS = (
     "sync_flush_timeout_ms",
     "flush_interval_commitlog_ms",
 )
-
-
-def load_persisted_overrides(config_dir: Path) -> dict[str, str]:
-    """Runtime config updates saved by UpdateBrokerConfig, keyed by canonical RocketMQ name.
-
-    Unknown and startup-only keys (a file edited by hand, a key renamed in a later version) are
-    logged and skipped rather than stopping the broker from starting.
-    """
-    path = config_dir / BROKER_PROPERTIES
-    if not path.exists():
-        return {}
-    out: dict[str, str] = {}
-    for key, value in read_properties(path).items():
-        try:
-            canonical = canonical_key(key)
-        except ValueError:
-            log.warning("%s: unknown key %r ignored", path, key)
-            continue
-        if canonical in STARTUP_ONLY_KEYS:
-            log.warning("%s: startup-only key %r ignored", path, key)
-            continue
-        out[canonical] = value
-    return out
-
-
-def save_persisted_overrides(config_dir: Path, overrides: dict[str, str]) -> None:
-    lines = [
-        "# Runtime broker config updates (Admin.UpdateBrokerConfig). Loaded at startup after",
-        "# the config file; command-line --set flags win over these.",
-    ]
-    lines += [f"{key}={overrides[key]}" for key in sorted(overrides)]
-    write_atomic(config_dir / BROKER_PROPERTIES, ("\n".join(lines) + "\n").encode())
 
 
 def _invalid_arg(exc: ValueError, **meta: object) -> ServiceError:

@@ -38,9 +38,10 @@ from rocketq._api.rocketq.v1 import (
     nameserver_pb2,
 )
 from services.broker import config as broker_config
-from services.broker.admin_service import AdminService, load_persisted_overrides
+from services.broker.admin_service import AdminService
 from services.broker.client_manager import ClientManager
 from services.broker.config import BrokerConfig
+from services.broker.config_overrides import load_persisted_overrides
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.messaging_service import MessagingService
 from services.broker.model import TopicConfig

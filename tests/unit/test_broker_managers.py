@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rocketq.validation import PERM_INHERIT, PERM_READ, PERM_WRITE
-from services.broker.admin_service import load_persisted_overrides, save_persisted_overrides
 from services.broker.config import BrokerConfig
+from services.broker.config_overrides import load_persisted_overrides, save_persisted_overrides
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
 from services.broker.subscription_group_manager import SubscriptionGroupManager
