@@ -1,0 +1,54 @@
+"""Test doubles shared by the consumer unit tests (no sockets, no brokers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rocketq.client.consumer.offset_store import ReadOffsetType
+from rocketq.message import MessageQueue
+
+MQ = MessageQueue("T", "broker-a", 0)
+
+
+class MemoryOffsets:
+    """A minimal in-memory OffsetStore."""
+
+    def __init__(self) -> None:
+        self.table: dict[MessageQueue, int] = {}
+        self.persisted: list[MessageQueue] = []
+
+    async def load(self) -> None:
+        pass
+
+    def update_offset(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
+        old = self.table.get(mq)
+        if increase_only and old is not None and offset < old:
+            return
+        self.table[mq] = offset
+
+    async def read_offset(self, mq: MessageQueue, type_: ReadOffsetType) -> int:
+        return self.table.get(mq, -1)
+
+    async def persist_all(self, mqs: Iterable[MessageQueue]) -> None:
+        self.persisted += list(mqs)
+
+    async def persist(self, mq: MessageQueue) -> None:
+        self.persisted.append(mq)
+
+    def remove_offset(self, mq: MessageQueue) -> None:
+        self.table.pop(mq, None)
+
+    def clone_offset_table(self, topic: str) -> dict[MessageQueue, int]:
+        return dict(self.table)
+
+
+def qs(n: int, topic: str = "T") -> list[MessageQueue]:
+    return [MessageQueue(topic, "broker-a", i) for i in range(n)]
+
+
+def ids_of(cids: list[str]) -> Any:
+    async def f(topic: str) -> list[str]:
+        return cids
+
+    return f
