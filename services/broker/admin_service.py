@@ -670,6 +670,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return await self.dead_letters.resend(request)
 
     @rpc
+    async def ListHalfMessages(
+        self, request: admin_pb2.ListHalfMessagesRequest, context: Context
+    ) -> admin_pb2.ListHalfMessagesResponse:
+        raise ServiceError(
+            grpc.StatusCode.UNIMPLEMENTED,
+            common_pb2.ERROR_REASON_UNSPECIFIED,
+            "ListHalfMessages is not implemented by this broker yet (transactions, issue 6)",
+        )
+
+    @rpc
     async def ResetOffset(
         self, request: admin_pb2.ResetOffsetRequest, context: Context
     ) -> admin_pb2.ResetOffsetResponse:

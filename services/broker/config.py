@@ -104,6 +104,35 @@ class BrokerConfig:
     to a topic differently, refuse their pulls of it (FAILED_PRECONDITION,
     SUBSCRIPTION_INCONSISTENT) instead of letting each member's filter skip messages another
     member wanted (SPEC §6.17). False only reports the conflict, as RocketMQ does."""
+    transaction_timeout_ms: int = 6000
+    """[transactionTimeout] A half message younger than this (or than its
+    CHECK_IMMUNITY_TIME_IN_SECONDS) is not checked back yet (SPEC §9)."""
+    transaction_check_interval_ms: int = 60_000
+    """[transactionCheckInterval] How often the check service scans the half topic."""
+    transaction_check_max: int = 15
+    """[transactionCheckMax] Checks of one half message before it is discarded (error log)."""
+    ha_master_address: str = ""
+    """[haMasterAddress] For a slave: its master's replication address ``host:port``. Empty =
+    the address the nameservers report for brokerId 0 of this brokerName."""
+    ha_transfer_batch_size: int = 256 * 1024
+    """[haTransferBatchSize] Most commitlog bytes in one replication chunk (<= 1 MiB)."""
+    ha_max_in_flight_bytes: int = 4 * 1024 * 1024
+    """[haMaxInFlightBytes] Bytes a master sends a slave beyond its last ack before waiting."""
+    ha_send_heartbeat_interval_ms: int = 5000
+    """[haSendHeartbeatInterval] A slave acks at least this often while idle."""
+    ha_housekeeping_interval_ms: int = 20_000
+    """[haHousekeepingInterval] A master drops a slave connection silent for this long."""
+    ha_slave_fallbehind_max: int = 256 * 1024 * 1024
+    """[haSlaveFallbehindMax] A slave acked within this many bytes of the master's max offset
+    is in sync (SYNC_MASTER waits only for in-sync slaves)."""
+    slave_sync_config_interval_ms: int = 10_000
+    """[slaveSyncConfigInterval] How often a slave copies topics, groups and offsets."""
+    slave_read_enable: bool = False
+    """[slaveReadEnable] Let the master suggest a slave to consumers whose backlog is beyond
+    accessMessageInMemoryMaxRatio of memory (SPEC §6.7)."""
+    access_message_in_memory_max_ratio: int = 40
+    """[accessMessageInMemoryMaxRatio] Percent of physical memory a backlog may span before
+    the master suggests reading from a slave."""
     commitlog_file_bytes: int = 1024 * 1024 * 1024
     """[mappedFileSizeCommitLog]"""
     consume_queue_units_per_file: int = 300_000
@@ -150,6 +179,28 @@ class BrokerConfig:
             raise ValueError("timerMaxDelaySec must be 1..34560000 (400 days)")
         if not 1 <= self.timer_topic_queue_nums <= 256:
             raise ValueError("timerTopicQueueNums must be 1..256")
+        if not 1 <= self.transaction_timeout_ms <= 86_400_000:
+            raise ValueError("transactionTimeout must be 1..86400000 ms")
+        if not 100 <= self.transaction_check_interval_ms <= 86_400_000:
+            raise ValueError("transactionCheckInterval must be 100..86400000 ms")
+        if not 1 <= self.transaction_check_max <= 1000:
+            raise ValueError("transactionCheckMax must be 1..1000")
+        if not 4096 <= self.ha_transfer_batch_size <= 1024 * 1024:
+            raise ValueError("haTransferBatchSize must be 4096..1048576 bytes")
+        if self.ha_max_in_flight_bytes < self.ha_transfer_batch_size:
+            raise ValueError("haMaxInFlightBytes must be at least haTransferBatchSize")
+        if not 100 <= self.ha_send_heartbeat_interval_ms <= 60_000:
+            raise ValueError("haSendHeartbeatInterval must be 100..60000 ms")
+        if self.ha_housekeeping_interval_ms <= self.ha_send_heartbeat_interval_ms:
+            raise ValueError("haHousekeepingInterval must exceed haSendHeartbeatInterval")
+        if self.ha_slave_fallbehind_max < 0:
+            raise ValueError("haSlaveFallbehindMax must be >= 0")
+        if not 100 <= self.slave_sync_config_interval_ms <= 3_600_000:
+            raise ValueError("slaveSyncConfigInterval must be 100..3600000 ms")
+        if not 1 <= self.access_message_in_memory_max_ratio <= 100:
+            raise ValueError("accessMessageInMemoryMaxRatio must be 1..100")
+        if self.broker_role == "SLAVE" and self.broker_id == 0:
+            raise ValueError("brokerRole SLAVE needs brokerId >= 1 (brokerId 0 is the master)")
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listenPort {self.listen_port} is not a port number")
 
@@ -271,6 +322,18 @@ KEYS: dict[str, tuple[str, Parser]] = {
     "messageDelayLevel": ("message_delay_level", str),
     "timerMaxDelaySec": ("timer_max_delay_sec", int),
     "timerTopicQueueNums": ("timer_topic_queue_nums", int),
+    "transactionTimeout": ("transaction_timeout_ms", int),
+    "transactionCheckInterval": ("transaction_check_interval_ms", int),
+    "transactionCheckMax": ("transaction_check_max", int),
+    "haMasterAddress": ("ha_master_address", str),
+    "haTransferBatchSize": ("ha_transfer_batch_size", int),
+    "haMaxInFlightBytes": ("ha_max_in_flight_bytes", int),
+    "haSendHeartbeatInterval": ("ha_send_heartbeat_interval_ms", int),
+    "haHousekeepingInterval": ("ha_housekeeping_interval_ms", int),
+    "haSlaveFallbehindMax": ("ha_slave_fallbehind_max", int),
+    "slaveSyncConfigInterval": ("slave_sync_config_interval_ms", int),
+    "slaveReadEnable": ("slave_read_enable", _bool),
+    "accessMessageInMemoryMaxRatio": ("access_message_in_memory_max_ratio", int),
     "mappedFileSizeCommitLog": ("commitlog_file_bytes", int),
     "mappedFileUnitsConsumeQueue": ("consume_queue_units_per_file", int),
     "messageIndexEnable": ("message_index_enable", _bool),

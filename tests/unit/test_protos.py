@@ -72,6 +72,7 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
             "GetConsumerConnection",
             "ListDeadLetters",
             "ResendDeadLetter",
+            "ListHalfMessages",
             "ResetOffset",
             "GetBrokerConfig",
             "UpdateBrokerConfig",

@@ -1023,6 +1023,110 @@ class ResendDeadLetterResponse(_message.Message):
 Global___ResendDeadLetterResponse: _TypeAlias = ResendDeadLetterResponse  # noqa: Y015
 
 @_typing.final
+class ListHalfMessagesRequest(_message.Message):
+    """Asks for pending transactional half messages."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    MAX_NUM_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """The messages' real topic; "" = every topic."""
+    max_num: _builtins.int
+    """At most this many. Absent = 100; allowed 1..1000."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        max_num: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_num", b"_max_num", "max_num", b"max_num"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_num", b"_max_num", "max_num", b"max_num", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_num: _TypeAlias = _typing.Literal["max_num"]  # noqa: Y015
+    _WhichOneofArgType__max_num: _TypeAlias = _typing.Literal["_max_num", b"_max_num"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_num) -> _WhichOneofReturnType__max_num | None: ...
+
+Global___ListHalfMessagesRequest: _TypeAlias = ListHalfMessagesRequest  # noqa: Y015
+
+@_typing.final
+class HalfMessage(_message.Message):
+    """One half message waiting for its producer's decision."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    CHECK_TIMES_FIELD_NUMBER: _builtins.int
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    COMMITLOG_OFFSET_FIELD_NUMBER: _builtins.int
+    QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    """Producer group that sent it (check-backs go to a live member of it)."""
+    transaction_id: _builtins.str
+    """Transaction id given to the producer."""
+    check_times: _builtins.int
+    """Times the broker has asked a producer about it so far."""
+    born_timestamp_ms: _builtins.int
+    """When the producer first stored it (the half message's born time)."""
+    commitlog_offset: _builtins.int
+    """Commitlog offset of its latest copy in RMQ_SYS_TRANS_HALF_TOPIC."""
+    queue_offset: _builtins.int
+    """Queue offset of its latest copy in RMQ_SYS_TRANS_HALF_TOPIC."""
+    @_builtins.property
+    def message(self) -> _common_pb2.StoredMessage:
+        """The message as the producer sent it: real topic, body, tags, keys and properties."""
+
+    def __init__(
+        self,
+        *,
+        message: _common_pb2.StoredMessage | None = ...,
+        producer_group: _builtins.str = ...,
+        transaction_id: _builtins.str = ...,
+        check_times: _builtins.int = ...,
+        born_timestamp_ms: _builtins.int = ...,
+        commitlog_offset: _builtins.int = ...,
+        queue_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["born_timestamp_ms", b"born_timestamp_ms", "check_times", b"check_times", "commitlog_offset", b"commitlog_offset", "message", b"message", "producer_group", b"producer_group", "queue_offset", b"queue_offset", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HalfMessage: _TypeAlias = HalfMessage  # noqa: Y015
+
+@_typing.final
+class ListHalfMessagesResponse(_message.Message):
+    """Pending half messages, oldest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    """Half messages pending in all, before max_num was applied."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___HalfMessage]:
+        """The messages."""
+
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___HalfMessage] | None = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHalfMessagesResponse: _TypeAlias = ListHalfMessagesResponse  # noqa: Y015
+
+@_typing.final
 class ResetOffsetRequest(_message.Message):
     """Moves a group's offsets."""
 
@@ -1309,6 +1413,8 @@ class SlaveStats(_message.Message):
     ACKED_OFFSET_FIELD_NUMBER: _builtins.int
     IN_SYNC_FIELD_NUMBER: _builtins.int
     LAST_ACK_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    LAG_BYTES_FIELD_NUMBER: _builtins.int
+    LAG_SECONDS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     """The slave's broker id."""
     broker_addr: _builtins.str
@@ -1319,6 +1425,12 @@ class SlaveStats(_message.Message):
     """Whether it is in the in-sync set."""
     last_ack_timestamp_ms: _builtins.int
     """When its last acknowledgement arrived."""
+    lag_bytes: _builtins.int
+    """Replication lag in bytes: the master's max commitlog offset minus acked_offset."""
+    lag_seconds: _builtins.float
+    """Replication lag in time: how long ago the oldest byte the slave has not acknowledged was
+    written (0 when it has everything).
+    """
     def __init__(
         self,
         *,
@@ -1327,10 +1439,12 @@ class SlaveStats(_message.Message):
         acked_offset: _builtins.int = ...,
         in_sync: _builtins.bool = ...,
         last_ack_timestamp_ms: _builtins.int = ...,
+        lag_bytes: _builtins.int = ...,
+        lag_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_offset", b"acked_offset", "broker_addr", b"broker_addr", "broker_id", b"broker_id", "in_sync", b"in_sync", "last_ack_timestamp_ms", b"last_ack_timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_offset", b"acked_offset", "broker_addr", b"broker_addr", "broker_id", b"broker_id", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "lag_seconds", b"lag_seconds", "last_ack_timestamp_ms", b"last_ack_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

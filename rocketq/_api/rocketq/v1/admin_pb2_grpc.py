@@ -105,6 +105,11 @@ class AdminStub:
                 request_serializer=rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterRequest.SerializeToString,
                 response_deserializer=rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterResponse.FromString,
                 _registered_method=True)
+        self.ListHalfMessages = channel.unary_unary(
+                '/rocketq.v1.Admin/ListHalfMessages',
+                request_serializer=rocketq_dot_v1_dot_admin__pb2.ListHalfMessagesRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_admin__pb2.ListHalfMessagesResponse.FromString,
+                _registered_method=True)
         self.GetBrokerConfig = channel.unary_unary(
                 '/rocketq.v1.Admin/GetBrokerConfig',
                 request_serializer=rocketq_dot_v1_dot_admin__pb2.GetBrokerConfigRequest.SerializeToString,
@@ -259,6 +264,17 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHalfMessages(self, request, context):
+        """Lists the transactional half messages of a topic still waiting for commit or rollback on
+        the receiving broker (SPEC §9), oldest first, with how often each was checked back. An
+        unknown topic or none pending is an empty list. Any topic name is accepted ("" = every
+        topic).
+        INVALID_ARGUMENT: max_num outside 1..1000.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetBrokerConfig(self, request, context):
         """Returns the receiving broker's effective configuration. Never fails for bad input.
         """
@@ -356,6 +372,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ResendDeadLetter,
                     request_deserializer=rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterRequest.FromString,
                     response_serializer=rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterResponse.SerializeToString,
+            ),
+            'ListHalfMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHalfMessages,
+                    request_deserializer=rocketq_dot_v1_dot_admin__pb2.ListHalfMessagesRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_admin__pb2.ListHalfMessagesResponse.SerializeToString,
             ),
             'GetBrokerConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.GetBrokerConfig,
@@ -752,6 +773,33 @@ class Admin:
             '/rocketq.v1.Admin/ResendDeadLetter',
             rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterRequest.SerializeToString,
             rocketq_dot_v1_dot_admin__pb2.ResendDeadLetterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHalfMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Admin/ListHalfMessages',
+            rocketq_dot_v1_dot_admin__pb2.ListHalfMessagesRequest.SerializeToString,
+            rocketq_dot_v1_dot_admin__pb2.ListHalfMessagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -115,6 +115,13 @@ class AdminStub:
     letter of that group on this broker (reason MESSAGE_NOT_FOUND), or its original topic no
     longer exists (TOPIC_NOT_EXIST). UNAVAILABLE: slave.
     """
+    ListHalfMessages: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListHalfMessagesRequest, _admin_pb2.ListHalfMessagesResponse]
+    """Lists the transactional half messages of a topic still waiting for commit or rollback on
+    the receiving broker (SPEC §9), oldest first, with how often each was checked back. An
+    unknown topic or none pending is an empty list. Any topic name is accepted ("" = every
+    topic).
+    INVALID_ARGUMENT: max_num outside 1..1000.
+    """
     GetBrokerConfig: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetBrokerConfigRequest, _admin_pb2.GetBrokerConfigResponse]
     """Returns the receiving broker's effective configuration. Never fails for bad input."""
     UpdateBrokerConfig: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateBrokerConfigRequest, _admin_pb2.UpdateBrokerConfigResponse]
@@ -207,6 +214,13 @@ class AdminAsyncStub(AdminStub):
     INVALID_ARGUMENT: bad group name or malformed offset message id. NOT_FOUND: no such dead
     letter of that group on this broker (reason MESSAGE_NOT_FOUND), or its original topic no
     longer exists (TOPIC_NOT_EXIST). UNAVAILABLE: slave.
+    """
+    ListHalfMessages: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListHalfMessagesRequest, _admin_pb2.ListHalfMessagesResponse]  # type: ignore[assignment]
+    """Lists the transactional half messages of a topic still waiting for commit or rollback on
+    the receiving broker (SPEC §9), oldest first, with how often each was checked back. An
+    unknown topic or none pending is an empty list. Any topic name is accepted ("" = every
+    topic).
+    INVALID_ARGUMENT: max_num outside 1..1000.
     """
     GetBrokerConfig: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetBrokerConfigRequest, _admin_pb2.GetBrokerConfigResponse]  # type: ignore[assignment]
     """Returns the receiving broker's effective configuration. Never fails for bad input."""
@@ -381,6 +395,19 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT: bad group name or malformed offset message id. NOT_FOUND: no such dead
         letter of that group on this broker (reason MESSAGE_NOT_FOUND), or its original topic no
         longer exists (TOPIC_NOT_EXIST). UNAVAILABLE: slave.
+        """
+
+    @_abc_1.abstractmethod
+    def ListHalfMessages(
+        self,
+        request: _admin_pb2.ListHalfMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListHalfMessagesResponse, _abc.Awaitable[_admin_pb2.ListHalfMessagesResponse]]:
+        """Lists the transactional half messages of a topic still waiting for commit or rollback on
+        the receiving broker (SPEC §9), oldest first, with how often each was checked back. An
+        unknown topic or none pending is an empty list. Any topic name is accepted ("" = every
+        topic).
+        INVALID_ARGUMENT: max_num outside 1..1000.
         """
 
     @_abc_1.abstractmethod

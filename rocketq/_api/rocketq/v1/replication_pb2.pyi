@@ -301,6 +301,7 @@ class SyncConfigRequest(_message.Message):
     SUBSCRIPTION_GROUPS_VERSION_FIELD_NUMBER: _builtins.int
     CONSUMER_OFFSETS_VERSION_FIELD_NUMBER: _builtins.int
     TIMER_OFFSETS_VERSION_FIELD_NUMBER: _builtins.int
+    SLAVE_OFFSETS_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     """Broker group name; must be the master's."""
     broker_id: _builtins.int
@@ -321,6 +322,13 @@ class SyncConfigRequest(_message.Message):
     def timer_offsets_version(self) -> _common_pb2.DataVersion:
         """Version of the slave's timer offset table; absent = send everything."""
 
+    @_builtins.property
+    def slave_offsets(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ConsumerOffsetEntry]:
+        """Consumer offsets committed on the slave while consumers read from it (the master was
+        unreachable), that the master has not confirmed yet. The master merges each one that is
+        ahead of its own, so progress made on a slave is not lost when the master returns.
+        """
+
     def __init__(
         self,
         *,
@@ -330,10 +338,11 @@ class SyncConfigRequest(_message.Message):
         subscription_groups_version: _common_pb2.DataVersion | None = ...,
         consumer_offsets_version: _common_pb2.DataVersion | None = ...,
         timer_offsets_version: _common_pb2.DataVersion | None = ...,
+        slave_offsets: _abc.Iterable[_common_pb2.ConsumerOffsetEntry] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["consumer_offsets_version", b"consumer_offsets_version", "subscription_groups_version", b"subscription_groups_version", "timer_offsets_version", b"timer_offsets_version", "topics_version", b"topics_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "consumer_offsets_version", b"consumer_offsets_version", "subscription_groups_version", b"subscription_groups_version", "timer_offsets_version", b"timer_offsets_version", "topics_version", b"topics_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "consumer_offsets_version", b"consumer_offsets_version", "slave_offsets", b"slave_offsets", "subscription_groups_version", b"subscription_groups_version", "timer_offsets_version", b"timer_offsets_version", "topics_version", b"topics_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
