@@ -194,6 +194,26 @@ def start_broker(
     return spawn(name, "services.broker", args, workdir, env)
 
 
+def start_slave(
+    tmp_path: Path,
+    namesrv_addrs: list[str],
+    broker_name: str = "broker-a",
+    broker_id: int = 1,
+    env: dict[str, str] | None = None,
+    **config_keys: object,
+) -> ServiceProcess:
+    """Start slave ``broker_id`` of group ``broker_name`` (data in ``tmp_path/NAME-sID``); it
+    finds its master through the nameservers unless ``haMasterAddress`` is given."""
+    name = f"{broker_name}-s{broker_id}"
+    workdir = tmp_path / name
+    store_dir = Path(str(config_keys.pop("storePathRootDir", workdir / "store")))
+    keys: dict[str, object] = {"brokerName": broker_name, "brokerId": broker_id}
+    keys["brokerRole"] = "SLAVE"
+    keys.update(config_keys)
+    args = broker_args(store_dir, namesrv_addrs, broker_name, keys)
+    return spawn(name, "services.broker", args, workdir, env)
+
+
 def start_timer_wheel(
     tmp_path: Path,
     namesrv_addrs: list[str],
