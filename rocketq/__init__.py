@@ -4,7 +4,8 @@ The public API, asyncio first with blocking wrappers::
 
     from rocketq import Message, Producer, ProducerConfig, PushConsumer, PushConsumerConfig
 
-Producers (:class:`Producer`, :class:`AccumulatingProducer`), consumers (:class:`PushConsumer`,
+Producers (:class:`Producer`, :class:`AccumulatingProducer`, the transactional
+:class:`TransactionProducer`), consumers (:class:`PushConsumer`,
 :class:`LitePullConsumer`), the admin client (:class:`Admin`), the timer-wheel's client
 (:class:`TimerClient`: stats, cancelling a delayed message), the message model
 (:class:`Message`, :class:`ReceivedMessage`, :class:`SendResult`) and the error types
@@ -59,6 +60,14 @@ from rocketq.client.consumer import (
     SubscriptionConflict,
 )
 from rocketq.client.errors import RocketQError
+from rocketq.client.producer import (
+    LocalTransactionState,
+    SyncTransactionProducer,
+    TransactionListener,
+    TransactionProducer,
+    TransactionProducerConfig,
+    TransactionSendResult,
+)
 from rocketq.client.timer import TimerClient, TimerStats
 from rocketq.message import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
 
@@ -87,6 +96,7 @@ __all__ = [
     "LitePullConsumer",
     "LitePullConsumerConfig",
     "LocalFileOffsetStore",
+    "LocalTransactionState",
     "Message",
     "MessageListener",
     "MessageModel",
@@ -112,7 +122,12 @@ __all__ = [
     "SyncLitePullConsumer",
     "SyncProducer",
     "SyncPushConsumer",
+    "SyncTransactionProducer",
     "TimerClient",
     "TimerStats",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionProducerConfig",
+    "TransactionSendResult",
     "__version__",
 ]

@@ -63,6 +63,11 @@ STABLE_NAMES = {
     "RocketQError",
     "TimerClient",
     "TimerStats",
+    "TransactionProducer",
+    "SyncTransactionProducer",
+    "TransactionListener",
+    "LocalTransactionState",
+    "TransactionSendResult",
 }
 
 
@@ -75,7 +80,12 @@ def test_no_protobuf_type_in_public_config_signatures() -> None:
     import dataclasses
     import typing
 
-    for name in ("ProducerConfig", "PushConsumerConfig", "LitePullConsumerConfig"):
+    for name in (
+        "ProducerConfig",
+        "PushConsumerConfig",
+        "LitePullConsumerConfig",
+        "TransactionProducerConfig",
+    ):
         cls = getattr(rocketq, name)
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):

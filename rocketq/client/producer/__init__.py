@@ -1,5 +1,6 @@
 """RocketQ producers: async first (:class:`Producer`, :class:`AccumulatingProducer`), with
-blocking wrappers (:class:`SyncProducer`, :class:`SyncAccumulatingProducer`)."""
+blocking wrappers (:class:`SyncProducer`, :class:`SyncAccumulatingProducer`), and transactional
+producers (:class:`TransactionProducer`, :class:`SyncTransactionProducer`, SPEC §9)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,19 @@ from rocketq.client.producer.selectors import (
     SelectMessageQueueByRandom,
 )
 from rocketq.client.producer.sync import SyncAccumulatingProducer, SyncProducer
+from rocketq.client.producer.transaction import (
+    LocalTransactionState,
+    SyncTransactionProducer,
+    TransactionListener,
+    TransactionProducer,
+    TransactionProducerConfig,
+    TransactionSendResult,
+)
 
 __all__ = [
     "AccumulatingProducer",
     "AccumulatingProducerConfig",
+    "LocalTransactionState",
     "MessageQueueSelector",
     "Producer",
     "ProducerConfig",
@@ -28,4 +38,9 @@ __all__ = [
     "SendCallback",
     "SyncAccumulatingProducer",
     "SyncProducer",
+    "SyncTransactionProducer",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionProducerConfig",
+    "TransactionSendResult",
 ]

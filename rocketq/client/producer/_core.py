@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from rocketq._api.rocketq.v1 import messaging_pb2
@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 _HASH_SELECTOR = SelectMessageQueueByHash()
 
 
+CheckHandler = Callable[[str, messaging_pb2.CheckTransactionState], object]
+"""``handler(broker_addr, check)``: a transaction check-back pushed by a broker."""
+
+
 def _now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
@@ -71,6 +75,8 @@ class ProducerCore:
         self.fault = LatencyFaultTolerance() if config.send_latency_fault_enable else None
         self._rng = random.Random()
         self._handler: SendHandler | None = None
+        #: Set by a TransactionProducer: answers the broker's CheckTransactionState pushes.
+        self.check_handler: CheckHandler | None = None
 
     # ---- ProducerHandle ------------------------------------------------------------------
 
@@ -83,6 +89,11 @@ class ProducerCore:
     def on_check_transaction(
         self, broker_addr: str, msg: messaging_pb2.CheckTransactionState
     ) -> None:
+        # Called on the client instance's loop by the broker stream; the handler (a
+        # TransactionProducer's) must only schedule work, never block.
+        if self.check_handler is not None:
+            self.check_handler(broker_addr, msg)
+            return
         log.warning(
             "broker %s asked producer group %s about transaction %s, but this producer has no "
             "transaction listener",
@@ -212,9 +223,15 @@ class ProducerCore:
     # ---- sending -------------------------------------------------------------------------
 
     async def send_once(
-        self, route: TopicRoute, mq: MessageQueue, items: Sequence[PreparedMessage], timeout_ms: int
+        self,
+        route: TopicRoute,
+        mq: MessageQueue,
+        items: Sequence[PreparedMessage],
+        timeout_ms: int,
+        sys_flag: int = 0,
     ) -> list[SendResult]:
-        """One attempt to one queue; feeds the latency fault table."""
+        """One attempt to one queue; feeds the latency fault table. ``sys_flag`` bits are
+        added to the request's (a transactional half message's TRANSACTION_PREPARED)."""
         addr = route.master_addr(mq.broker_name)
         if addr is None:
             raise BrokerUnavailableError(f"broker {mq.broker_name!r} has no live master")
@@ -227,6 +244,7 @@ class ProducerCore:
             default_topic_queue_nums=cfg.default_topic_queue_nums,
             compress_over_bytes=cfg.compress_msg_body_over_bytes,
         )
+        req.sys_flag |= sys_flag
         started_ms = _now_ms()
         try:
             results = await self._send_handler().send(addr, mq, req, timeout_ms)
@@ -281,6 +299,7 @@ class ProducerCore:
         timeout_ms: int,
         retries: int,
         same_queue: bool = False,
+        sys_flag: int = 0,
     ) -> list[SendResult]:
         """A normal send: round-robin queue, up to ``1 + retries`` attempts in ``timeout_ms``."""
         deadline = time.monotonic() + timeout_ms / 1000
@@ -299,7 +318,7 @@ class ProducerCore:
             if mq is None or not same_queue:
                 mq = chooser.choose(queues, last_broker)
             try:
-                results = await self.send_once(route, mq, items, remaining_ms)
+                results = await self.send_once(route, mq, items, remaining_ms, sys_flag)
             except RocketQError as exc:
                 if not exc.retriable:
                     raise
