@@ -11,6 +11,13 @@ turns it into plain frozen data and answers the two questions clients ask of it:
 Read and write counts differ on purpose (SPEC §4.3): write 8 / read 4 means producers write
 queues 0-7 while consumers read only 0-3, which is how an operator shrinks a topic.
 
+Reading from slaves (DESIGN.md §6, SPEC §4.14, §6.7): ``read_targets()`` orders the brokers of
+one group for a read - the id the last pull suggested (RocketMQ's pullFromWhichNodeTable entry;
+when that id is not in the route, the master), then the master, then the slaves by id - and
+moves the addresses a :class:`BrokerHealth` has seen fail recently to the end, so a consumer
+reads from a slave while its master is down but not yet expired from the route, and goes back
+to the master once the master answers again.
+
 Auto-create (SPEC §4.3): when a topic has no route, a producer borrows the route of the template
 topic (TBW102), caps each broker's queue count at its ``default_topic_queue_nums`` and caches the
 result under the real topic with ``default_topic`` set, so sends ask the broker to create it.
@@ -18,6 +25,8 @@ result under the real topic with ``default_topic`` set, so sends ask the broker 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from rocketq._api.rocketq.v1 import nameserver_pb2
@@ -25,6 +34,10 @@ from rocketq.message import MessageQueue
 from rocketq.validation import is_readable, is_writeable
 
 MASTER_ID = 0
+UNREACHABLE_BACKOFF_MS = 10_000
+"""A broker address that failed is tried last for this long (then it is probed again)."""
+UNREACHABLE_TRACKED_MAX = 4096
+"""Addresses remembered as unreachable; beyond this the oldest marks are forgotten."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +136,83 @@ class TopicRoute:
             b.broker_name: {int(i): a for i, a in b.broker_addrs.items()} for b in pb.brokers
         }
         return cls(topic, queues, brokers)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTarget:
+    """One broker a read of a group's queue can go to."""
+
+    broker_id: int
+    addr: str
+
+
+def read_targets(
+    route: TopicRoute,
+    broker_name: str,
+    wanted_id: int,
+    unreachable: Callable[[str], bool] = lambda _addr: False,
+) -> list[ReadTarget]:
+    """The brokers of ``broker_name`` to read from, best first (see the module docstring).
+
+    ``wanted_id`` is the id the last pull response suggested (0 = master). Addresses for which
+    ``unreachable`` is true keep their relative order but come after every other one; an empty
+    list means the group has no live broker in the route.
+    """
+    addrs = route.brokers.get(broker_name) or {}
+    order: list[int] = []
+    if wanted_id in addrs:
+        order.append(wanted_id)
+    if MASTER_ID in addrs and MASTER_ID not in order:
+        order.append(MASTER_ID)
+    order.extend(i for i in sorted(addrs) if i not in order)
+    targets = [ReadTarget(i, addrs[i]) for i in order]
+    return [t for t in targets if not unreachable(t.addr)] + [
+        t for t in targets if unreachable(t.addr)
+    ]
+
+
+def write_targets(
+    route: TopicRoute, broker_name: str, unreachable: Callable[[str], bool] = lambda _a: False
+) -> list[ReadTarget]:
+    """Where a consumer commits offsets of ``broker_name``'s queues: the master, then (while it
+    is down, or unreachable from here) the slaves, which accept offset commits when they have
+    lost their master too (DESIGN.md §6)."""
+    return read_targets(route, broker_name, MASTER_ID, unreachable)
+
+
+class BrokerHealth:
+    """Which broker addresses failed recently (connection refused, UNAVAILABLE, timeout).
+
+    A mark lasts ``backoff_ms``; any successful call clears it at once. ``now_s`` is a monotonic
+    clock (injected by tests).
+    """
+
+    def __init__(
+        self,
+        backoff_ms: int = UNREACHABLE_BACKOFF_MS,
+        now_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._backoff_s = backoff_ms / 1000
+        self._now_s = now_s
+        self._down_until_s: dict[str, float] = {}
+
+    def mark_unreachable(self, addr: str) -> None:
+        """``addr`` just failed: try it last for a while."""
+        self._down_until_s.pop(addr, None)
+        self._down_until_s[addr] = self._now_s() + self._backoff_s
+        while len(self._down_until_s) > UNREACHABLE_TRACKED_MAX:
+            del self._down_until_s[next(iter(self._down_until_s))]
+
+    def mark_reachable(self, addr: str) -> None:
+        """``addr`` answered: use it normally again."""
+        self._down_until_s.pop(addr, None)
+
+    def is_unreachable(self, addr: str) -> bool:
+        """True while ``addr``'s last failure is fresher than the backoff."""
+        until_s = self._down_until_s.get(addr)
+        if until_s is None:
+            return False
+        if self._now_s() >= until_s:
+            del self._down_until_s[addr]
+            return False
+        return True

@@ -2,18 +2,28 @@
 
 Which broker answers what (SPEC §6.6, §6.12, DESIGN.md §6):
 
-| call                      | broker                                   | on "no address"          |
+| call                      | broker, best first                       | on "no address"          |
 |---------------------------|------------------------------------------|--------------------------|
 | Pull                      | the id the last pull response suggested  | refresh the route, retry |
-|                           | (0 = master, else a slave), else master  | once, else unavailable   |
-| Query/UpdateConsumerOffset| master (a slave refuses writes); a query | same                     |
-|                           | falls back to a slave when it is down    |                          |
-| Get{Max,Min}Offset,       | master, else any slave                   | same                     |
+|                           | (0 = master, else a slave; the master    | once, else unavailable   |
+|                           | when that id is not in the route), then  |                          |
+|                           | the master, then the slaves by id        |                          |
+| UpdateConsumerOffset      | master, then the slaves (a slave takes   | same                     |
+|                           | commits only while its master is gone)   |                          |
+| QueryConsumerOffset,      | master, then the slaves by id            | same                     |
+| Get{Max,Min}Offset,       |                                          |                          |
 | SearchOffsetByTimestamp   |                                          |                          |
 | GetConsumerIdList         | a random broker of the topic's route     | -                        |
 | ConsumerSendBack          | master of the message's broker group     | same                     |
 | LockBatch / UnlockBatch   | master of the queues' broker group (one  | same                     |
 |                           | call per broker name, ≤ 1024 queues)     |                          |
+
+"Then" means: when the earlier broker cannot be reached (connection refused, UNAVAILABLE,
+timeout), the next one is asked at once, and the failed address is remembered for 10 s
+(:class:`~rocketq.client._route.BrokerHealth`) so that later calls start with a broker that
+answers. That is how a consumer keeps reading, and committing offsets, while its master is down
+but still in the route (the nameserver expires a dead broker only after its heartbeat timeout);
+the master is probed again after the 10 s and used as soon as it answers.
 
 Every failure surfaces as a :class:`~rocketq.client.errors.RocketQError` naming the broker.
 """
@@ -28,8 +38,20 @@ from typing import Protocol, TypeVar
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
-from rocketq.client._route import MASTER_ID, TopicRoute
-from rocketq.client.errors import BrokerUnavailableError, RocketQError, from_rpc_error
+from rocketq.client._route import (
+    MASTER_ID,
+    BrokerHealth,
+    ReadTarget,
+    TopicRoute,
+    read_targets,
+    write_targets,
+)
+from rocketq.client.errors import (
+    BrokerUnavailableError,
+    RequestTimeoutError,
+    RocketQError,
+    from_rpc_error,
+)
 from rocketq.codec import Prop
 from rocketq.message import MessageQueue, ReceivedMessage
 
@@ -58,6 +80,14 @@ class InstanceLike(Protocol):
     async def refresh_routes(self) -> None: ...
 
 
+def is_unreachable(exc: BaseException) -> bool:
+    """True when ``exc`` says the broker could not be reached (not that it refused): another
+    replica of the group may answer. A slave's NOT_MASTER refusal is an answer."""
+    if isinstance(exc, RequestTimeoutError):
+        return True
+    return isinstance(exc, BrokerUnavailableError) and exc.reason != "NOT_MASTER"
+
+
 def _mq_pb(mq: MessageQueue) -> common_pb2.MessageQueue:
     return common_pb2.MessageQueue(topic=mq.topic, broker_name=mq.broker_name, queue_id=mq.queue_id)
 
@@ -69,6 +99,8 @@ class BrokerApi:
         self._instance = instance
         self.group = group
         self._timeout_s = request_timeout_ms / 1000
+        self.health = BrokerHealth()
+        """Addresses that failed recently; shared by pulls and offset calls of this group."""
 
     # ---- addressing -------------------------------------------------------------------------
 
@@ -91,21 +123,66 @@ class BrokerApi:
     async def master_addr(self, mq: MessageQueue) -> str:
         return await self._addr(mq, lambda r, name: r.master_addr(name))
 
-    async def any_addr(self, mq: MessageQueue) -> str:
-        """The master, else a slave (reads that any replica can answer)."""
-        return await self._addr(mq, lambda r, name: r.broker_addr(name, MASTER_ID))
-
     async def pull_addr(self, mq: MessageQueue, broker_id: int) -> tuple[str, bool]:
-        """Address to pull ``mq`` from, and whether it is a slave (SPEC §6.6 step 6)."""
-        found: list[bool] = []
+        """Address to pull ``mq`` from when the last pull suggested ``broker_id`` (SPEC §6.6
+        step 6), and whether a commit offset carried by the pull would be ignored there: True
+        for a slave while its master is reachable (the slave then leaves commits to the master).
+        """
+        targets, route = await self._targets(
+            mq, lambda r: read_targets(r, mq.broker_name, broker_id, self.health.is_unreachable)
+        )
+        first = targets[0]
+        master = route.master_addr(mq.broker_name)
+        ignored = (
+            first.broker_id != MASTER_ID
+            and master is not None
+            and not self.health.is_unreachable(master)
+        )
+        return first.addr, ignored
 
-        def pick(route: TopicRoute, name: str) -> str | None:
-            addr = route.broker_addr(name, broker_id)
-            found.append(addr is not None and addr != route.master_addr(name))
-            return addr
+    async def _targets(
+        self, mq: MessageQueue, pick: Callable[[TopicRoute], list[ReadTarget]]
+    ) -> tuple[list[ReadTarget], TopicRoute]:
+        """``pick`` applied to the cached route, refreshing it once when it gives nothing."""
+        for refresh in (False, True):
+            route = await self._route(mq.topic, refresh)
+            targets = pick(route)
+            if targets:
+                return targets, route
+        raise BrokerUnavailableError(
+            f"no live broker of group {mq.broker_name} for {mq} in the route of {mq.topic!r}"
+        )
 
-        addr = await self._addr(mq, pick)
-        return addr, found[-1]
+    async def _with_failover(
+        self,
+        mq: MessageQueue,
+        pick: Callable[[TopicRoute], list[ReadTarget]],
+        call: Callable[[str], Awaitable[T]],
+    ) -> T:
+        """``call`` on the first target that can be reached; the first failure if none can
+        (a refusal, as opposed to "unreachable", ends the search unless it is NOT_MASTER)."""
+        targets, _ = await self._targets(mq, pick)
+        first_exc: RocketQError | None = None
+        for target in targets:
+            try:
+                result = await call(target.addr)
+            except RocketQError as exc:
+                if not (is_unreachable(exc) or exc.reason == "NOT_MASTER"):
+                    raise
+                if is_unreachable(exc):
+                    self.health.mark_unreachable(target.addr)
+                first_exc = first_exc or exc
+                continue
+            self.health.mark_reachable(target.addr)
+            return result
+        assert first_exc is not None
+        raise first_exc
+
+    def _reads(self, mq: MessageQueue) -> Callable[[TopicRoute], list[ReadTarget]]:
+        return lambda r: read_targets(r, mq.broker_name, MASTER_ID, self.health.is_unreachable)
+
+    def _commits(self, mq: MessageQueue) -> Callable[[TopicRoute], list[ReadTarget]]:
+        return lambda r: write_targets(r, mq.broker_name, self.health.is_unreachable)
 
     async def refresh_route(self, topic: str) -> None:
         """Ask the nameserver again (a broker stopped answering; it may have moved).
@@ -131,63 +208,91 @@ class BrokerApi:
     async def pull(
         self, addr: str, request: messaging_pb2.PullRequest, timeout_ms: int
     ) -> messaging_pb2.PullResponse:
+        """One Pull at ``addr``; records whether ``addr`` could be reached (``health``)."""
         stub = self._instance.messaging(addr)
-        return await self._call(addr, lambda: stub.Pull(request, timeout=timeout_ms / 1000))
+        try:
+            resp: messaging_pb2.PullResponse = await self._call(
+                addr, lambda: stub.Pull(request, timeout=timeout_ms / 1000)
+            )
+        except RocketQError as exc:
+            if is_unreachable(exc):
+                self.health.mark_unreachable(addr)
+            raise
+        self.health.mark_reachable(addr)
+        return resp
 
     async def query_offset(self, mq: MessageQueue) -> int:
         """The group's stored offset of ``mq``; NotFoundError when it has none."""
-        addr = await self.any_addr(mq)
-        stub = self._instance.messaging(addr)
         req = messaging_pb2.QueryConsumerOffsetRequest(
             consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id
         )
-        resp = await self._call(
-            addr, lambda: stub.QueryConsumerOffset(req, timeout=self._timeout_s)
-        )
-        return int(resp.offset)
+
+        async def call(addr: str) -> int:
+            stub = self._instance.messaging(addr)
+            resp = await self._call(
+                addr, lambda: stub.QueryConsumerOffset(req, timeout=self._timeout_s)
+            )
+            return int(resp.offset)
+
+        return await self._with_failover(mq, self._reads(mq), call)
 
     async def update_offset(self, mq: MessageQueue, offset: int) -> None:
-        addr = await self.master_addr(mq)
-        stub = self._instance.messaging(addr)
+        """Store ``offset`` on the master, else (master unreachable) on a slave."""
         req = messaging_pb2.UpdateConsumerOffsetRequest(
             consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, commit_offset=offset
         )
-        await self._call(addr, lambda: stub.UpdateConsumerOffset(req, timeout=self._timeout_s))
+
+        async def call(addr: str) -> None:
+            stub = self._instance.messaging(addr)
+            await self._call(addr, lambda: stub.UpdateConsumerOffset(req, timeout=self._timeout_s))
+
+        await self._with_failover(mq, self._commits(mq), call)
 
     async def max_offset(self, mq: MessageQueue) -> int:
-        addr = await self.any_addr(mq)
-        stub = self._instance.messaging(addr)
         req = messaging_pb2.GetMaxOffsetRequest(topic=mq.topic, queue_id=mq.queue_id)
-        resp = await self._call(addr, lambda: stub.GetMaxOffset(req, timeout=self._timeout_s))
-        return int(resp.offset)
+
+        async def call(addr: str) -> int:
+            stub = self._instance.messaging(addr)
+            resp = await self._call(addr, lambda: stub.GetMaxOffset(req, timeout=self._timeout_s))
+            return int(resp.offset)
+
+        return await self._with_failover(mq, self._reads(mq), call)
 
     async def min_offset(self, mq: MessageQueue) -> int:
-        addr = await self.any_addr(mq)
-        stub = self._instance.messaging(addr)
         req = messaging_pb2.GetMinOffsetRequest(topic=mq.topic, queue_id=mq.queue_id)
-        resp = await self._call(addr, lambda: stub.GetMinOffset(req, timeout=self._timeout_s))
-        return int(resp.offset)
+
+        async def call(addr: str) -> int:
+            stub = self._instance.messaging(addr)
+            resp = await self._call(addr, lambda: stub.GetMinOffset(req, timeout=self._timeout_s))
+            return int(resp.offset)
+
+        return await self._with_failover(mq, self._reads(mq), call)
 
     async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        addr = await self.any_addr(mq)
-        stub = self._instance.messaging(addr)
         req = messaging_pb2.SearchOffsetByTimestampRequest(
             topic=mq.topic, queue_id=mq.queue_id, timestamp_ms=timestamp_ms
         )
-        resp = await self._call(
-            addr, lambda: stub.SearchOffsetByTimestamp(req, timeout=self._timeout_s)
-        )
-        return int(resp.offset)
+
+        async def call(addr: str) -> int:
+            stub = self._instance.messaging(addr)
+            resp = await self._call(
+                addr, lambda: stub.SearchOffsetByTimestamp(req, timeout=self._timeout_s)
+            )
+            return int(resp.offset)
+
+        return await self._with_failover(mq, self._reads(mq), call)
 
     async def consumer_ids(self, topic: str) -> list[str]:
-        """The group's live members, asked of a random broker of ``topic`` (SPEC §6.10)."""
+        """The group's live members, asked of a random broker of ``topic`` (SPEC §6.10); one
+        that failed recently only when no other is left."""
         route = await self._route(topic)
         addrs = sorted(
             {a for name in route.brokers if (a := route.broker_addr(name, MASTER_ID)) is not None}
         )
         if not addrs:
             raise BrokerUnavailableError(f"no live broker in the route of {topic!r}")
-        addr = random.choice(addrs)  # load spreading, not security
+        healthy = [a for a in addrs if not self.health.is_unreachable(a)]
+        addr = random.choice(healthy or addrs)  # load spreading, not security
         stub = self._instance.messaging(addr)
         req = messaging_pb2.GetConsumerIdListRequest(consumer_group=self.group)
         resp = await self._call(addr, lambda: stub.GetConsumerIdList(req, timeout=self._timeout_s))

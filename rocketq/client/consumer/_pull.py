@@ -17,7 +17,7 @@ One pass of a push consumer's loop (``PullService._pull_once``), with the delay 
 | orderly, clustering: the queue's broker lock is not held or | 3 s                       |
 | not renewed within rebalance_lock_max_live_ms               |                           |
 | orderly: start offset not readable at the first locked pull | 3 s                       |
-| pull failed (broker down, timeout, ...)                     | 3 s                       |
+| pull failed (every replica of the group unreachable, ...)   | 3 s                       |
 | refused: the group's subscriptions disagree (SPEC §6.17)    | 3 s, ERROR logged at most |
 |                                                             | every 30 s per topic      |
 | FOUND                                                       | pull_interval_ms (0)      |
@@ -29,9 +29,17 @@ One pass of a push consumer's loop (``PullService._pull_once``), with the delay 
 
 Pull request (SPEC §6.6 step 4): FLAG_SUSPEND always (long polling, 15 s hold, gRPC deadline
 30 s); FLAG_COMMIT_OFFSET in clustering mode when the in-memory offset is > 0, carrying it, so
-the broker stores progress with every pull (cleared when pulling from a slave, which ignores
-it); FLAG_SUBSCRIPTION always, so a pull made before the broker has seen this consumer's first
-heartbeat is still filtered right instead of being refused.
+the broker stores progress with every pull (cleared when pulling from a slave while its master
+is reachable: such a slave ignores it; kept while the master is down, since a slave without its
+master stores commits and hands them to the master when it returns); FLAG_SUBSCRIPTION
+always, so a pull made before the broker has seen this consumer's first heartbeat is still
+filtered right instead of being refused.
+
+Which broker (SPEC §6.7, §6.8): each pull goes to the broker id the previous response of the
+queue suggested (``PullRequest.broker_id``, RocketMQ's pullFromWhichNodeTable entry), the
+master when that id is not in the route; when that broker cannot be reached, to the group's
+next replica at once (``Puller._pull_with_failover``): a consumer keeps reading from a slave
+while the master is down.
 
 Orderly consumers (SPEC §6.15) skip the span flow control (their queue is consumed strictly
 in order, so the span cannot come from one stuck message), and the first pull a PullRequest
@@ -50,13 +58,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rocketq._api.rocketq.v1 import messaging_pb2
-from rocketq.client.consumer._api import BrokerApi
+from rocketq.client.consumer._api import BrokerApi, is_unreachable
 from rocketq.client.consumer._common import is_subscription_inconsistent
 from rocketq.client.consumer._rebalance import PullRequest
 from rocketq.client.consumer._subscription import Subscription, filter_by_tags
 from rocketq.client.consumer.offset_store import OffsetStore, ReadOffsetType
 from rocketq.client.consumer.process_queue import ProcessQueue, wall_clock_ms
-from rocketq.client.errors import BrokerUnavailableError, FailedPreconditionError, RocketQError
+from rocketq.client.errors import FailedPreconditionError, RocketQError
 from rocketq.codec import Prop
 from rocketq.message import MessageQueue, ReceivedMessage, decode_records
 
@@ -154,34 +162,23 @@ class Puller:
         broker hold the call that long when nothing is there (then ``timeout_ms`` must exceed it).
         """
         mq = req.message_queue
-        addr, from_slave = await self._api.pull_addr(mq, req.broker_id)
-        commit = commit_offset > 0 and not from_slave
+        addr, commit_ignored = await self._api.pull_addr(mq, req.broker_id)
         request = messaging_pb2.PullRequest(
             consumer_group=self._group,
             topic=mq.topic,
             queue_id=mq.queue_id,
             queue_offset=req.next_offset,
             max_msg_nums=max_nums,
-            sys_flag=build_sys_flag(
-                commit_offset=commit, suspend=suspend_ms > 0, subscription=True
-            ),
-            commit_offset=commit_offset if commit else 0,
             suspend_timeout_ms=suspend_ms,
             subscription=sub.expression,
             expression_type=sub.expression_type_pb,
             sub_version=sub.sub_version,
         )
+        _set_commit(request, commit_offset, suspend_ms, commit_ignored)
         async with self._slots:
-            try:
-                resp = await self._api.pull(addr, request, timeout_ms)
-            except BrokerUnavailableError:
-                # The broker may have restarted elsewhere: ask the nameserver now rather than at
-                # the next 30 s route poll, and if the queue has moved, pull there at once.
-                await self._api.refresh_route(mq.topic)
-                moved, _ = await self._api.pull_addr(mq, req.broker_id)
-                if moved == addr:
-                    raise
-                resp = await self._api.pull(moved, request, timeout_ms)
+            resp = await self._pull_with_failover(req, request, addr, commit_offset, timeout_ms)
+        # RocketMQ's pullFromWhichNodeTable: the queue's next pull goes where this one's
+        # broker suggested (a slave while the backlog is beyond the master's memory).
         req.broker_id = int(resp.suggest_which_broker_id)
         msgs: list[ReceivedMessage] = []
         first_offset = -1
@@ -203,6 +200,60 @@ class Puller:
             msgs,
             first_offset,
         )
+
+    async def _pull_with_failover(
+        self,
+        req: PullRequest,
+        request: messaging_pb2.PullRequest,
+        addr: str,
+        commit_offset: int,
+        timeout_ms: int,
+    ) -> messaging_pb2.PullResponse:
+        """Pull at ``addr``; when it cannot be reached, at the group's next replica that can.
+
+        The first failure also refreshes the route: the broker may have moved (restarted on
+        another port) or left it. ``BrokerApi.pull`` marks the failed address, which is then
+        tried last for a while (BrokerHealth), so a master that died keeps its consumers on a
+        slave until it answers again.
+        """
+        tried: set[str] = set()
+        refreshed = False
+        while True:
+            try:
+                resp = await self._api.pull(addr, request, timeout_ms)
+            except RocketQError as exc:
+                if not is_unreachable(exc):
+                    raise
+                tried.add(addr)
+                if not refreshed:
+                    refreshed = True
+                    await self._api.refresh_route(request.topic)
+                nxt, commit_ignored = await self._api.pull_addr(req.message_queue, req.broker_id)
+                if nxt in tried:
+                    raise
+                log.info(
+                    "group %s: %s unreachable for %s (%s); pulling from %s",
+                    self._group,
+                    addr,
+                    req.message_queue,
+                    exc,
+                    nxt,
+                )
+                addr = nxt
+                _set_commit(request, commit_offset, request.suspend_timeout_ms, commit_ignored)
+                continue
+            return resp
+
+
+def _set_commit(
+    request: messaging_pb2.PullRequest, commit_offset: int, suspend_ms: int, ignored: bool
+) -> None:
+    """Sys flags, and the commit offset unless there is none or the broker would ignore it."""
+    commit = commit_offset > 0 and not ignored
+    request.sys_flag = build_sys_flag(
+        commit_offset=commit, suspend=suspend_ms > 0, subscription=True
+    )
+    request.commit_offset = commit_offset if commit else 0
 
 
 Submit = Callable[[list[ReceivedMessage], ProcessQueue, MessageQueue, bool], None]
