@@ -1,0 +1,372 @@
+"""Helpers of the replication system tests (issue 7): load, progress, reads and store checks.
+
+Everything talks to real processes over gRPC (raw stubs, so a test sees statuses exactly as
+the broker sends them) or reads store directories after the brokers have stopped:
+
+* :func:`send_load` - batches and single sends over several topics and queues, concurrently,
+  every result kept (status, offsets, msg id) so a test can check each acknowledged message;
+* :func:`wait_replicated` - until the slave's commitlog ends where the master's does and every
+  queue reads to the same end on both (the slave's readable end follows the confirm offset);
+* :func:`read_queue` / :func:`read_all` - raw records of whole queues, as a consumer gets them;
+* :func:`assert_same_commitlogs` - the two stores' commitlog files byte for byte, plus
+  :func:`services.store.inspect.verify` on both (records whole, consume queues and index
+  consistent with the commitlog), and :func:`stored_uniq_keys` to read what a store holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_status import rpc_status
+
+from rocketq import codec
+from rocketq._api.rocketq.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    messaging_pb2,
+    messaging_pb2_grpc,
+    nameserver_pb2,
+    nameserver_pb2_grpc,
+)
+from services.store.inspect import detect_layout, iter_commitlog, verify
+from tests.integration.cluster import ServiceProcess, start_broker, start_slave
+
+COMMITLOG_FILE_BYTES = 256 * 1024
+"""Small commitlog files, so a few thousand messages roll several of them."""
+
+HA_KEYS: dict[str, object] = {
+    "mappedFileSizeCommitLog": COMMITLOG_FILE_BYTES,
+    "slaveSyncConfigInterval": 1000,
+    "haSendHeartbeatInterval": 1000,
+}
+"""Broker keys every replication test uses, masters and slaves alike (same file size)."""
+
+PULL_BATCH_MAX = 256
+
+
+def start_master(
+    tmp_path: Path, namesrv_addrs: list[str], name: str = "broker-a", **keys: object
+) -> ServiceProcess:
+    """A master with :data:`HA_KEYS` (``keys`` win), e.g. ``brokerRole="SYNC_MASTER"``."""
+    merged: dict[str, Any] = {**HA_KEYS, **keys}
+    return start_broker(tmp_path, namesrv_addrs, name, None, **merged)
+
+
+def start_ha_slave(
+    tmp_path: Path, namesrv_addrs: list[str], broker_name: str = "broker-a", **keys: object
+) -> ServiceProcess:
+    """Slave 1 of ``broker_name`` with :data:`HA_KEYS` (``keys`` win)."""
+    merged: dict[str, Any] = {**HA_KEYS, **keys}
+    return start_slave(tmp_path, namesrv_addrs, broker_name, 1, None, **merged)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One acknowledged message of a load."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    status: int
+    queue_offset: int
+    msg_id: str
+
+
+def status_name(status: int) -> str:
+    return str(messaging_pb2.SendStatus.Name(status))  # type: ignore[arg-type]
+
+
+async def refused(call: Awaitable[Any]) -> tuple[grpc.StatusCode, int, str]:
+    """Await ``call``, which must fail; its code, ErrorDetail reason and message."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as err:
+        status = rpc_status.from_call(err)
+        reason = common_pb2.ERROR_REASON_UNSPECIFIED
+        if status is not None and status.details:
+            detail = common_pb2.ErrorDetail()
+            status.details[0].Unpack(detail)
+            reason = detail.reason
+        return err.code(), reason, err.details() or ""
+    raise AssertionError("the call succeeded but was expected to fail")
+
+
+# ---- setup -----------------------------------------------------------------------------------
+
+
+async def create_topics(addr: str, broker_name: str, topics: Iterable[str], queues: int) -> None:
+    """Create each topic on the broker at ``addr`` (broker mode)."""
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = admin_pb2_grpc.AdminStub(ch)
+        for topic in topics:
+            await stub.CreateTopic(
+                admin_pb2.CreateTopicRequest(
+                    target=admin_pb2.ApplyTarget(broker_name=broker_name),
+                    config=common_pb2.TopicConfig(
+                        topic_name=topic, read_queue_nums=queues, write_queue_nums=queues, perm=6
+                    ),
+                ),
+                timeout=10,
+            )
+
+
+async def create_group(addr: str, broker_name: str, group: str) -> None:
+    async with grpc.aio.insecure_channel(addr) as ch:
+        await admin_pb2_grpc.AdminStub(ch).CreateSubscriptionGroup(
+            admin_pb2.CreateSubscriptionGroupRequest(
+                target=admin_pb2.ApplyTarget(broker_name=broker_name),
+                config=common_pb2.SubscriptionGroupConfig(group_name=group),
+            ),
+            timeout=10,
+        )
+
+
+async def wait_route(namesrv: str, topic: str, brokers: set[str], timeout_s: float = 15) -> None:
+    """Until the nameserver routes ``topic`` to every broker group in ``brokers``."""
+    async with grpc.aio.insecure_channel(namesrv) as ch:
+        stub = nameserver_pb2_grpc.NameServerStub(ch)
+
+        async def routed() -> bool:
+            try:
+                resp = await stub.GetRouteInfoByTopic(
+                    nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5
+                )
+            except grpc.aio.AioRpcError:
+                return False
+            return brokers <= {q.broker_name for q in resp.route.queues}
+
+        await until(routed, timeout_s, f"route of {topic} to {sorted(brokers)}")
+
+
+async def until(
+    pred: Callable[[], Awaitable[bool]], timeout_s: float, what: str, interval_s: float = 0.1
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await pred():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        await asyncio.sleep(interval_s)
+
+
+# ---- load ------------------------------------------------------------------------------------
+
+
+def body_of(tag: str, topic: str, queue_id: int, n: int, size_bytes: int) -> bytes:
+    head = f"{tag}:{topic}:{queue_id}:{n}:".encode()
+    return head + b"x" * max(0, size_bytes - len(head))
+
+
+async def send_batch(
+    stub: messaging_pb2_grpc.MessagingStub, topic: str, queue_id: int, bodies: list[bytes]
+) -> list[Sent]:
+    resp = await stub.Send(
+        messaging_pb2.SendRequest(
+            producer_group="ha-load",
+            queue_id=queue_id,
+            messages=[common_pb2.Message(topic=topic, body=b) for b in bodies],
+            born_timestamp_ms=int(time.time() * 1000),
+        ),
+        timeout=15,
+    )
+    assert len(resp.results) == len(bodies)
+    return [
+        Sent(topic, queue_id, b, r.status, r.queue_offset, r.msg_id)
+        for b, r in zip(bodies, resp.results, strict=True)
+    ]
+
+
+async def send_load(
+    addr: str,
+    topics: list[str],
+    queues: int,
+    *,
+    batches_per_queue: int,
+    batch_size: int = 32,
+    singles_per_queue: int = 0,
+    body_bytes: int = 200,
+    tag: str = "load",
+    on_progress: Callable[[int], Awaitable[None]] | None = None,
+) -> list[Sent]:
+    """Send ``batches_per_queue`` batches and ``singles_per_queue`` single messages to every
+    queue of every topic, one sender per (topic, queue) running concurrently. Returns every
+    result; raises on the first failed call. ``on_progress(sent_so_far)`` runs after each call
+    of the first sender (a hook for killing something mid-load)."""
+    sent: list[Sent] = []
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = messaging_pb2_grpc.MessagingStub(ch)
+
+        async def one_queue(topic: str, qid: int, first: bool) -> None:
+            n = 0
+            for b in range(batches_per_queue + singles_per_queue):
+                size = batch_size if b < batches_per_queue else 1
+                bodies = [body_of(tag, topic, qid, n + i, body_bytes) for i in range(size)]
+                n += size
+                sent.extend(await send_batch(stub, topic, qid, bodies))
+                if first and on_progress is not None:
+                    await on_progress(len(sent))
+
+        await asyncio.gather(
+            *(
+                one_queue(t, q, ti == 0 and q == 0)
+                for ti, t in enumerate(topics)
+                for q in range(queues)
+            )
+        )
+    return sent
+
+
+# ---- progress --------------------------------------------------------------------------------
+
+
+async def runtime_stats(addr: str) -> admin_pb2.GetRuntimeStatsResponse:
+    async with grpc.aio.insecure_channel(addr) as ch:
+        resp: admin_pb2.GetRuntimeStatsResponse = await admin_pb2_grpc.AdminStub(
+            ch
+        ).GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest(), timeout=5)
+        return resp
+
+
+async def wait_in_sync(master_addr: str, slaves: int = 1, timeout_s: float = 20) -> None:
+    """Until the master reports ``slaves`` slaves, all in its in-sync set."""
+
+    async def ok() -> bool:
+        stats = await runtime_stats(master_addr)
+        return len(stats.slaves) >= slaves and all(s.in_sync for s in stats.slaves)
+
+    await until(ok, timeout_s, f"{slaves} in-sync slave(s) on {master_addr}")
+
+
+async def queue_ends(addr: str, topics: list[str], queues: int) -> dict[tuple[str, int], int]:
+    """GetMaxOffset of every queue: where a consumer of this broker can read up to."""
+    out: dict[tuple[str, int], int] = {}
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = messaging_pb2_grpc.MessagingStub(ch)
+        for t in topics:
+            for q in range(queues):
+                try:
+                    resp = await stub.GetMaxOffset(
+                        messaging_pb2.GetMaxOffsetRequest(topic=t, queue_id=q), timeout=5
+                    )
+                    out[(t, q)] = resp.offset
+                except grpc.aio.AioRpcError as err:
+                    if err.code() != grpc.StatusCode.NOT_FOUND:  # topic not synced yet
+                        raise
+                    out[(t, q)] = -1
+    return out
+
+
+async def wait_replicated(
+    master_addr: str,
+    slave_addr: str,
+    topics: list[str],
+    queues: int,
+    timeout_s: float = 30,
+) -> int:
+    """Until the slave's commitlog ends at the master's max offset and every queue's readable
+    end on the slave equals the master's. Returns that commitlog offset."""
+    master_end = 0
+
+    async def caught_up() -> bool:
+        nonlocal master_end
+        m, s = await asyncio.gather(runtime_stats(master_addr), runtime_stats(slave_addr))
+        master_end = m.commitlog_max_offset
+        if s.commitlog_max_offset != master_end:
+            return False
+        me, se = await asyncio.gather(
+            queue_ends(master_addr, topics, queues), queue_ends(slave_addr, topics, queues)
+        )
+        return me == se
+
+    await until(caught_up, timeout_s, f"slave {slave_addr} caught up with {master_addr}", 0.2)
+    return master_end
+
+
+# ---- reads -----------------------------------------------------------------------------------
+
+
+async def read_queue(
+    stub: messaging_pb2_grpc.MessagingStub, group: str, topic: str, qid: int, start: int = 0
+) -> bytes:
+    """Raw records of one queue from ``start`` to its readable end (no long polling)."""
+    out = bytearray()
+    offset = start
+    while True:
+        resp = await stub.Pull(
+            messaging_pb2.PullRequest(
+                consumer_group=group,
+                topic=topic,
+                queue_id=qid,
+                queue_offset=offset,
+                max_msg_nums=PULL_BATCH_MAX,
+                sys_flag=0x4,
+                subscription="*",
+            ),
+            timeout=10,
+        )
+        if resp.status != messaging_pb2.FOUND:
+            return bytes(out)
+        out += resp.records
+        assert resp.next_begin_offset > offset
+        offset = resp.next_begin_offset
+
+
+async def read_all(
+    addr: str, group: str, topics: list[str], queues: int
+) -> dict[tuple[str, int], bytes]:
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = messaging_pb2_grpc.MessagingStub(ch)
+        return {(t, q): await read_queue(stub, group, t, q) for t in topics for q in range(queues)}
+
+
+def bodies_of(records: bytes) -> list[bytes]:
+    return [r.body for r in codec.iter_records(records)]
+
+
+# ---- stores ----------------------------------------------------------------------------------
+
+
+def _digests(store_dir: Path) -> dict[str, tuple[int, str, bool]]:
+    out: dict[str, tuple[int, str, bool]] = {}
+    for path in sorted((store_dir / "commitlog").glob("[0-9]" * 20)):
+        data = path.read_bytes()
+        out[path.name] = (len(data), hashlib.sha256(data).hexdigest(), not data.strip(b"\0"))
+    return out
+
+
+def assert_same_commitlogs(master_store: Path, slave_store: Path, end_offset: int) -> None:
+    """Every commitlog file present on both stores is byte-identical; a file only one side has
+    must be empty (all zeros: the next file a store creates ahead of need); the files cover
+    ``end_offset``. Both stores pass :func:`services.store.inspect.verify`."""
+    m, s = _digests(master_store), _digests(slave_store)
+    assert m, f"no commitlog files in {master_store}"
+    for name in sorted(set(m) | set(s)):
+        if name in m and name in s:
+            assert m[name][:2] == s[name][:2], f"commitlog file {name} differs"
+        else:
+            only = m.get(name) or s[name]
+            side = "master" if name in m else "slave"
+            assert only[2], f"commitlog file {name} with data only on the {side}"
+    covered = max(int(n) + m[n][0] for n in m if n in s)
+    assert covered >= end_offset, f"common files end at {covered} < {end_offset}"
+    for store in (master_store, slave_store):
+        report = verify(detect_layout(store))
+        assert report.ok, f"{store}: {report.problems[:10]}"
+        assert report.commitlog_end == end_offset, (store, report.commitlog_end, end_offset)
+
+
+def stored_uniq_keys(store_dir: Path) -> set[str]:
+    """The unique message ids of every record in a (stopped) store's commitlog."""
+    problems: list[str] = []
+    keys = {
+        str(item["uniq_key"])
+        for item in iter_commitlog(detect_layout(store_dir), problems)
+        if not item.get("blank")
+    }
+    return keys
