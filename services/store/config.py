@@ -59,8 +59,17 @@ class StoreConfig:
     """Limits when the messages are likely on disk (``maxTransferCountOnMessageInDisk``)."""
     max_transfer_bytes_on_disk: int = 64 * 1024
     """(``maxTransferBytesOnMessageInDisk``)."""
+    access_message_in_memory_max_ratio: int = 40
+    """Percent of physical memory a pull's distance from the commitlog end may span before its
+    messages count as "on disk": smaller transfer limits, and the broker may suggest a slave
+    (``accessMessageInMemoryMaxRatio``, SPEC §6.7)."""
+    physical_memory_bytes: int | None = None
+    """Physical memory the ratio applies to; None = this machine's (tests set a tiny value).
+    The environment variable ROCKETQ_PHYSICAL_MEMORY_BYTES overrides the machine's too."""
     store_host: HostAddress = codec.LOCALHOST
     """The broker address written into every record (STOREHOSTADDRESS, offset message ids)."""
+    slave: bool = False
+    """A slave's store: its epoch history is its master's, never started at open."""
 
     def __post_init__(self) -> None:
         if self.commitlog_file_bytes < 4096:
@@ -73,6 +82,10 @@ class StoreConfig:
             )
         if not self.disk_space_clean_forcibly_ratio <= self.disk_space_warning_level_ratio <= 100:
             raise ValueError("need forcibly ratio <= warning level ratio <= 100")
+        if not 1 <= self.access_message_in_memory_max_ratio <= 100:
+            raise ValueError("access_message_in_memory_max_ratio must be 1..100")
+        if self.physical_memory_bytes is not None and self.physical_memory_bytes < 1:
+            raise ValueError("physical_memory_bytes must be positive")
         for hour in self.delete_when.split(";"):
             if not (hour.strip().isdigit() and 0 <= int(hour) <= 23):
                 raise ValueError(f"delete_when {self.delete_when!r}: hours 00-23 separated by ;")

@@ -27,6 +27,7 @@ from pathlib import Path
 from services.store.types import FileStartOffset
 
 FILE_NAME_DIGITS = 20
+_ZERO_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 def file_name(start: int) -> str:
@@ -126,10 +127,15 @@ class MappedFile:
         return self.wrote_position > self.flushed_position
 
     # -- lifecycle -------------------------------------------------------------------------
-    def zero_from(self, pos: int) -> None:
-        """Zero the bytes from ``pos`` to the file's end and set the write position there."""
-        if pos < self.file_size_bytes:
-            self._map[pos:] = bytes(self.file_size_bytes - pos)
+    def zero_from(self, pos: int, end: int | None = None) -> None:
+        """Zero the bytes from ``pos`` to ``end`` (default: the file's end) and set the write
+        position to ``pos``. Zeroes a chunk at a time: a 1 GiB file never costs 1 GiB of RAM."""
+        stop = self.file_size_bytes if end is None else min(end, self.file_size_bytes)
+        at = pos
+        while at < stop:
+            n = min(stop - at, _ZERO_CHUNK_BYTES)
+            self._map[at : at + n] = bytes(n)
+            at += n
         self.wrote_position = pos
         self.flushed_position = min(self.flushed_position, pos)
 
@@ -274,14 +280,19 @@ class MappedFileQueue:
         return mf
 
     # -- shrinking -------------------------------------------------------------------------
-    def truncate(self, offset: int) -> None:
-        """Drop every byte at or after ``offset``: later files deleted, the tail file zeroed."""
+    def truncate(self, offset: int, *, written_only: bool = False) -> None:
+        """Drop every byte at or after ``offset``: later files deleted, the tail file zeroed.
+
+        ``written_only`` zeroes the tail file only up to its write position (a live store,
+        where nothing lies beyond it); recovery zeroes to the file's end (torn writes may)."""
         keep: list[MappedFile] = []
         for mf in self.files:
             if mf.file_from_offset + self.file_size_bytes <= offset:
                 keep.append(mf)
             elif mf.file_from_offset < offset:
-                mf.zero_from(offset - mf.file_from_offset)
+                mf.zero_from(
+                    offset - mf.file_from_offset, mf.wrote_position if written_only else None
+                )
                 keep.append(mf)
             else:
                 mf.destroy()

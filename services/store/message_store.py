@@ -27,9 +27,14 @@ from services.store.config import StoreConfig
 from services.store.consume_queue import CQ_UNIT, CQ_UNIT_BYTES, PRE_BLANK_SIZE
 from services.store.consume_queue_store import ConsumeQueueStore
 from services.store.dispatch import Dispatcher
+from services.store.epoch_file import EpochHistory
+from services.store.errors import ReplicaCorruptError as ReplicaCorruptError  # noqa: PLC0414 (re-export)
+from services.store.errors import ReplicaRangeError as ReplicaRangeError  # noqa: PLC0414 (re-export)
+from services.store.errors import StoreError as StoreError  # noqa: PLC0414 (re-export)
 from services.store.flush import FlushDiskType, FlushService
 from services.store.index_service import IndexService
 from services.store.recovery import RecoveryReport, recover_commitlog, recover_logics
+from services.store.replica import ReplicaWriter, read_replica
 from services.store.retention import DiskUsage, RetentionService, disk_used_ratio
 from services.store.types import QueueOffset
 
@@ -41,10 +46,6 @@ class PutStatus(enum.Enum):
 
     PUT_OK = "PUT_OK"
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
-
-
-class StoreError(RuntimeError):
-    """The store cannot take this write; the message says why and what to do."""
 
 
 class StoreFullError(StoreError):
@@ -94,6 +95,8 @@ TagsFilter = Callable[[int], bool]
 """Given a unit's tags code, True if the message may match (hash-level check)."""
 RecordFilter = Callable[[memoryview], bool]
 """Given the stored record, True if it matches (property-level check, e.g. SQL92)."""
+ConfirmListener = Callable[[int], None]
+"""Called with the new confirm offset each time it advances (wakes held pulls)."""
 
 
 class MessageStore:
@@ -141,12 +144,25 @@ class MessageStore:
         self.retention = RetentionService(
             config, self.commitlog, self.queues, self.index, clock, disk_usage
         )
-        self.memory_bytes = memory_bytes or _physical_memory_bytes()
-        self.access_message_in_memory_max_ratio = 40
+        self.memory_bytes = memory_bytes or config.physical_memory_bytes or _physical_memory_bytes()
+        """Physical memory the in-memory ratio applies to (SPEC §6.7)."""
         self.recovery: RecoveryReport | None = None
+        self.replica = ReplicaWriter(self.commitlog, self.dispatcher)
+        self.epochs = EpochHistory(config.store_dir / "epoch")
+        """Which failover epoch wrote which commitlog range (replication; issue 8 bumps it)."""
+        self.confirm_offset: int | None = None
+        """Replication bound on reads: records ending past it are not served. None: none."""
+        self.confirm_listeners: list[ConfirmListener] = []
         self._lock_fd: int | None = None
         self._open = False
         self._retention_task: asyncio.Task[None] | None = None
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        """How far behind the commitlog's end a message may lie and still count as in memory:
+        ``access_message_in_memory_max_ratio`` % of physical memory (read from the current
+        config, which the broker replaces on a runtime config update)."""
+        return self.memory_bytes * self.config.access_message_in_memory_max_ratio // 100
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self) -> RecoveryReport:
@@ -171,6 +187,16 @@ class MessageStore:
             report.problems.extend(self.index.load())
         recover_commitlog(self.commitlog, report.abnormal, self.checkpoint, report)
         recover_logics(self.commitlog, self.queues, self.dispatcher, report)
+        try:
+            self.epochs.load()
+        except ValueError as exc:
+            self.close_files()
+            raise StoreError(
+                f"{exc}; repair or remove the file (a slave then copies its master's history, "
+                "a master starts a new one at epoch 0)"
+            ) from None
+        if self.epochs.last_epoch is None and not cfg.slave:
+            self.epochs.append(0, self.commitlog.max_offset)  # static roles: epoch 0 from here
         cfg.abort_path.touch()
         _fsync_dir(cfg.store_dir)
         for problem in report.problems:
@@ -266,6 +292,52 @@ class MessageStore:
                 status = PutStatus.FLUSH_DISK_TIMEOUT
         return PutResult(status, results)
 
+    # -- replication (DESIGN.md §6; the logic lives in replica.py) -------------------------
+    def read_replica(self, physical_offset: int, max_bytes: int) -> bytes:
+        """Master: stored commitlog bytes from ``physical_offset`` (at most ``max_bytes``, never
+        across a file end, b"" when nothing is new). ReplicaRangeError outside the commitlog."""
+        return read_replica(self.commitlog, physical_offset, max_bytes)
+
+    def append_replica(self, physical_offset: int, data: bytes | memoryview) -> int:
+        """Slave: write a replicated chunk and dispatch its whole records as the master did.
+
+        ``physical_offset`` must be where the previous chunk ended (or the commitlog's end, to
+        restart a stream), else ValueError. Returns where the next chunk starts. A partial
+        record at the end waits in memory for the next chunk. ReplicaCorruptError after
+        keeping the good prefix when a check fails.
+        """
+        if not self._open:
+            raise StoreClosedError("the store is not open; the broker is starting or stopping")
+        if not self.retention.writable:
+            raise StoreFullError(
+                f"disk use is at or above {self.config.disk_space_warning_level_ratio}% on "
+                f"{self.config.store_dir}; replication pauses until retention frees space"
+            )
+        return self.replica.append(physical_offset, data)
+
+    def truncate_replica(self, physical_offset: int) -> None:
+        """Slave: drop commitlog bytes at/after ``physical_offset`` with the consume-queue units
+        and index entries built from them. The epoch history is left to the caller."""
+        if not self._open:
+            raise StoreClosedError("the store is not open; the broker is starting or stopping")
+        self.replica.truncate(physical_offset, self.queues)
+        self.flusher.flushed_offset = min(self.flusher.flushed_offset, physical_offset)
+
+    @property
+    def replica_dispatched_offset(self) -> int:
+        """Slave: end of the last whole record written and dispatched (what it acknowledges)."""
+        return self.replica.dispatched_offset
+
+    def set_confirm_offset(self, offset: int | None) -> None:
+        """Bound reads at ``offset`` (None: unbounded); listeners run when the bound advances."""
+        old = self.confirm_offset
+        self.confirm_offset = offset
+        if old is None or (offset is not None and offset <= old):
+            return
+        reached = self.commitlog.max_offset if offset is None else offset
+        for listener in self.confirm_listeners:
+            listener(reached)
+
     # -- reads -----------------------------------------------------------------------------
     def min_offset(self, topic: str, queue_id: int) -> QueueOffset:
         cq = self.queues.find(topic, queue_id)
@@ -353,15 +425,22 @@ class MessageStore:
         result = GetResult(GetStatus.NO_MATCHED_MESSAGE, offset, min_off, max_off)
         cfg = self.config
         max_py = self.commitlog.max_offset
-        memory_limit = self.memory_bytes * self.access_message_in_memory_max_ratio // 100
+        memory_limit = self.memory_limit_bytes
         next_file_start = 0
         total = 0
         consumed = 0
         last_py = 0
+        confirm = self.confirm_offset
         for i, (phys, size, tags) in enumerate(CQ_UNIT.iter_unpack(units)):
             consumed = i + 1
             if size == PRE_BLANK_SIZE or phys < next_file_start:
                 continue
+            if confirm is not None and phys + size > confirm:
+                # Not yet on every in-sync replica: the queue ends here for readers.
+                consumed = i
+                if i == 0:
+                    result.status = GetStatus.OFFSET_OVERFLOW_ONE
+                break
             in_disk = max_py - phys > memory_limit
             count = len(result.records)
             if count and (
@@ -404,7 +483,14 @@ class MessageStore:
         return result
 
 
+PHYSICAL_MEMORY_ENV = "ROCKETQ_PHYSICAL_MEMORY_BYTES"
+"""Pretend the machine has this much memory (tests of the slave suggestion, SPEC §6.7)."""
+
+
 def _physical_memory_bytes() -> int:
+    override = os.environ.get(PHYSICAL_MEMORY_ENV, "").strip()
+    if override.isdigit() and int(override) > 0:
+        return int(override)
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):

@@ -1,0 +1,333 @@
+"""Replicated commitlog bytes: what a master reads out, what a slave writes in (DESIGN.md §6).
+
+A slave's commitlog is a byte-for-byte copy of its master's, at the same physical offsets, so an
+offset message id, a consume-queue unit or an index entry means the same on both. The master
+reads raw bytes (records and file-end BLANK fillers as stored, never across a file end:
+:func:`read_replica`); the slave writes them and builds its own consume queues and index from
+them (:class:`ReplicaWriter`).
+
+Slave write path, per chunk
+---------------------------
+1. The chunk must start where the last one ended. A chunk may end inside a record; those bytes
+   (the *partial tail*) stay in memory until the next chunk completes the record, so the
+   commitlog only ever holds whole records. A crash therefore never leaves half a record for
+   recovery to misjudge (a record cut inside its properties can still pass the CRC, which only
+   covers the body), and the slave's max offset is always a record boundary.
+2. Every whole record is checked: magic, TOTALSIZE against the file's remaining room, the
+   stored physical offset against where it lands, every length field, the body CRC. A BLANK
+   must reach exactly the file's end. The checked prefix is written (``CommitLog.append_raw``).
+3. The records are dispatched exactly as on the master: the queue offset stored inside each
+   record is used as is (never re-assigned), so consume-queue units and queue offsets match.
+   Only the fields dispatch needs are read (topic, queue id and offset, store time, sys flag,
+   prepared offset, and the TAGS / KEYS / UNIQ_KEY properties found by byte search), not a full
+   decode: a slave must keep up with a busy master on one core.
+4. On a failed check the good prefix is written and dispatched, the bad bytes and everything
+   after them are dropped, and :class:`ReplicaCorruptError` is raised: the slave's store is
+   consistent and the stream restarts from its end.
+
+Truncation (:meth:`ReplicaWriter.truncate`) cuts the commitlog, every consume queue (binary
+search for the first unit past the cut) and the index back to a record boundary, the same
+invariant recovery restores after a torn tail.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable
+
+from rocketq import codec
+from rocketq.codec import BLANK_MAGIC, MESSAGE_MAGIC
+from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK, CommitLog
+from services.store.consume_queue import CQ_UNIT, CQ_UNIT_BYTES, PRE_BLANK_SIZE, ConsumeQueue
+from services.store.dispatch import Dispatcher
+from services.store.errors import ReplicaCorruptError, ReplicaRangeError
+from services.store.mapped_file import MappedFileQueue
+from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
+
+DISPATCH_BATCH_MAX = 4096
+"""Records handed to the dispatcher at once (bounds one event-loop step on a big chunk)."""
+TOPIC_CACHE_MAX = 100_000
+
+# TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG: the first 40 bytes.
+_HEAD = struct.Struct(">iIiiiqqi")
+assert _HEAD.size == codec.OFFSET_SYSFLAG + 4
+_SIZE_MAGIC = struct.Struct(">iI")
+_INT = struct.Struct(">i")
+_LONG = struct.Struct(">q")
+_MIN_RECORD_BYTES = codec.FIXED_BYTES_V4 + 7
+_BORN_V6 = codec.SysFlag.BORNHOST_V6
+_STORE_V6 = codec.SysFlag.STOREHOST_V6
+_TAGS = (codec.Prop.TAGS + codec.NAME_VALUE_SEPARATOR).encode()
+_KEYS = (codec.Prop.KEYS + codec.NAME_VALUE_SEPARATOR).encode()
+_UNIQ = (codec.Prop.UNIQ_KEY + codec.NAME_VALUE_SEPARATOR).encode()
+
+
+def read_replica(commitlog: CommitLog, physical_offset: int, max_bytes: int) -> bytes:
+    """Up to ``max_bytes`` stored bytes from ``physical_offset``, never past a file's end.
+
+    b"" at the max offset (nothing new). :class:`ReplicaRangeError` below the oldest retained
+    byte or beyond the max offset.
+    """
+    lo, hi = commitlog.min_offset, commitlog.max_offset
+    if physical_offset < lo or physical_offset > hi:
+        raise ReplicaRangeError(
+            f"replication read at {physical_offset}: the commitlog holds [{lo}, {hi})"
+        )
+    if physical_offset == hi or max_bytes <= 0:
+        return b""
+    mf = commitlog.files.find(physical_offset)
+    if mf is None:
+        return b""
+    pos = physical_offset - mf.file_from_offset
+    n = min(max_bytes, mf.wrote_position - pos)
+    return bytes(mf.view[pos : pos + n]) if n > 0 else b""
+
+
+def _prop(buf: bytes, name: bytes, start: int, end: int) -> str:
+    """The value of property ``name`` (given with its ``\\x01``) in ``buf[start:end]``, or ""."""
+    i = buf.find(name, start, end)
+    while i > start and buf[i - 1] != 2:  # must start an item, not end another item's name
+        i = buf.find(name, i + 1, end)
+    if i < 0:
+        return ""
+    vs = i + len(name)
+    ve = buf.find(b"\x02", vs, end)
+    return buf[vs : ve if ve >= 0 else end].decode("utf-8", "replace")
+
+
+def decode_chunk(
+    buf: bytes, base: int, file_size_bytes: int, topics: dict[bytes, str]
+) -> tuple[int, list[DispatchRequest], str | None]:
+    """Check the whole records and BLANKs at the start of ``buf`` (which lands at ``base``).
+
+    Returns (bytes that are whole and good, their dispatch requests, problem or None). With no
+    problem the rest of ``buf`` is a partial tail; with one, the rest starts with bad bytes.
+    ``topics`` caches decoded topic names.
+    """
+    reqs: list[DispatchRequest] = []
+    mv = memoryview(buf)
+    n = len(buf)
+    pos = 0
+    head = _HEAD.unpack_from
+    while n - pos >= 8:
+        here = base + pos
+        room = file_size_bytes - here % file_size_bytes
+        size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        if magic == BLANK_MAGIC:
+            if size != room:
+                return pos, reqs, f"at {here}: a {size}-byte BLANK does not end its file ({room})"
+            if n - pos < size:
+                break
+            pos += size
+            continue
+        if magic != MESSAGE_MAGIC:
+            return pos, reqs, f"at {here}: magic 0x{magic:08X} starts neither record nor BLANK"
+        if size < _MIN_RECORD_BYTES or size > room:
+            return pos, reqs, f"at {here}: TOTALSIZE {size} does not fit ({room} bytes left)"
+        if n - pos < size:
+            break
+        _size, _magic, crc, queue_id, _flag, queue_offset, phys, sys_flag = head(buf, pos)
+        if phys != here:
+            return pos, reqs, f"at {here}: the record says it is at {phys}"
+        fixed = codec.FIXED_BYTES_V4 + (12 if sys_flag & _BORN_V6 else 0)
+        fixed += 12 if sys_flag & _STORE_V6 else 0
+        end = pos + size
+        cur = pos + fixed
+        if cur + 7 > end:
+            return pos, reqs, f"at {here}: TOTALSIZE {size} too small for its host fields"
+        (body_len,) = _INT.unpack_from(buf, cur)
+        cur += 4
+        if body_len < 0 or cur + body_len + 3 > end:
+            return pos, reqs, f"at {here}: body length {body_len} does not fit TOTALSIZE {size}"
+        if zlib.crc32(mv[cur : cur + body_len]) & 0x7FFFFFFF != crc:
+            return pos, reqs, f"at {here}: body CRC mismatch"
+        cur += body_len
+        topic_len = buf[cur]
+        cur += 1
+        if cur + topic_len + 2 > end:
+            return pos, reqs, f"at {here}: topic length {topic_len} does not fit"
+        topic_raw = buf[cur : cur + topic_len]
+        topic = topics.get(topic_raw)
+        if topic is None:
+            try:
+                topic = topic_raw.decode()
+            except UnicodeDecodeError:
+                return pos, reqs, f"at {here}: topic is not UTF-8"
+            if len(topics) < TOPIC_CACHE_MAX:
+                topics[topic_raw] = topic
+        cur += topic_len
+        props_len = (buf[cur] << 8) | buf[cur + 1]
+        cur += 2
+        if cur + props_len != end:
+            return pos, reqs, f"at {here}: properties length {props_len} does not fit"
+        tags = _prop(buf, _TAGS, cur, end) if props_len else ""
+        reqs.append(
+            DispatchRequest(
+                topic,
+                queue_id,
+                PhysicalOffset(here),
+                size,
+                codec.tags_hash(tags),
+                _LONG.unpack_from(buf, pos + codec.store_timestamp_offset(sys_flag))[0],
+                QueueOffset(queue_offset),
+                _prop(buf, _KEYS, cur, end) if props_len else "",
+                _prop(buf, _UNIQ, cur, end) if props_len else "",
+                sys_flag,
+                _LONG.unpack_from(buf, pos + fixed - 8)[0],
+            )
+        )
+        pos = end
+    return pos, reqs, None
+
+
+class ReplicaWriter:
+    """A slave's side: append replicated chunks, dispatch them, truncate. One per store."""
+
+    def __init__(self, commitlog: CommitLog, dispatcher: Dispatcher) -> None:
+        self.commitlog = commitlog
+        self.dispatcher = dispatcher
+        self.pending = b""
+        """The partial tail: bytes after the last whole record, waiting for the rest."""
+        self._topics: dict[bytes, str] = {}
+        self.records_appended = 0
+
+    @property
+    def dispatched_offset(self) -> int:
+        """End of the last whole record written and dispatched (the commitlog's end)."""
+        return self.commitlog.max_offset
+
+    @property
+    def received_offset(self) -> int:
+        """Where the next chunk must start: the commitlog's end plus the partial tail."""
+        return self.commitlog.max_offset + len(self.pending)
+
+    def append(self, physical_offset: int, data: bytes | memoryview) -> int:
+        """Write and dispatch a chunk; return :attr:`received_offset`.
+
+        ``physical_offset`` must be :attr:`received_offset` (the stream goes on) or the
+        commitlog's end (a new stream restarts at the last whole record: the partial tail is
+        dropped); anything else is a ValueError. Raises :class:`ReplicaCorruptError` after
+        keeping the good prefix (see the module docstring).
+        """
+        cl = self.commitlog
+        whole_end = cl.max_offset
+        if physical_offset == whole_end + len(self.pending) and self.pending:
+            buf = self.pending + bytes(data)
+        elif physical_offset == whole_end:
+            buf = bytes(data)
+            self.pending = b""
+        else:
+            raise ValueError(
+                f"replicated chunk at {physical_offset}, but this commitlog ends at {whole_end} "
+                f"(+{len(self.pending)} bytes of a partial record)"
+            )
+        if not data:
+            return self.received_offset
+        good, reqs, problem = decode_chunk(buf, whole_end, cl.file_size_bytes, self._topics)
+        if good:
+            cl.append_raw(whole_end, memoryview(buf)[:good])
+        self.pending = buf[good:] if problem is None else b""
+        if reqs:
+            self._dispatch(reqs)
+        if problem is not None:
+            raise ReplicaCorruptError(
+                f"replicated bytes rejected {problem}; the commitlog now ends at "
+                f"{cl.max_offset} (the last good record)"
+            )
+        return self.received_offset
+
+    def _dispatch(self, reqs: list[DispatchRequest]) -> None:
+        offsets = self.commitlog.queue_offsets
+        for r in reqs:
+            if r.sys_flag & TRANSACTION_MASK not in NOT_QUEUED:
+                key = (r.topic, r.queue_id)
+                nxt = r.queue_offset + 1
+                if offsets.get(key, 0) < nxt:
+                    offsets[key] = nxt
+        cl = self.commitlog
+        cl.last_store_timestamp_ms = max(cl.last_store_timestamp_ms, reqs[-1].store_timestamp_ms)
+        for i in range(0, len(reqs), DISPATCH_BATCH_MAX):
+            self.dispatcher.dispatch(reqs[i : i + DISPATCH_BATCH_MAX])
+        self.records_appended += len(reqs)
+
+    def truncate(self, physical_offset: int, queues: Iterable[ConsumeQueue]) -> None:
+        """Drop everything at or after ``physical_offset``: commitlog bytes (and the partial
+        tail), consume-queue units and index entries built from them.
+
+        :class:`ReplicaRangeError` below the commitlog's oldest byte or beyond what was
+        received. Queue max offsets go back with their units; the epoch history is the
+        caller's (the slave adopts its master's).
+        """
+        cl = self.commitlog
+        whole_end = cl.max_offset
+        if physical_offset > whole_end + len(self.pending) or (
+            physical_offset < cl.min_offset and cl.files.files
+        ):
+            raise ReplicaRangeError(
+                f"cannot truncate at {physical_offset}: the commitlog holds "
+                f"[{cl.min_offset}, {whole_end}) (+{len(self.pending)} pending bytes)"
+            )
+        self.pending = self.pending[: max(0, physical_offset - whole_end)]
+        if physical_offset >= whole_end:
+            return
+        truncate_keeping_position(cl.files, physical_offset)
+        for cq in queues:
+            truncate_queue(cq, physical_offset)
+            cl.queue_offsets[(cq.topic, cq.queue_id)] = cq.max_offset
+        if self.dispatcher.index is not None:
+            self.dispatcher.index.truncate(physical_offset)
+        self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, physical_offset)
+
+
+def truncate_keeping_position(files: MappedFileQueue, offset: int) -> None:
+    """Cut ``files`` at ``offset`` so that its max offset becomes exactly ``offset``.
+
+    ``MappedFileQueue.truncate`` deletes a file that starts at the cut; when that is the only
+    file left (retention deleted the older ones), the queue would forget where it stood and
+    report 0. Here the first file is kept, empty, instead.
+    """
+    first = files.first
+    if first is not None and offset == first.file_from_offset and offset > 0:
+        files.truncate(offset + files.file_size_bytes, written_only=True)
+        first.zero_from(0, first.wrote_position)
+    else:
+        files.truncate(offset, written_only=True)
+
+
+def truncate_queue(cq: ConsumeQueue, physical_offset: int) -> None:
+    """Drop the units of ``cq`` whose record ends past ``physical_offset``.
+
+    A queue's units point at increasing physical offsets, so the first unit to drop is found
+    by binary search (pre-blank units at the front always stay).
+    """
+    files = cq.files
+    if not files.files:
+        return
+    first_unit = files.min_offset() // CQ_UNIT_BYTES
+    lo, hi = first_unit, files.max_offset() // CQ_UNIT_BYTES
+    end_unit = hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        off, size = _unit(files, mid)
+        if size == PRE_BLANK_SIZE or off + size <= physical_offset:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == end_unit:
+        return
+    truncate_keeping_position(files, lo * CQ_UNIT_BYTES)
+    cq.min_logic_offset = min(cq.min_logic_offset, lo * CQ_UNIT_BYTES)
+    cq.max_physical_end = 0
+    if lo > first_unit:
+        off, size = _unit(files, lo - 1)
+        if size != PRE_BLANK_SIZE:
+            cq.max_physical_end = off + size
+
+
+def _unit(files: MappedFileQueue, queue_offset: int) -> tuple[int, int]:
+    at = queue_offset * CQ_UNIT_BYTES
+    mf = files.find(at)
+    assert mf is not None, f"unit {queue_offset} lies inside the queue's files"
+    off, size, _tags = CQ_UNIT.unpack_from(mf.view, at - mf.file_from_offset)
+    return off, size
