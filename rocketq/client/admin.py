@@ -17,7 +17,7 @@ Where a request goes:
 | query_by_key, query_by_id          | (any live member of the group when its master is down)    |
 | consume_stats, consumer_ids        | every master of the route (topic given) or of the cluster |
 | consumer_connection                | every master of every cluster (members, conflicts, locks) |
-| dead_letters                       | every master (or one named broker)                        |
+| dead_letters, half_messages        | every master (or one named broker)                        |
 | view_message, resend_dead_letter   | the broker whose address the offset message id encodes    |
 | broker_config, runtime_stats       | one broker, by name (its master) or by "host:port"        |
 
@@ -47,6 +47,7 @@ from rocketq._api.rocketq.v1 import (
     nameserver_pb2,
     nameserver_pb2_grpc,
 )
+from rocketq.client._admin_tx import HalfMessage, HalfMessages, half_messages
 from rocketq.client._admin_types import (
     ApplyResult,
     BrokerGroup,
@@ -112,6 +113,8 @@ __all__ = [
     "DeadLetterPage",
     "DeadLetters",
     "GroupConfig",
+    "HalfMessage",
+    "HalfMessages",
     "LiveBroker",
     "OffsetReset",
     "QueueLockInfo",
@@ -849,3 +852,12 @@ class Admin:
         with contextlib.suppress(RocketQError):  # the name is a nicety; the resend happened
             broker_name = (await self.cluster_info()).broker_name_of(addr)
         return ResentDeadLetter(pb.topic, pb.msg_id, broker_name, pb.queue_id, pb.queue_offset)
+
+    # ---- transactions --------------------------------------------------------------------------
+    async def half_messages(
+        self, topic: str = "", broker: str | None = None, max_num: int = 100
+    ) -> HalfMessages:
+        """Transactional messages waiting for their producer's commit or rollback (SPEC §9),
+        oldest first, at most ``max_num`` (1..1000) in all, from every master or one broker;
+        ``topic`` keeps only those for that real topic."""
+        return await half_messages(self, topic, broker, max_num)

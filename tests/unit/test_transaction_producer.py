@@ -22,7 +22,9 @@ from rocketq import (
     TransactionProducerConfig,
     TransactionSendResult,
 )
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
+from rocketq.cli.transaction_cmd import CliListener
+from rocketq.client._admin_tx import merge
 from rocketq.client.errors import (
     BrokerUnavailableError,
     ClientStateError,
@@ -428,3 +430,60 @@ def test_end_request_carries_the_half_coordinates() -> None:
     bad = SendResult(SendStatus.SEND_OK, "ID", "zz", MessageQueue("t", "b", 0), 5, "ID")
     with pytest.raises(ValueError):
         end_request("g", bad, State.COMMIT_MESSAGE)
+
+
+# ---- admin rows and the CLI's listener --------------------------------------------------------
+def _half_pb(i: int, born_ms: int) -> admin_pb2.HalfMessage:
+    return admin_pb2.HalfMessage(
+        message=common_pb2.StoredMessage(
+            message=common_pb2.Message(topic="orders", body=b"b"), msg_id=f"{i:032X}"
+        ),
+        producer_group="tx-group",
+        transaction_id=f"{i:032X}",
+        check_times=i,
+        born_timestamp_ms=born_ms,
+        queue_offset=i,
+    )
+
+
+def test_half_messages_of_several_brokers_merge_oldest_first_and_cut_at_max_num() -> None:
+    answers = {
+        "broker-b": admin_pb2.ListHalfMessagesResponse(
+            messages=[_half_pb(1, 100), _half_pb(2, 300)], total=5
+        ),
+        "broker-a": admin_pb2.ListHalfMessagesResponse(messages=[_half_pb(3, 200)], total=1),
+    }
+    rows, totals = merge(answers, max_num=2)
+    assert [(h.broker_name, h.born_timestamp_ms) for h in rows] == [
+        ("broker-b", 100),
+        ("broker-a", 200),
+    ]
+    assert rows[0].topic == "orders" and rows[0].check_times == 1
+    assert rows[0].message.broker_name == "broker-b"
+    assert totals == {"broker-a": 1, "broker-b": 5}
+
+
+def test_half_messages_refuses_bad_arguments_before_asking() -> None:
+    from rocketq.client.admin import Admin
+
+    async def main() -> None:
+        async with Admin("127.0.0.1:1") as admin:
+            for kw in ({"max_num": 0}, {"max_num": 1001}, {"topic": "bad topic!"}):
+                with pytest.raises(InvalidArgumentError):
+                    await admin.half_messages(**kw)
+
+    asyncio.run(main())
+
+
+def test_cli_listener_tracks_what_this_run_left_unknown() -> None:
+    listener = CliListener("unknown", "commit")
+    msg = Message("orders", b"x")
+    assert listener.execute_local_transaction(msg, None) is State.UNKNOW
+    listener.left_unknown("A")
+    listener.left_unknown("B")
+    checked = ReceivedMessage("orders", b"x", {}, 0, 0, 0, "A", "", 0, 0, "", "")
+    assert listener.check_local_transaction(checked) is State.COMMIT_MESSAGE
+    assert listener.unresolved == 1
+    stays = CliListener("unknown", "unknown")
+    stays.left_unknown("A")
+    assert stays.check_local_transaction(checked) is State.UNKNOW and stays.unresolved == 1
