@@ -9,10 +9,17 @@ services.nameserver``, ``python -m services.broker`` and ``python -m services.ti
 (delayed messages, consume retries) as child processes, data and logs under one directory::
 
     DIR/store/        the broker's store (commitlog, consume queues, index, config)
+    DIR/store-slave-K/  with --slaves N: slave K's store (K = 1..N, its brokerId)
     DIR/timer-0/      the timer-wheel's data (TimerLog, wheel, message log, checkpoint)
-    DIR/logs/         namesrv.log, broker.log, timer.log
+    DIR/logs/         namesrv.log, broker.log, slave-K.log, timer.log
     DIR/run/          ready files ({"addr", "pid"}, written by each process once serving)
     DIR/pids.json     with --detach: what ``dev down`` stops
+
+``--slaves N`` adds N slaves of the broker (brokerName broker-a, brokerId 1..N, brokerRole
+SLAVE, each with its own store), started after the master; they find it through the
+nameserver and replicate its commitlog (DESIGN.md §6). ``rocketq cluster list`` shows their
+replication lag. The broker stays ASYNC_MASTER unless ``--set brokerRole=SYNC_MASTER``; the
+``--set`` keys apply to the slaves too, except the ones that make them slaves.
 
 It waits for each ready file in turn, creates a demo topic, sends a few messages and reads them
 back (proving the round trip before saying "running"), prints how to use it, and stays in the
@@ -51,8 +58,20 @@ _MODULES = {
     "broker": "services.broker",
     "timer": "services.timer_wheel",
 }
-#: dev down stops in this order: what depends on the others first.
-_STOP_ORDER = ("timer", "broker", "namesrv")
+#: dev down stops in this order: what depends on the others first (slaves, "slave-K", just
+#: before their master).
+_STOP_ORDER = ("timer", "slave", "broker", "namesrv")
+SLAVE_PREFIX = "slave-"
+SLAVES_MAX = 8
+
+
+def _module(name: str) -> str:
+    """The server module a child named ``name`` runs ("slave-K" runs a broker)."""
+    return _MODULES["broker"] if name.startswith(SLAVE_PREFIX) else _MODULES[name]
+
+
+def _stop_rank(name: str) -> int:
+    return _STOP_ORDER.index("slave" if name.startswith(SLAVE_PREFIX) else name)
 
 
 # ---- the servers themselves -----------------------------------------------------------------
@@ -175,7 +194,7 @@ def _spawn(name: str, args: list[str], base: Path) -> _Child:
     ready = base / "run" / f"{name}.ready"
     ready.unlink(missing_ok=True)
     log_path = base / "logs" / f"{name}.log"
-    argv = [sys.executable, "-m", _MODULES[name], *args, "--ready-file", str(ready)]
+    argv = [sys.executable, "-m", _module(name), *args, "--ready-file", str(ready)]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             argv,
@@ -215,7 +234,7 @@ def _is_ours(pid: int, name: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return _MODULES[name].encode() in cmdline
+    return _module(name).encode() in cmdline
 
 
 def _stop_pid(pid: int, name: str, timeout_s: float = STOP_TIMEOUT_S) -> bool:
@@ -283,6 +302,17 @@ def dev() -> None:
               help="Timer-wheel key, e.g. timerPrecisionMs=100.")  # fmt: skip
 @click.option("--no-timer", is_flag=True, help="Do not start the timer-wheel.")
 @click.option("--no-demo", is_flag=True, help="Skip the demo topic and round trip.")
+@click.option(
+    "--slaves",
+    type=click.IntRange(0, SLAVES_MAX),
+    default=0,
+    show_default=True,
+    help="Slaves of the broker (brokerId 1..N, each with its own store).",
+)
+@click.option(
+    "--slave-port", type=int, default=0, show_default=True,
+    help="Port of slave 1 (slave K gets this + K - 1); 0 = any free.",
+)  # fmt: skip
 def dev_up(
     base: Path,
     namesrv_port: int,
@@ -293,9 +323,11 @@ def dev_up(
     timer_overrides: tuple[str, ...],
     no_timer: bool,
     no_demo: bool,
+    slaves: int,
+    slave_port: int,
 ) -> None:
-    """Start a nameserver, a broker and a timer-wheel with data under --dir, prove a round
-    trip, and run."""
+    """Start a nameserver, a broker (and --slaves N slaves of it) and a timer-wheel with data
+    under --dir, prove a round trip, and run."""
     base = base.resolve()
     if (running := _running(base)) is not None:
         raise click.ClickException(
@@ -303,7 +335,8 @@ def dev_up(
             f"stop it with: rocketq dev down --dir {base}"
         )
     with_timer = not no_timer and timer_wheel_available()
-    for sub in ("logs", "run", "store", *([TIMER_DATA_DIR] if with_timer else [])):
+    slave_dirs = [f"store-{SLAVE_PREFIX}{k}" for k in range(1, slaves + 1)]
+    for sub in ("logs", "run", "store", *slave_dirs, *([TIMER_DATA_DIR] if with_timer else [])):
         (base / sub).mkdir(parents=True, exist_ok=True)
     broker_args = [
         *("--set", "brokerName=broker-a", "--set", "listenAddress=127.0.0.1"),
@@ -313,7 +346,10 @@ def dev_up(
     for item in overrides:
         broker_args += ["--set", item]
     timer_args = _timer_args(base, timer_port, timer_overrides) if with_timer else None
-    children = _start_all(base, namesrv_port, broker_args, timer_args, demo=not no_demo)
+    slave_args = [_slave_args(base, k, slave_port, overrides) for k in range(1, slaves + 1)]
+    children = _start_all(
+        base, namesrv_port, broker_args, timer_args, demo=not no_demo, slave_args=slave_args
+    )
     ns, br = children[0], children[1]
     addrs = {c.name: c.addr for c in children}
     if detach:
@@ -335,9 +371,30 @@ def dev_up(
             else "timer-wheel skipped: this build has no services.timer_wheel module; "
             "delayed messages and consume retries stay pending until one runs"
         )
-    _summary(base, ns.addr, br.addr, addrs.get("timer", ""), detach)
+    slave_addrs = [c.addr for c in children if c.name.startswith(SLAVE_PREFIX)]
+    _summary(base, ns.addr, br.addr, addrs.get("timer", ""), detach, slave_addrs)
     if not detach:
         _supervise(children)
+
+
+def _slave_args(base: Path, k: int, first_port: int, overrides: tuple[str, ...]) -> list[str]:
+    """Broker flags of slave ``k`` (brokerId k): the user's keys, then the ones that make it a
+    slave with its own store and port (those win)."""
+    args: list[str] = []
+    for item in overrides:
+        args += ["--set", item]
+    port = first_port + k - 1 if first_port else 0
+    for item in (
+        "brokerName=broker-a",
+        f"brokerId={k}",
+        "brokerRole=SLAVE",
+        "listenAddress=127.0.0.1",
+        f"listenPort={port}",
+        "brokerIP1=127.0.0.1",
+        f"storePathRootDir={base / f'store-{SLAVE_PREFIX}{k}'}",
+    ):
+        args += ["--set", item]
+    return args
 
 
 def _timer_args(base: Path, port: int, overrides: tuple[str, ...]) -> list[str]:
@@ -354,14 +411,20 @@ def _start_all(
     timer_args: list[str] | None,
     *,
     demo: bool,
+    slave_args: list[list[str]] | None = None,
 ) -> list[_Child]:
-    """Nameserver, broker, then (if ``timer_args``) the timer-wheel, each waited for by its
-    ready file; then the demo round trip. On any failure, stop what started and re-raise."""
+    """Nameserver, broker, its slaves, then (if ``timer_args``) the timer-wheel, each waited
+    for by its ready file; then the demo round trip. On any failure, stop what started and
+    re-raise."""
     children: list[_Child] = []
     try:
         ns = _spawn("namesrv", ["--listen", f"127.0.0.1:{namesrv_port}"], base)
         children.append(ns)
         children.append(_spawn("broker", ["--set", f"namesrvAddr={ns.addr}", *broker_args], base))
+        for k, args in enumerate(slave_args or [], start=1):
+            children.append(
+                _spawn(f"{SLAVE_PREFIX}{k}", ["--set", f"namesrvAddr={ns.addr}", *args], base)
+            )
         if timer_args is not None:
             children.append(_spawn("timer", ["--namesrv", ns.addr, *timer_args], base))
         if demo:
@@ -375,7 +438,14 @@ def _start_all(
     return children
 
 
-def _summary(base: Path, ns_addr: str, br_addr: str, timer_addr: str, detach: bool) -> None:
+def _summary(
+    base: Path,
+    ns_addr: str,
+    br_addr: str,
+    timer_addr: str,
+    detach: bool,
+    slave_addrs: list[str] | None = None,
+) -> None:
     """What runs where and how to use it; ``timer_addr`` is empty if no timer-wheel runs."""
     stop = f"rocketq dev down --dir {base}" if detach else "press Ctrl-C"
     env = f"ROCKETQ_NAMESRV={ns_addr}"
@@ -385,10 +455,15 @@ def _summary(base: Path, ns_addr: str, br_addr: str, timer_addr: str, detach: bo
         env += f" ROCKETQ_TIMER={timer_addr}"
         timer = f"{timer_addr}  (data {base / TIMER_DATA_DIR})"
         delayed = "  echo later | rocketq produce Orders --delay-level 2\n  rocketq timer stats\n"
+    slaves = "".join(
+        f"  slave {k:<5} {addr}  (broker-a id {k}, data {base / f'store-{SLAVE_PREFIX}{k}'})\n"
+        for k, addr in enumerate(slave_addrs or [], start=1)
+    )
     click.echo(
         f"\nRocketQ is running\n"
         f"  nameserver  {ns_addr}\n"
         f"  broker      {br_addr}  (broker-a, cluster DefaultCluster)\n"
+        f"{slaves}"
         f"  timer-wheel {timer}\n"
         f"  data        {base / 'store'}\n"
         f"  logs        {base / 'logs'}\n"
@@ -439,7 +514,8 @@ def _supervise(children: list[_Child]) -> None:
     type=click.Path(file_okay=False, path_type=Path),
 )
 def dev_down(base: Path) -> None:
-    """Stop a RocketQ started with `rocketq dev up --detach` (timer-wheel, broker, nameserver)."""
+    """Stop a RocketQ started with `rocketq dev up --detach` (timer-wheel, slaves, broker,
+    nameserver)."""
     base = base.resolve()
     data = _running(base)
     if data is None:
@@ -447,9 +523,8 @@ def dev_down(base: Path) -> None:
         raise click.ClickException(f"no detached RocketQ is running from {base}")
     processes: dict[str, Any] = data["processes"]
     clean = True
-    for name in _STOP_ORDER:
-        if name in processes:
-            clean = _stop_pid(int(processes[name]["pid"]), name) and clean
+    for name in sorted(processes, key=_stop_rank):
+        clean = _stop_pid(int(processes[name]["pid"]), name) and clean
     _pids_file(base).unlink(missing_ok=True)
     click.echo("RocketQ stopped" if clean else "RocketQ stopped (some processes were killed)")
 

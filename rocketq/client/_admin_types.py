@@ -297,13 +297,19 @@ class ResetResult:
 
 @dataclass(frozen=True)
 class SlaveInfo:
-    """One slave as its master sees it."""
+    """One slave as its master sees it (admin.proto SlaveStats)."""
 
     broker_id: int
     broker_addr: str
     acked_offset: int
+    """Commitlog offset up to which the slave has acknowledged."""
     in_sync: bool
+    """Whether it is in the in-sync set (close enough and acking: SYNC_MASTER waits for it)."""
     last_ack_timestamp_ms: int
+    lag_bytes: int = 0
+    """The master's max commitlog offset minus ``acked_offset``."""
+    lag_seconds: float = 0.0
+    """Age of the oldest byte the slave has not acknowledged (0 when it has everything)."""
 
 
 @dataclass(frozen=True)
@@ -528,7 +534,13 @@ def runtime_stats(pb: admin_pb2.GetRuntimeStatsResponse) -> RuntimeStats:
         connected_clients=pb.connected_clients,
         slaves=tuple(
             SlaveInfo(
-                s.broker_id, s.broker_addr, s.acked_offset, s.in_sync, s.last_ack_timestamp_ms
+                s.broker_id,
+                s.broker_addr,
+                s.acked_offset,
+                s.in_sync,
+                s.last_ack_timestamp_ms,
+                s.lag_bytes,
+                s.lag_seconds,
             )
             for s in pb.slaves
         ),

@@ -13,7 +13,8 @@ Which broker answers what (SPEC §6.6, §6.12, DESIGN.md §6):
 | QueryConsumerOffset,      | master, then the slaves by id            | same                     |
 | Get{Max,Min}Offset,       |                                          |                          |
 | SearchOffsetByTimestamp   |                                          |                          |
-| GetConsumerIdList         | a random broker of the topic's route     | -                        |
+| GetConsumerIdList         | a random master of the topic's route,    | -                        |
+|                           | then the other masters, then the slaves  |                          |
 | ConsumerSendBack          | master of the message's broker group     | same                     |
 | LockBatch / UnlockBatch   | master of the queues' broker group (one  | same                     |
 |                           | call per broker name, ≤ 1024 queues)     |                          |
@@ -283,16 +284,35 @@ class BrokerApi:
         return await self._with_failover(mq, self._reads(mq), call)
 
     async def consumer_ids(self, topic: str) -> list[str]:
-        """The group's live members, asked of a random broker of ``topic`` (SPEC §6.10); one
-        that failed recently only when no other is left."""
+        """The group's live members (SPEC §6.10), asked of a random master of ``topic``; when
+        it cannot be reached, of the next broker (other masters, then slaves: every broker
+        hears the members' heartbeats), so a rebalance works while a master is down."""
         route = await self._route(topic)
-        addrs = sorted(
-            {a for name in route.brokers if (a := route.broker_addr(name, MASTER_ID)) is not None}
+        masters = sorted(a for ids in route.brokers.values() if (a := ids.get(MASTER_ID)))
+        random.shuffle(masters)  # load spreading, not security
+        slaves = sorted(
+            a for ids in route.brokers.values() for i, a in ids.items() if i != MASTER_ID
         )
+        addrs = [a for a in masters + slaves if not self.health.is_unreachable(a)]
+        addrs += [a for a in masters + slaves if a not in addrs]
         if not addrs:
             raise BrokerUnavailableError(f"no live broker in the route of {topic!r}")
-        healthy = [a for a in addrs if not self.health.is_unreachable(a)]
-        addr = random.choice(healthy or addrs)  # load spreading, not security
+        first_exc: RocketQError | None = None
+        for addr in addrs:
+            try:
+                ids = await self._consumer_ids_at(addr)
+            except RocketQError as exc:
+                if not is_unreachable(exc):
+                    raise
+                self.health.mark_unreachable(addr)
+                first_exc = first_exc or exc
+                continue
+            self.health.mark_reachable(addr)
+            return ids
+        assert first_exc is not None
+        raise first_exc
+
+    async def _consumer_ids_at(self, addr: str) -> list[str]:
         stub = self._instance.messaging(addr)
         req = messaging_pb2.GetConsumerIdListRequest(consumer_group=self.group)
         resp = await self._call(addr, lambda: stub.GetConsumerIdList(req, timeout=self._timeout_s))
