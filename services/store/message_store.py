@@ -218,6 +218,7 @@ class MessageStore:
         if not self._open:
             return
         self._open = False
+        self.replica.drop_partial()  # the next start then finds whole records only
         if self._retention_task is not None:
             self._retention_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -301,10 +302,9 @@ class MessageStore:
     def append_replica(self, physical_offset: int, data: bytes | memoryview) -> int:
         """Slave: write a replicated chunk and dispatch its whole records as the master did.
 
-        ``physical_offset`` must be where the previous chunk ended (or the commitlog's end, to
-        restart a stream), else ValueError. Returns where the next chunk starts. A partial
-        record at the end waits in memory for the next chunk. ReplicaCorruptError after
-        keeping the good prefix when a check fails.
+        ``physical_offset`` must be the commitlog's max offset, else ValueError. Returns the new
+        max offset. A chunk may end inside a record: it is dispatched when the next chunk
+        completes it. ReplicaCorruptError, after keeping the good prefix, when a check fails.
         """
         if not self._open:
             raise StoreClosedError("the store is not open; the broker is starting or stopping")
@@ -325,7 +325,7 @@ class MessageStore:
 
     @property
     def replica_dispatched_offset(self) -> int:
-        """Slave: end of the last whole record written and dispatched (what it acknowledges)."""
+        """Slave: end of the last whole record written and dispatched (a partial tail excluded)."""
         return self.replica.dispatched_offset
 
     def set_confirm_offset(self, offset: int | None) -> None:

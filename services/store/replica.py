@@ -8,11 +8,12 @@ them (:class:`ReplicaWriter`).
 
 Slave write path, per chunk
 ---------------------------
-1. The chunk must start where the last one ended. A chunk may end inside a record; those bytes
-   (the *partial tail*) stay in memory until the next chunk completes the record, so the
-   commitlog only ever holds whole records. A crash therefore never leaves half a record for
-   recovery to misjudge (a record cut inside its properties can still pass the CRC, which only
-   covers the body), and the slave's max offset is always a record boundary.
+1. The chunk must start at the commitlog's max offset. It is written as received, but a chunk
+   may end inside a record: that *partial tail* is also kept in memory, and its first 8 bytes
+   (TOTALSIZE, MAGIC) are written as zeros until the next chunk completes the record. A crash
+   in between therefore leaves recovery a zero header, which it reads as the end of the log
+   (and the bytes after it as a torn tail to cut), never half a record that happens to pass
+   its checks (the CRC covers only the body: a record cut inside its properties would).
 2. Every whole record is checked: magic, TOTALSIZE against the file's remaining room, the
    stored physical offset against where it lands, every length field, the body CRC. A BLANK
    must reach exactly the file's end. The checked prefix is written (``CommitLog.append_raw``).
@@ -56,6 +57,8 @@ _SIZE_MAGIC = struct.Struct(">iI")
 _INT = struct.Struct(">i")
 _LONG = struct.Struct(">q")
 _MIN_RECORD_BYTES = codec.FIXED_BYTES_V4 + 7
+_HEADER_BYTES = 8
+"""TOTALSIZE + MAGIC: withheld from the commitlog while their record is partial."""
 _BORN_V6 = codec.SysFlag.BORNHOST_V6
 _STORE_V6 = codec.SysFlag.STOREHOST_V6
 _TAGS = (codec.Prop.TAGS + codec.NAME_VALUE_SEPARATOR).encode()
@@ -123,7 +126,7 @@ def decode_chunk(
             continue
         if magic != MESSAGE_MAGIC:
             return pos, reqs, f"at {here}: magic 0x{magic:08X} starts neither record nor BLANK"
-        if size < _MIN_RECORD_BYTES or size > room:
+        if size < _MIN_RECORD_BYTES or size > room or 0 < room - size < _HEADER_BYTES:
             return pos, reqs, f"at {here}: TOTALSIZE {size} does not fit ({room} bytes left)"
         if n - pos < size:
             break
@@ -188,46 +191,49 @@ class ReplicaWriter:
         self.commitlog = commitlog
         self.dispatcher = dispatcher
         self.pending = b""
-        """The partial tail: bytes after the last whole record, waiting for the rest."""
+        """The partial tail: the bytes between the last whole record and the commitlog's end."""
         self._topics: dict[bytes, str] = {}
         self.records_appended = 0
 
     @property
     def dispatched_offset(self) -> int:
-        """End of the last whole record written and dispatched (the commitlog's end)."""
-        return self.commitlog.max_offset
-
-    @property
-    def received_offset(self) -> int:
-        """Where the next chunk must start: the commitlog's end plus the partial tail."""
-        return self.commitlog.max_offset + len(self.pending)
+        """End of the last whole record written and dispatched (the partial tail excluded)."""
+        return self.commitlog.max_offset - len(self.pending)
 
     def append(self, physical_offset: int, data: bytes | memoryview) -> int:
-        """Write and dispatch a chunk; return :attr:`received_offset`.
+        """Write and dispatch a chunk; return the commitlog's new max offset.
 
-        ``physical_offset`` must be :attr:`received_offset` (the stream goes on) or the
-        commitlog's end (a new stream restarts at the last whole record: the partial tail is
-        dropped); anything else is a ValueError. Raises :class:`ReplicaCorruptError` after
-        keeping the good prefix (see the module docstring).
+        ``physical_offset`` must be the commitlog's max offset, else ValueError (or the end of
+        the last whole record: the stream restarted there, the partial tail is dropped first).
+        Raises :class:`ReplicaCorruptError` after keeping the good prefix.
         """
         cl = self.commitlog
-        whole_end = cl.max_offset
-        if physical_offset == whole_end + len(self.pending) and self.pending:
-            buf = self.pending + bytes(data)
-        elif physical_offset == whole_end:
-            buf = bytes(data)
-            self.pending = b""
-        else:
-            raise ValueError(
-                f"replicated chunk at {physical_offset}, but this commitlog ends at {whole_end} "
-                f"(+{len(self.pending)} bytes of a partial record)"
-            )
+        received = cl.max_offset
+        whole_end = received - len(self.pending)
+        if physical_offset != received:
+            if physical_offset != whole_end:
+                raise ValueError(
+                    f"replicated chunk at {physical_offset}, but this commitlog ends at "
+                    f"{received} (the last whole record at {whole_end})"
+                )
+            self.drop_partial()
+            received = whole_end
         if not data:
-            return self.received_offset
+            return received
+        data = bytes(data)
+        buf = self.pending + data if self.pending else data
         good, reqs, problem = decode_chunk(buf, whole_end, cl.file_size_bytes, self._topics)
-        if good:
-            cl.append_raw(whole_end, memoryview(buf)[:good])
-        self.pending = buf[good:] if problem is None else b""
+        cl.append_raw(received, data)
+        if good and self.pending:  # the old partial is whole now: give it its header back
+            _write_at(cl, whole_end, buf[: min(_HEADER_BYTES, len(self.pending))])
+        if problem is None:
+            self.pending = buf[good:]
+            if self.pending:  # a new partial tail: withhold its header (module docstring)
+                tail = whole_end + good
+                _write_at(cl, tail, bytes(min(_HEADER_BYTES, len(self.pending))))
+        else:
+            self.pending = b""
+            truncate_keeping_position(cl.files, whole_end + good)
         if reqs:
             self._dispatch(reqs)
         if problem is not None:
@@ -235,7 +241,14 @@ class ReplicaWriter:
                 f"replicated bytes rejected {problem}; the commitlog now ends at "
                 f"{cl.max_offset} (the last good record)"
             )
-        return self.received_offset
+        return cl.max_offset
+
+    def drop_partial(self) -> None:
+        """Cut the partial tail off the commitlog (before a clean shutdown, a stream restart)."""
+        if self.pending:
+            end = self.commitlog.max_offset - len(self.pending)
+            self.pending = b""
+            truncate_keeping_position(self.commitlog.files, end)
 
     def _dispatch(self, reqs: list[DispatchRequest]) -> None:
         offsets = self.commitlog.queue_offsets
@@ -252,32 +265,39 @@ class ReplicaWriter:
         self.records_appended += len(reqs)
 
     def truncate(self, physical_offset: int, queues: Iterable[ConsumeQueue]) -> None:
-        """Drop everything at or after ``physical_offset``: commitlog bytes (and the partial
-        tail), consume-queue units and index entries built from them.
+        """Drop everything at or after ``physical_offset``: commitlog bytes (a partial tail
+        too), consume-queue units and index entries built from them.
 
-        :class:`ReplicaRangeError` below the commitlog's oldest byte or beyond what was
-        received. Queue max offsets go back with their units; the epoch history is the
-        caller's (the slave adopts its master's).
+        :class:`ReplicaRangeError` below the commitlog's oldest byte or beyond its end. Queue
+        max offsets go back with their units; the epoch history is the caller's (the slave
+        adopts its master's).
         """
         cl = self.commitlog
-        whole_end = cl.max_offset
-        if physical_offset > whole_end + len(self.pending) or (
-            physical_offset < cl.min_offset and cl.files.files
-        ):
+        received = cl.max_offset
+        if physical_offset > received or (physical_offset < cl.min_offset and cl.files.files):
             raise ReplicaRangeError(
                 f"cannot truncate at {physical_offset}: the commitlog holds "
-                f"[{cl.min_offset}, {whole_end}) (+{len(self.pending)} pending bytes)"
+                f"[{cl.min_offset}, {received})"
             )
+        whole_end = received - len(self.pending)
         self.pending = self.pending[: max(0, physical_offset - whole_end)]
+        if physical_offset < received:
+            truncate_keeping_position(cl.files, physical_offset)
         if physical_offset >= whole_end:
             return
-        truncate_keeping_position(cl.files, physical_offset)
         for cq in queues:
             truncate_queue(cq, physical_offset)
             cl.queue_offsets[(cq.topic, cq.queue_id)] = cq.max_offset
         if self.dispatcher.index is not None:
             self.dispatcher.index.truncate(physical_offset)
         self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, physical_offset)
+
+
+def _write_at(commitlog: CommitLog, physical_offset: int, data: bytes) -> None:
+    """Overwrite written bytes in place (a record header never spans two files)."""
+    mf = commitlog.files.find(physical_offset)
+    assert mf is not None, f"offset {physical_offset} lies inside the commitlog's files"
+    mf.write_at(physical_offset - mf.file_from_offset, data)
 
 
 def truncate_keeping_position(files: MappedFileQueue, offset: int) -> None:
