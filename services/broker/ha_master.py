@@ -1,0 +1,379 @@
+"""The master side of replication: the ``rocketq.v1.Replication`` service (replication.proto).
+
+One :class:`ReplicationService` per broker, registered on the broker's normal gRPC port (the
+master advertises that address as its ha_server_addr). On a slave every call is answered
+UNAVAILABLE NOT_MASTER, so a slave pointed at another slave learns why at once.
+
+**Stream**, per slave::
+
+    hello ──▶ validate (proto statuses) ──▶ TruncateTo(consistent offset, master epochs)
+              then, until the slave goes away or stays silent for haHousekeepingInterval:
+    ◀── acks (reader task) ── ReplicaTracker.on_ack ── may advance the confirm offset,
+                                                      resolve SYNC_MASTER waiters
+    ──▶ CommitLogChunk: store.read_replica(sent, n), n = min(haTransferBatchSize,
+        haMaxInFlightBytes - (sent - acked)); nothing is read while the window is full
+    ──▶ ConfirmOffset: whenever it changes, and every CONFIRM_HEARTBEAT_S
+
+The sender sleeps on its link's ``wake`` event, set by a store arrival listener (new bytes),
+by acks (window opened) and by confirm changes; it never polls. The arrival listener costs the
+send path one event set per connected slave: a slow slave only falls behind, it never slows a
+producer (only SYNC_MASTER sends wait, at most syncFlushTimeout, in :class:`HaWaiter`).
+
+**SyncConfig** answers the tables whose version differs from the slave's (``ha_sync_tables``)
+after merging the slave's offsets that are ahead of the master's.
+
+Bookkeeping (in-sync set, confirm offset, waiters, lag) is ``ha_tracker``; this module is the
+wire around it.
+"""
+
+# ruff: noqa: N802  (servicer methods carry the proto's RPC names)
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+import grpc
+
+from rocketq._api.rocketq.v1 import (
+    admin_pb2,
+    common_pb2,
+    replication_pb2,
+    replication_pb2_grpc,
+)
+from services.broker.config import BrokerConfig
+from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.ha_sync_tables import SyncTables
+from services.broker.ha_tracker import HaWaiter, ReplicaTracker, SlaveLink
+from services.broker.subscription_group_manager import SubscriptionGroupManager
+from services.broker.topic_config_manager import TopicConfigManager
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.errors import ServiceError, invalid, precondition, rpc, rpc_stream
+from services.store.epoch_file import EpochEntry, check_history, consistent_offset
+from services.store.errors import ReplicaRangeError
+from services.store.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+CONFIRM_HEARTBEAT_S = 5.0
+"""A ConfirmOffset goes out at least this often (the proto's "at least every 5 s"; it is also
+what tells an idle slave that its master is alive)."""
+HOUSEKEEPING_TICK_MAX_S = 1.0
+"""How often silent slaves and in-sync membership are re-checked (at most)."""
+CHUNK_BYTES_MAX = 1024 * 1024
+"""The proto's limit for one CommitLogChunk."""
+
+
+def _not_master(config: BrokerConfig) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.UNAVAILABLE,
+        common_pb2.NOT_MASTER,
+        f"broker {config.broker_name} id {config.broker_id} is not a master; replicate from "
+        "broker id 0 of this group",
+    )
+
+
+def check_hello(hello: replication_pb2.SlaveHello, config: BrokerConfig) -> list[EpochEntry]:
+    """The hello's epoch history, after the proto's checks (ServiceError on failure)."""
+    if not hello.broker_name:
+        invalid(common_pb2.ILLEGAL_ARGUMENT, "SlaveHello.broker_name is empty")
+    if hello.broker_id < 1:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT,
+            f"SlaveHello.broker_id {hello.broker_id}: a slave's broker id is >= 1",
+        )
+    if hello.max_physical_offset < 0:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT,
+            f"SlaveHello.max_physical_offset {hello.max_physical_offset} is negative",
+        )
+    epochs = [EpochEntry(e.epoch, e.start_offset) for e in hello.epochs]
+    problem = check_history(epochs)
+    if problem:
+        invalid(common_pb2.ILLEGAL_ARGUMENT, f"SlaveHello.epochs: {problem}")
+    if hello.broker_name != config.broker_name:
+        precondition(
+            f"slave of group {hello.broker_name!r} connected to the master of "
+            f"{config.broker_name!r}; check its brokerName and haMasterAddress",
+            broker_name=config.broker_name,
+        )
+    return epochs
+
+
+def truncate_point(
+    master: list[EpochEntry],
+    master_min: int,
+    master_max: int,
+    slave: list[EpochEntry],
+    slave_max: int,
+) -> int:
+    """Where the slave must truncate to, or a ServiceError: FAILED_PRECONDITION when the
+    slave has seen a newer epoch than this master, OUT_OF_RANGE when streaming would have to
+    start below the master's oldest retained byte."""
+    master_last = master[-1].epoch if master else 0
+    if slave and slave[-1].epoch > master_last:
+        precondition(
+            f"the slave's epoch history reaches epoch {slave[-1].epoch}, newer than this "
+            f"master's {master_last}: this broker is stale and must step down"
+        )
+    point = consistent_offset(master, master_max, slave, slave_max)
+    if point < master_min:
+        raise ServiceError(
+            grpc.StatusCode.OUT_OF_RANGE,
+            common_pb2.ERROR_REASON_UNSPECIFIED,
+            f"the slave would resume at commitlog offset {point} but the master keeps bytes "
+            f"from {master_min} only (retention deleted the rest); start the slave on an empty "
+            "store directory copied from the master, or from a fresh master",
+        )
+    return point
+
+
+def _epochs_pb(entries: list[EpochEntry]) -> list[replication_pb2.EpochEntry]:
+    return [replication_pb2.EpochEntry(epoch=e.epoch, start_offset=e.start_offset) for e in entries]
+
+
+class ReplicationService(replication_pb2_grpc.ReplicationServicer):
+    """Serves slaves: commitlog streams and config sync; owns the :class:`ReplicaTracker`."""
+
+    def __init__(
+        self,
+        *,
+        config: BrokerConfig,
+        store: MessageStore,
+        topics: TopicConfigManager,
+        groups: SubscriptionGroupManager,
+        offsets: ConsumerOffsetManager,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.tracker = ReplicaTracker(
+            config,
+            clock,
+            max_offset=lambda: store.commitlog.max_offset,
+            apply_bound=self._apply_bound,
+            record_time_ms=self._record_time_ms,
+        )
+        self.tables = SyncTables(topics=topics, groups=groups, offsets=offsets, clock=clock)
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+
+    @property
+    def waiter(self) -> HaWaiter:
+        """The SYNC_MASTER send path's hook."""
+        return self.tracker.waiter
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """On a master: listen to appends and start housekeeping (needs a running loop)."""
+        if not self.config.is_master or self._started:
+            return
+        self._started = True
+        self.tracker.samples.covered_from = self.store.commitlog.max_offset
+        self.store.dispatcher.listeners.append(self._on_arrival)
+        self._task = asyncio.create_task(self._housekeeping_loop(), name="ha-housekeeping")
+
+    async def stop(self) -> None:
+        """End every stream (their slaves reconnect to whoever is master next)."""
+        self.tracker.close_all("the master is shutting down")
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _on_arrival(self, _requests: object) -> None:
+        self.tracker.on_append()
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            tick_s = min(HOUSEKEEPING_TICK_MAX_S, self.config.ha_housekeeping_interval_ms / 4000)
+            await asyncio.sleep(tick_s)
+            try:
+                self.tracker.housekeep()
+            except Exception:  # housekeeping must outlive any one bad pass
+                log.exception("replication housekeeping failed")
+
+    # -- store glue ------------------------------------------------------------------------
+    def _apply_bound(self, bound: int | None) -> None:
+        # None lifts the bound (no in-sync slave); the store's confirm listeners wake held
+        # pulls whenever the bound advances or is lifted.
+        self.store.set_confirm_offset(bound)
+
+    def _record_time_ms(self, offset: int) -> int | None:
+        try:
+            record = self.store.read_record(offset)
+        except Exception:  # a BLANK filler or a deleted file: the age is simply unknown
+            return None
+        return record.store_timestamp_ms if record is not None else None
+
+    # -- stats -----------------------------------------------------------------------------
+    def slave_stats(self) -> list[admin_pb2.SlaveStats]:
+        """Connected slaves, for GetRuntimeStats."""
+        return self.tracker.slave_stats()
+
+    def confirm_offset(self) -> int:
+        """The confirm offset as GetRuntimeStats reports it."""
+        return self.tracker.confirm_offset()
+
+    # -- Stream ----------------------------------------------------------------------------
+    @rpc_stream
+    async def Stream(
+        self,
+        request_iterator: AsyncIterator[replication_pb2.ReplicationStreamRequest],
+        context: Context,
+    ) -> AsyncIterator[replication_pb2.ReplicationStreamResponse]:
+        cfg = self.config
+        if not cfg.is_master:
+            raise _not_master(cfg)
+        requests = request_iterator.__aiter__()
+        try:
+            first = await requests.__anext__()
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("command") != "hello":
+            invalid(common_pb2.ILLEGAL_ARGUMENT, "the first message on Stream must be a SlaveHello")
+        hello = first.hello
+        slave_epochs = check_hello(hello, cfg)
+        store = self.store
+        master_epochs = store.epochs.entries
+        point = truncate_point(
+            master_epochs,
+            store.commitlog.min_offset,
+            store.commitlog.max_offset,
+            slave_epochs,
+            hello.max_physical_offset,
+        )
+        link = self.tracker.connect(hello.broker_id, hello.broker_addr, point)
+        failure: list[ServiceError] = []
+        reader = asyncio.create_task(self._read_acks(requests, link, failure))
+        try:
+            yield replication_pb2.ReplicationStreamResponse(
+                truncate=replication_pb2.TruncateTo(
+                    physical_offset=point, epochs=_epochs_pb(master_epochs)
+                )
+            )
+            async for response in self._send_loop(link):
+                yield response
+            if failure:
+                raise failure[0]
+            if link.close_reason and link.close_reason != "stream ended":
+                raise ServiceError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    common_pb2.SERVICE_NOT_AVAILABLE,
+                    f"replication stream closed by the master: {link.close_reason}",
+                )
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            self.tracker.close(link, link.close_reason or "stream ended")
+
+    async def _read_acks(
+        self,
+        requests: AsyncIterator[replication_pb2.ReplicationStreamRequest],
+        link: SlaveLink,
+        failure: list[ServiceError],
+    ) -> None:
+        """Every message after the hello: acks into the tracker; a protocol error or the end
+        of the slave's side closes the link."""
+        reason = "stream ended"
+        try:
+            async for req in requests:
+                if link.closed:
+                    return
+                if req.WhichOneof("command") != "ack":
+                    raise ServiceError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        common_pb2.ILLEGAL_ARGUMENT,
+                        "after the SlaveHello a slave sends only SlaveAcks",
+                    )
+                try:
+                    self.tracker.on_ack(link, req.ack.max_physical_offset, req.ack.flushed_offset)
+                except ValueError as exc:
+                    raise ServiceError(
+                        grpc.StatusCode.INVALID_ARGUMENT, common_pb2.ILLEGAL_ARGUMENT, str(exc)
+                    ) from None
+        except ServiceError as exc:
+            failure.append(exc)
+            reason = exc.message
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the transport broke: the sender ends, the slave reconnects
+            reason = f"reading acks failed: {type(exc).__name__}: {exc}"
+        self.tracker.close(link, reason)
+
+    async def _send_loop(
+        self, link: SlaveLink
+    ) -> AsyncIterator[replication_pb2.ReplicationStreamResponse]:
+        """Chunks within the in-flight window and confirm offsets, until the link closes."""
+        cfg = self.config
+        store = self.store
+        tracker = self.tracker
+        confirm_sent = -1
+        confirm_sent_s = float("-inf")
+        while not link.closed:
+            link.wake.clear()  # cleared before looking, so nothing set meanwhile is lost
+            confirm = tracker.confirm_offset()
+            now_s = self.clock.monotonic_s()
+            if confirm != confirm_sent or now_s - confirm_sent_s >= CONFIRM_HEARTBEAT_S:
+                confirm_sent, confirm_sent_s = confirm, now_s
+                yield replication_pb2.ReplicationStreamResponse(
+                    confirm=replication_pb2.ConfirmOffset(confirm_offset=confirm)
+                )
+                continue
+            batch = min(cfg.ha_transfer_batch_size, CHUNK_BYTES_MAX)
+            want = link.chunk_bytes(batch, cfg.ha_max_in_flight_bytes)
+            if want > 0 and link.sent_offset < store.commitlog.max_offset:
+                data = self._read(link, want)
+                if data:
+                    offset = link.sent_offset
+                    link.sent_offset += len(data)
+                    yield replication_pb2.ReplicationStreamResponse(
+                        chunk=replication_pb2.CommitLogChunk(physical_offset=offset, data=data)
+                    )
+                    continue
+            wait_s = max(0.0, CONFIRM_HEARTBEAT_S - (now_s - confirm_sent_s))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(link.wake.wait(), wait_s)
+
+    def _read(self, link: SlaveLink, max_bytes: int) -> bytes:
+        try:
+            return self.store.read_replica(link.sent_offset, max_bytes)
+        except ReplicaRangeError as exc:
+            raise ServiceError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                common_pb2.ERROR_REASON_UNSPECIFIED,
+                f"slave {link.broker_id} needs commitlog offset {link.sent_offset}, which the "
+                f"master no longer holds ({exc}); start the slave on a fresh store",
+            ) from None
+
+    # -- SyncConfig ------------------------------------------------------------------------
+    @rpc
+    async def SyncConfig(
+        self, request: replication_pb2.SyncConfigRequest, context: Context
+    ) -> replication_pb2.SyncConfigResponse:
+        cfg = self.config
+        if not cfg.is_master:
+            raise _not_master(cfg)
+        if not request.broker_name:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, "SyncConfigRequest.broker_name is empty")
+        if request.broker_name != cfg.broker_name:
+            precondition(
+                f"slave of group {request.broker_name!r} asked the master of "
+                f"{cfg.broker_name!r} for its config",
+                broker_name=cfg.broker_name,
+            )
+        try:
+            merged = self.tables.merge_slave_offsets(request.slave_offsets)
+        except ValueError as exc:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, str(exc))
+        if merged:
+            log.info("merged %d consumer offsets committed on slave %d", merged, request.broker_id)
+        return self.tables.response(request)

@@ -1,0 +1,429 @@
+"""Master-side replication bookkeeping: connected slaves, their acks, the in-sync set, the
+confirm offset, SYNC_MASTER waiters and lag statistics (DESIGN.md §6, SPEC §4.14).
+
+Everything here runs on the event loop with an injected :class:`Clock` and does no I/O; the
+gRPC stream that feeds it lives in ``ha_master``. Durations use the clock's monotonic reading
+(it stays real under a scaled test clock); only ``last_ack_timestamp_ms`` is wall-clock.
+
+**The in-sync set.** A connected slave is *in sync* while
+
+| condition                                          | why                                  |
+|----------------------------------------------------|--------------------------------------|
+| it acked within ``haHousekeepingInterval``         | a silent slave may be cut off        |
+| master max - its ack <= ``haSlaveFallbehindMax``   | one far behind cannot promise much   |
+| to *join*: its ack >= what consumers may see now   | the confirm offset never moves back  |
+
+The join rule is what keeps the confirm offset monotonic: with no in-sync slave the store is
+unbounded (consumers may have read up to the master's max offset), so a slave joins only once
+it has acked everything the master had at that moment; with a bound, once it has acked the
+bound. Leaving only removes an ack from the minimum, so the bound never decreases.
+
+**Confirm offset** = min(master max, acks of the in-sync slaves); with no in-sync slave it is
+the master's max and the store gets no bound at all (``apply_bound(None)``), so a master whose
+slaves are all gone or catching up behaves exactly like a single broker.
+
+**SYNC_MASTER waiters** (:class:`HaWaiter`): a heap by end offset, resolved from the ack
+handler (never polled), plus a deadline queue expired by a loop timer per waiter. Every
+waiter has the same timeout, so arrival order is deadline order and the deadline queue is a
+plain deque.
+
+**Lag in seconds** is the age of the oldest byte a slave has not acked. :class:`AppendSamples`
+keeps a bounded ring of (end offset, time) per ~10 ms of appends; a byte older than the ring
+falls back to the store timestamp of the record at that offset (``record_time_ms``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import heapq
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from rocketq._api.rocketq.v1 import admin_pb2, messaging_pb2
+from services.broker.config import BrokerConfig
+from services.common.clock import Clock
+
+log = logging.getLogger(__name__)
+
+SendStatus: TypeAlias = "messaging_pb2.SendStatus.ValueType"
+
+APPEND_SAMPLES_MAX = 4096
+"""(end offset, time) samples kept for lag_seconds: at one per 10 ms, about 41 s of appends."""
+APPEND_SAMPLE_SPACING_S = 0.010
+"""Appends closer together than this share one sample (lag_seconds is at most this low)."""
+HA_WAITERS_MAX = 100_000
+"""SYNC_MASTER sends waiting at once; beyond it a send is answered FLUSH_SLAVE_TIMEOUT at once
+(stored, but not promised replicated) instead of growing the heap without bound."""
+
+
+class AppendSamples:
+    """When commitlog bytes were appended, coarsely: a bounded ring of (end offset, time).
+
+    A sample (end, t) says every byte below ``end`` was written by time ``t``. Appends within
+    :data:`APPEND_SAMPLE_SPACING_S` of a sample's first append move that sample's end and time
+    forward, so the ring holds one entry per ~10 ms however fast the master writes.
+    """
+
+    def __init__(
+        self,
+        start_offset: int,
+        *,
+        samples_max: int = APPEND_SAMPLES_MAX,
+        spacing_s: float = APPEND_SAMPLE_SPACING_S,
+    ) -> None:
+        self.samples_max = samples_max
+        self.spacing_s = spacing_s
+        self.covered_from = start_offset
+        """Bytes below this were written before the oldest sample (age unknown here)."""
+        self._ends: list[int] = []
+        self._times_s: list[float] = []
+        self._bucket_start_s = float("-inf")
+
+    def record(self, end_offset: int, now_s: float) -> None:
+        """Bytes up to ``end_offset`` have been appended by ``now_s``."""
+        ends = self._ends
+        if ends and end_offset <= ends[-1]:
+            return
+        if ends and now_s - self._bucket_start_s < self.spacing_s:
+            ends[-1] = end_offset
+            self._times_s[-1] = now_s
+            return
+        self._bucket_start_s = now_s
+        ends.append(end_offset)
+        self._times_s.append(now_s)
+        if len(ends) > 2 * self.samples_max:  # trim in bulk: amortised O(1) per sample
+            drop = len(ends) - self.samples_max
+            self.covered_from = ends[drop - 1]
+            del ends[:drop]
+            del self._times_s[:drop]
+
+    def written_at(self, offset: int) -> float | None:
+        """Latest time by which the byte at ``offset`` was written (a lower bound on its age);
+        None when it is older than the ring or beyond the last sample."""
+        if offset < self.covered_from:
+            return None
+        i = bisect.bisect_right(self._ends, offset)
+        if i == len(self._ends):
+            return None
+        return self._times_s[i]
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+
+@dataclass(eq=False, slots=True)
+class SlaveLink:
+    """One slave's replication stream as the master sees it."""
+
+    broker_id: int
+    broker_addr: str
+    start_offset: int
+    """Where its commitlog ended after the TruncateTo; chunks start here."""
+    connected_s: float
+    sent_offset: int = 0
+    """Commitlog offset one past the last byte sent on this stream."""
+    acked_offset: int = 0
+    """Its last ack (``start_offset`` until the first one)."""
+    flushed_offset: int = 0
+    has_acked: bool = False
+    last_ack_ms: int = 0
+    last_ack_s: float = 0.0
+    last_heard_s: float = 0.0
+    """Last hello or ack, for dropping silent slaves."""
+    in_sync: bool = False
+    closed: bool = False
+    close_reason: str = ""
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set on appends, acks, confirm changes and close: the sender loop has something to do."""
+
+    def __post_init__(self) -> None:
+        self.sent_offset = self.start_offset
+        self.acked_offset = self.start_offset
+        self.last_heard_s = self.connected_s
+
+    def in_flight_bytes(self) -> int:
+        return self.sent_offset - self.acked_offset
+
+    def chunk_bytes(self, batch_bytes: int, in_flight_max_bytes: int) -> int:
+        """How many bytes the next chunk may carry: at most a batch, and never more than
+        ``in_flight_max_bytes`` beyond the last ack (0 = wait for an ack)."""
+        return max(0, min(batch_bytes, in_flight_max_bytes - self.in_flight_bytes()))
+
+
+class HaWaiter:
+    """The send path's hook under SYNC_MASTER: waits for an in-sync slave's ack."""
+
+    def __init__(
+        self,
+        tracker: ReplicaTracker,
+        clock: Clock,
+        timeout_ms: Callable[[], int],
+        *,
+        waiters_max: int = HA_WAITERS_MAX,
+    ) -> None:
+        self._tracker = tracker
+        self._clock = clock
+        self._timeout_ms = timeout_ms
+        self.waiters_max = waiters_max
+        self._seq = itertools.count()
+        # (end offset, seq, future) and (deadline, future); a future resolved through one is
+        # dropped lazily from the other.
+        self._by_offset: list[tuple[int, int, asyncio.Future[SendStatus]]] = []
+        self._by_deadline: deque[tuple[float, asyncio.Future[SendStatus]]] = deque()
+        self.pending = 0
+        """Waiters not yet resolved."""
+
+    async def wait_replicated(self, end_offset: int) -> SendStatus:
+        """SEND_OK once an in-sync slave acked ``end_offset``; SLAVE_NOT_AVAILABLE at once
+        without an in-sync slave; FLUSH_SLAVE_TIMEOUT after ``syncFlushTimeout``."""
+        tracker = self._tracker
+        if not tracker.has_in_sync():
+            return messaging_pb2.SLAVE_NOT_AVAILABLE
+        if tracker.replicated_offset() >= end_offset:
+            return messaging_pb2.SEND_OK
+        if self.pending >= self.waiters_max:
+            return messaging_pb2.FLUSH_SLAVE_TIMEOUT
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[SendStatus] = loop.create_future()
+        timeout_s = max(self._timeout_ms(), 1) / 1000
+        heapq.heappush(self._by_offset, (end_offset, next(self._seq), future))
+        self._by_deadline.append((self._clock.monotonic_s() + timeout_s, future))
+        self.pending += 1
+        timer = loop.call_later(timeout_s, self.expire_due)
+        try:
+            return await future
+        finally:
+            self.pending -= 1
+            timer.cancel()
+            self._compact()
+
+    def resolve(self, replicated_offset: int) -> int:
+        """Answer SEND_OK to every waiter at or below ``replicated_offset``; how many."""
+        heap = self._by_offset
+        done = 0
+        while heap and heap[0][0] <= replicated_offset:
+            _, _, future = heapq.heappop(heap)
+            if not future.done():
+                future.set_result(messaging_pb2.SEND_OK)
+                done += 1
+        return done
+
+    def expire_due(self) -> int:
+        """Answer FLUSH_SLAVE_TIMEOUT to every waiter past its deadline; how many."""
+        now_s = self._clock.monotonic_s()
+        queue = self._by_deadline
+        done = 0
+        while queue and queue[0][0] <= now_s:
+            _, future = queue.popleft()
+            if not future.done():
+                future.set_result(messaging_pb2.FLUSH_SLAVE_TIMEOUT)
+                done += 1
+        return done
+
+    def _compact(self) -> None:
+        """Drop resolved entries once they outnumber the live ones (each structure keeps the
+        entries the other resolved until they reach its head)."""
+        slack = 2 * self.pending + 1024
+        if len(self._by_offset) > slack:
+            self._by_offset = [e for e in self._by_offset if not e[2].done()]
+            heapq.heapify(self._by_offset)
+        if len(self._by_deadline) > slack:
+            self._by_deadline = deque(e for e in self._by_deadline if not e[1].done())
+
+
+class ReplicaTracker:
+    """Slaves connected to this master, the in-sync set and the confirm offset."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        clock: Clock,
+        *,
+        max_offset: Callable[[], int],
+        apply_bound: Callable[[int | None], None],
+        record_time_ms: Callable[[int], int | None] | None = None,
+    ) -> None:
+        """``max_offset``: the master's commitlog max offset. ``apply_bound``: set (or, with
+        None, lift) the store's confirm offset. ``record_time_ms``: store timestamp of the record
+        at a physical offset (lag of bytes older than the sample ring)."""
+        self.config = config
+        self.clock = clock
+        self._max_offset = max_offset
+        self._apply_bound = apply_bound
+        self._record_time_ms = record_time_ms
+        self.links: dict[int, SlaveLink] = {}
+        """Live streams by slave broker id (a reconnect replaces its older stream)."""
+        self.samples = AppendSamples(max_offset())
+        self.bound: int | None = None
+        """The confirm offset applied to the store; None = unbounded (no in-sync slave)."""
+        self.waiter = HaWaiter(self, clock, lambda: self.config.sync_flush_timeout_ms)
+
+    # -- connections -----------------------------------------------------------------------
+    def connect(self, broker_id: int, broker_addr: str, start_offset: int) -> SlaveLink:
+        """A slave's stream passed its hello; it will be sent bytes from ``start_offset``."""
+        old = self.links.get(broker_id)
+        if old is not None:
+            self.close(old, f"slave {broker_id} opened a newer stream")
+        link = SlaveLink(broker_id, broker_addr, start_offset, self.clock.monotonic_s())
+        self.links[broker_id] = link
+        log.info(
+            "slave %d (%s) connected; streaming from offset %d",
+            broker_id,
+            broker_addr,
+            start_offset,
+        )
+        return link
+
+    def close(self, link: SlaveLink, reason: str) -> None:
+        """End ``link`` (its sender loop sees ``closed`` and ends the stream with ``reason``)."""
+        if not link.closed:
+            link.closed = True
+            link.close_reason = reason
+            link.wake.set()
+        if self.links.get(link.broker_id) is link:
+            del self.links[link.broker_id]
+            log.info("slave %d (%s) disconnected: %s", link.broker_id, link.broker_addr, reason)
+        if link.in_sync:
+            link.in_sync = False
+            self._refresh()
+
+    def close_all(self, reason: str) -> None:
+        for link in list(self.links.values()):
+            self.close(link, reason)
+
+    # -- events ----------------------------------------------------------------------------
+    def on_ack(self, link: SlaveLink, max_offset: int, flushed_offset: int) -> None:
+        """A SlaveAck. Raises ValueError when it breaks the protocol (decreasing, or beyond
+        what was sent)."""
+        if max_offset < link.acked_offset:
+            raise ValueError(
+                f"ack {max_offset} is below the previous ack {link.acked_offset} on this stream"
+            )
+        if max_offset > link.sent_offset:
+            raise ValueError(
+                f"ack {max_offset} is beyond the {link.sent_offset} bytes sent on this stream"
+            )
+        now_s = self.clock.monotonic_s()
+        link.acked_offset = max_offset
+        link.flushed_offset = max(link.flushed_offset, min(flushed_offset, max_offset))
+        link.has_acked = True
+        link.last_ack_s = link.last_heard_s = now_s
+        link.last_ack_ms = self.clock.now_ms()
+        link.wake.set()  # the in-flight window may have opened
+        was = link.in_sync
+        link.in_sync = self._qualifies(link, now_s, self._max_offset())
+        if was != link.in_sync:
+            self._log_membership(link)
+        if link.in_sync or was:
+            self._refresh()
+
+    def on_append(self) -> None:
+        """New commitlog bytes (a store arrival listener): note when, wake every sender."""
+        self.samples.record(self._max_offset(), self.clock.monotonic_s())
+        for link in self.links.values():
+            link.wake.set()
+
+    def housekeep(self) -> None:
+        """Time-driven changes: close streams silent for ``haHousekeepingInterval`` and
+        re-check membership (a slave falls out by going quiet or falling behind)."""
+        now_s = self.clock.monotonic_s()
+        silent_s = self.config.ha_housekeeping_interval_ms / 1000
+        master_max = self._max_offset()
+        changed = False
+        for link in list(self.links.values()):
+            if now_s - link.last_heard_s > silent_s:
+                self.close(
+                    link, f"no ack for more than {self.config.ha_housekeeping_interval_ms} ms"
+                )
+                continue
+            if link.in_sync and not self._qualifies(link, now_s, master_max):
+                link.in_sync = False
+                self._log_membership(link)
+                changed = True
+        if changed:
+            self._refresh()
+
+    # -- queries ---------------------------------------------------------------------------
+    def has_in_sync(self) -> bool:
+        return any(link.in_sync for link in self.links.values())
+
+    def replicated_offset(self) -> int:
+        """Highest ack of an in-sync slave; -1 without one (what SYNC_MASTER may promise)."""
+        return max((lk.acked_offset for lk in self.links.values() if lk.in_sync), default=-1)
+
+    def confirm_offset(self) -> int:
+        """What the in-sync set has acknowledged; the master's max without an in-sync slave."""
+        return self.bound if self.bound is not None else self._max_offset()
+
+    def slave_stats(self) -> list[admin_pb2.SlaveStats]:
+        """Each connected slave for GetRuntimeStats, by broker id."""
+        master_max = self._max_offset()
+        now_s = self.clock.monotonic_s()
+        return [
+            admin_pb2.SlaveStats(
+                broker_id=link.broker_id,
+                broker_addr=link.broker_addr,
+                acked_offset=link.acked_offset,
+                in_sync=link.in_sync,
+                last_ack_timestamp_ms=link.last_ack_ms,
+                lag_bytes=max(0, master_max - link.acked_offset),
+                lag_seconds=self.lag_seconds(link.acked_offset, master_max, now_s),
+            )
+            for link in sorted(self.links.values(), key=lambda lk: lk.broker_id)
+        ]
+
+    def lag_seconds(self, acked_offset: int, master_max: int, now_s: float) -> float:
+        """Age of the oldest byte not acked (0 when the slave has everything)."""
+        if acked_offset >= master_max:
+            return 0.0
+        written_s = self.samples.written_at(acked_offset)
+        if written_s is not None:
+            return max(0.0, now_s - written_s)
+        stored_ms = self._record_time_ms(acked_offset) if self._record_time_ms else None
+        if stored_ms is not None:
+            return max(0.0, (self.clock.now_ms() - stored_ms) / 1000)
+        return 0.0
+
+    # -- internals -------------------------------------------------------------------------
+    def _qualifies(self, link: SlaveLink, now_s: float, master_max: int) -> bool:
+        cfg = self.config
+        if not link.has_acked or now_s - link.last_ack_s > cfg.ha_housekeeping_interval_ms / 1000:
+            return False
+        if master_max - link.acked_offset > cfg.ha_slave_fallbehind_max:
+            return False
+        if link.in_sync:
+            return True
+        visible = self.bound if self.bound is not None else master_max
+        return link.acked_offset >= visible
+
+    def _refresh(self) -> None:
+        """Recompute the bound from the in-sync acks; apply it and wake what depends on it."""
+        acks = [lk.acked_offset for lk in self.links.values() if lk.in_sync]
+        if acks:
+            bound = min(*acks, self._max_offset())
+            if self.bound is not None:
+                bound = max(bound, self.bound)  # never backwards (see the join rule)
+        else:
+            bound = None
+        if bound != self.bound:
+            self.bound = bound
+            self._apply_bound(bound)
+            for link in self.links.values():
+                link.wake.set()  # each sender passes the new confirm offset on
+        if acks:
+            self.waiter.resolve(max(acks))
+
+    def _log_membership(self, link: SlaveLink) -> None:
+        log.info(
+            "slave %d (%s) %s the in-sync set at ack %d (master max %d)",
+            link.broker_id,
+            link.broker_addr,
+            "joined" if link.in_sync else "left",
+            link.acked_offset,
+            self._max_offset(),
+        )
