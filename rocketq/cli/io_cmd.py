@@ -7,6 +7,8 @@ and a total instead. ``--sharding-key K`` sends in order (SPEC §5.4): every mes
 queue Java's SelectMessageQueueByHash picks for K, one send at a time, never retried elsewhere.
 ``--delay-level N`` / ``--deliver-at-ms T`` / ``--delay-ms D`` delay the messages through the
 timer-wheel (SPEC §8); each printed msgId is that timer's handle for ``rocketq timer cancel``.
+``--transaction commit|rollback|unknown`` sends each message in a transaction (SPEC §9; see
+:mod:`rocketq.cli.transaction_cmd`).
 
 ``consume TOPIC`` prints messages as they arrive, with the SDK
 :class:`~rocketq.client.consumer.LitePullConsumer`:
@@ -51,6 +53,12 @@ from rocketq.cli._common import (
     parse_time_ms,
     run,
     to_json,
+)
+from rocketq.cli.transaction_cmd import (
+    CLI_TX_PRODUCER_GROUP,
+    DECISIONS,
+    check_transaction_options,
+    produce_in_transaction,
 )
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.consumer import (
@@ -143,7 +151,31 @@ def _result_line(r: SendResult) -> str:
 @click.option(
     "--delay-ms", type=click.IntRange(min=1), help="Deliver this many ms after it is stored."
 )
-@click.option("-g", "--group", default=CLI_PRODUCER_GROUP, show_default=True)
+@click.option(
+    "--transaction",
+    type=click.Choice(DECISIONS),
+    help="Send each message in a transaction and end it so (unknown: the broker asks back).",
+)
+@click.option(
+    "--check-answer",
+    type=click.Choice(DECISIONS),
+    default="commit",
+    show_default=True,
+    help="With --transaction: the answer to the broker's check-backs.",
+)
+@click.option(
+    "--wait-s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="With --transaction unknown: answer check-backs this long (less once all resolved).",
+)
+@click.option(
+    "-g",
+    "--group",
+    default=CLI_PRODUCER_GROUP,
+    show_default=True,
+    help=f"Producer group ({CLI_TX_PRODUCER_GROUP} with --transaction unless given).",
+)
 @namesrv_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per sent message.")
 def produce(
@@ -157,6 +189,9 @@ def produce(
     delay_level: int | None,
     deliver_at: str | None,
     delay_ms: int | None,
+    transaction: str | None,
+    check_answer: str,
+    wait_s: float,
     group: str,
     namesrv: str,
     as_json: bool,
@@ -164,10 +199,18 @@ def produce(
     """Send messages to TOPIC and print where each was stored.
 
     With --delay-level, --deliver-at-ms or --delay-ms the messages are delayed (the timer-wheel
-    delivers them); the printed msgId is the handle `rocketq timer cancel` takes.
+    delivers them); the printed msgId is the handle `rocketq timer cancel` takes. With
+    --transaction each is a transactional message (SPEC §9): stored as a half message, then
+    committed, rolled back or left unknown for the broker's check-back.
     """
     props = _parse_properties(properties)
     level, deliver_ms, delay_after_ms = _delay(delay_level, deliver_at, delay_ms)
+    delayed = bool(level or deliver_ms or delay_after_ms)
+    check_transaction_options(
+        transaction, wait_s, ordered=sharding_key is not None, delayed=delayed
+    )
+    if transaction is not None and group == CLI_PRODUCER_GROUP:
+        group = CLI_TX_PRODUCER_GROUP  # a transactional group is never shared (SPEC §9)
     bodies = _bodies(body, count)
     config = ProducerConfig(group, namesrv_list(namesrv))
     many = body is not None and (count or 1) > PRINT_EACH_MAX
@@ -215,7 +258,21 @@ def produce(
                 await drain()
         return ok, failed
 
-    ok, failed = run(go())
+    if transaction is not None:
+        msgs = (
+            Message(topic, data, tags=tag, keys=list(keys), properties=props) for data in bodies
+        )
+        tx = produce_in_transaction(
+            config,
+            msgs,
+            decision=transaction,
+            check_answer=check_answer,
+            wait_s=wait_s,
+            as_json=as_json,
+        )
+        ok, failed = run(tx)
+    else:
+        ok, failed = run(go())
     if many or failed:
         click.echo(f"sent {ok} message(s) to {topic}" + (f", {failed} failed" if failed else ""))
     if failed or ok == 0:

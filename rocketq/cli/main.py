@@ -10,6 +10,7 @@ from rocketq.cli.io_cmd import IO_COMMANDS
 from rocketq.cli.server_cmd import SERVER_COMMANDS
 from rocketq.cli.store_cmd import store
 from rocketq.cli.timer_cmd import TIMER_COMMANDS
+from rocketq.cli.transaction_cmd import TRANSACTION_COMMANDS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,7 +20,14 @@ def cli() -> None:
 
 
 cli.add_command(store)
-for _command in (*SERVER_COMMANDS, *ADMIN_COMMANDS, *IO_COMMANDS, *TIMER_COMMANDS, *BENCH_COMMANDS):
+for _command in (
+    *SERVER_COMMANDS,
+    *ADMIN_COMMANDS,
+    *IO_COMMANDS,
+    *TIMER_COMMANDS,
+    *TRANSACTION_COMMANDS,
+    *BENCH_COMMANDS,
+):
     cli.add_command(_command)
 
 
