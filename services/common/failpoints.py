@@ -37,6 +37,8 @@ KNOWN: dict[str, str] = {
     "retention_before_delete": "retention is about to delete an expired file",
     "timer_log_before_flush": "the timer-wheel is about to fsync its TimerLog",
     "timer_before_checkpoint": "the timer checkpoint's temp file is written, not yet fsynced",
+    "transaction_before_end_put": "EndTransaction is about to append the committed message and "
+    "its op record (one append)",
 }
 
 
