@@ -1,0 +1,424 @@
+"""Replication benchmark (issue 7): what a slave costs the producer, and how far it lags.
+
+    python -m tools.bench.replication_bench [--quick] [--duration S] [--clients N]
+
+For each of three setups, started fresh on loopback ports with data in a temporary directory
+(a nameserver, a master ``broker-a`` and, in the last two, its slave ``brokerId=1``):
+
+| setup        | master role   | slave |
+|--------------|---------------|-------|
+| no slave     | ASYNC_MASTER  | -     |
+| async + 1    | ASYNC_MASTER  | 1     |
+| sync + 1     | SYNC_MASTER   | 1     |
+
+it measures produce throughput with the same two loads - batches of 32 x 200 B (16 calls in
+flight) and single 200 B sends (64 in flight) - as msgs/s, call latency p50/p99 and the ratio
+to the no-slave setup (RocketMQ reports sync double write about 10 % slower), counting any
+send that is not SEND_OK. Then, with ASYNC_MASTER + 1 slave, it produces batches at a fixed
+rate of 50 000 msgs/s (``--rate``) and samples the master's GetRuntimeStats every 0.5 s: the
+slave's lag in bytes and seconds (SlaveStats.lag_bytes / lag_seconds). When the machine cannot
+sustain that rate the line says so and gives the rate actually produced.
+
+Senders are raw gRPC Send calls (no SDK routing), from ``--clients`` processes (default 1), so
+the numbers are the broker's; on a small shared machine the client, master and slave compete
+for the same cores and the ratios say more than the absolute rates. Prints, never asserts.
+``--quick`` (3 s per load, 8 s of lag sampling) finishes in about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.queues import Queue as MpQueue
+from pathlib import Path
+
+import grpc
+
+from rocketq._api.rocketq.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    messaging_pb2,
+    messaging_pb2_grpc,
+)
+
+TOPIC = "ReplicationBench"
+QUEUES = 8
+BODY_BYTES = 200
+BATCH_SIZE = 32
+BATCH_IN_FLIGHT = 16
+SINGLE_IN_FLIGHT = 64
+READY_TIMEOUT_S = 30.0
+LAG_SAMPLE_INTERVAL_S = 0.5
+PACED_IN_FLIGHT_MAX = 64
+"""Paced batches in flight at most; beyond it the rate is what the machine sustains."""
+
+
+# ---- processes -----------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    addr: str
+
+
+def spawn(name: str, module: str, args: list[str], workdir: Path) -> Proc:
+    """``python -m module args --ready-file F``, waiting for its ready file."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready = workdir / f"{name}.ready"
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    with open(workdir / f"{name}.log", "ab") as log:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", module, *args, "--ready-file", str(ready)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=workdir,
+        )
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise RuntimeError(f"{name} exited with {popen.returncode}; see {workdir}")
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            return Proc(name, popen, json.loads(ready.read_text())["addr"])
+        time.sleep(0.05)
+    popen.kill()
+    raise RuntimeError(f"{name} not ready within {READY_TIMEOUT_S}s; see {workdir}")
+
+
+def stop(proc: Proc) -> None:
+    if proc.popen.poll() is None:
+        proc.popen.send_signal(signal.SIGTERM)
+        try:
+            proc.popen.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait(5)
+
+
+def broker_args(store: Path, namesrv: str, **keys: object) -> list[str]:
+    base: dict[str, object] = {
+        "brokerName": "broker-a",
+        "listenAddress": "127.0.0.1",
+        "listenPort": 0,
+        "brokerIP1": "127.0.0.1",
+        "namesrvAddr": namesrv,
+        "storePathRootDir": store,
+        "mappedFileSizeCommitLog": 64 * 1024 * 1024,
+        "registerNameServerPeriod": 2000,
+        "slaveSyncConfigInterval": 1000,
+    }
+    base.update(keys)
+    out: list[str] = []
+    for key, value in base.items():
+        out += ["--set", f"{key}={value}"]
+    return out
+
+
+@dataclass
+class Setup:
+    """One fresh nameserver + master (+ slave)."""
+
+    label: str
+    role: str
+    slave: bool
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def master(self) -> str:
+        return self.procs[1].addr
+
+    def start(self, base: Path) -> None:
+        ns = spawn("namesrv", "services.nameserver", ["--listen", "127.0.0.1:0"], base / "ns")
+        self.procs.append(ns)
+        args = broker_args(base / "master" / "store", ns.addr, brokerRole=self.role)
+        self.procs.append(spawn("master", "services.broker", args, base / "master"))
+        if self.slave:
+            args = broker_args(base / "slave" / "store", ns.addr, brokerId=1, brokerRole="SLAVE")
+            self.procs.append(spawn("slave", "services.broker", args, base / "slave"))
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            stop(proc)
+
+
+async def prepare(setup: Setup) -> None:
+    """Create the topic; with a slave, wait until it is connected and in sync."""
+    async with grpc.aio.insecure_channel(setup.master) as ch:
+        await admin_pb2_grpc.AdminStub(ch).CreateTopic(
+            admin_pb2.CreateTopicRequest(
+                target=admin_pb2.ApplyTarget(broker_name="broker-a"),
+                config=common_pb2.TopicConfig(
+                    topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6
+                ),
+            ),
+            timeout=10,
+        )
+        if not setup.slave:
+            return
+        deadline = time.monotonic() + 30
+        while True:
+            stats = await admin_pb2_grpc.AdminStub(ch).GetRuntimeStats(
+                admin_pb2.GetRuntimeStatsRequest(), timeout=5
+            )
+            if stats.slaves and all(s.in_sync for s in stats.slaves):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the slave did not get in sync within 30 s")
+            await asyncio.sleep(0.2)
+
+
+# ---- load ----------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    messages: int = 0
+    not_ok: int = 0
+    errors: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    def merge(self, other: LoadResult) -> None:
+        self.messages += other.messages
+        self.not_ok += other.not_ok
+        self.errors += other.errors
+        self.latencies_s += other.latencies_s
+        self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.elapsed_s if self.elapsed_s else 0.0
+
+    def pct_ms(self, q: float) -> float:
+        if not self.latencies_s:
+            return 0.0
+        ordered = sorted(self.latencies_s)
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _request(n: int, batch: int, body: bytes) -> messaging_pb2.SendRequest:
+    return messaging_pb2.SendRequest(
+        producer_group="replication-bench",
+        queue_id=n % QUEUES,
+        messages=[common_pb2.Message(topic=TOPIC, body=body) for _ in range(batch)],
+        born_timestamp_ms=int(time.time() * 1000),
+    )
+
+
+async def _one(stub: messaging_pb2_grpc.MessagingStub, n: int, batch: int, out: LoadResult) -> None:
+    t0 = time.monotonic()
+    try:
+        resp = await stub.Send(_request(n, batch, b"b" * BODY_BYTES), timeout=10)
+    except grpc.aio.AioRpcError:
+        out.errors += 1
+        return
+    out.latencies_s.append(time.monotonic() - t0)
+    out.messages += len(resp.results)
+    out.not_ok += sum(1 for r in resp.results if r.status != messaging_pb2.SEND_OK)
+
+
+async def closed_loop(addr: str, batch: int, in_flight: int, duration_s: float) -> LoadResult:
+    """``in_flight`` senders, each sending back to back for ``duration_s``."""
+    out = LoadResult()
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = messaging_pb2_grpc.MessagingStub(ch)
+        start = time.monotonic()
+        end = start + duration_s
+
+        async def worker(w: int) -> None:
+            n = w
+            while time.monotonic() < end:
+                await _one(stub, n, batch, out)
+                n += in_flight
+
+        await asyncio.gather(*(worker(w) for w in range(in_flight)))
+        out.elapsed_s = time.monotonic() - start
+    return out
+
+
+def _closed_loop_proc(
+    addr: str, batch: int, in_flight: int, duration_s: float, q: MpQueue[LoadResult]
+) -> None:
+    q.put(asyncio.run(closed_loop(addr, batch, in_flight, duration_s)))
+
+
+def run_load(addr: str, batch: int, in_flight: int, duration_s: float, clients: int) -> LoadResult:
+    """The closed-loop load from ``clients`` processes (in this one when 1)."""
+    if clients <= 1:
+        return asyncio.run(closed_loop(addr, batch, in_flight, duration_s))
+    ctx = mp.get_context("spawn")
+    q: MpQueue[LoadResult] = ctx.Queue()
+    per = max(1, in_flight // clients)
+    workers = [
+        ctx.Process(target=_closed_loop_proc, args=(addr, batch, per, duration_s, q))
+        for _ in range(clients)
+    ]
+    for w in workers:
+        w.start()
+    total = LoadResult()
+    for _ in workers:
+        total.merge(q.get(timeout=duration_s + 60))
+    for w in workers:
+        w.join(10)
+    return total
+
+
+# ---- paced load and lag --------------------------------------------------------------------
+
+
+@dataclass
+class LagResult:
+    target_rate: float
+    produced: LoadResult
+    lag_bytes: list[int] = field(default_factory=list)
+    lag_seconds: list[float] = field(default_factory=list)
+    catch_up_s: float = 0.0
+
+
+async def paced_with_lag(addr: str, rate: float, duration_s: float) -> LagResult:
+    """Send batches of 32 at ``rate`` msgs/s (at most PACED_IN_FLIGHT_MAX in flight) while
+    sampling the slave's lag; then time how long the slave takes to acknowledge the rest."""
+    produced = LoadResult()
+    result = LagResult(rate, produced)
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = messaging_pb2_grpc.MessagingStub(ch)
+        admin = admin_pb2_grpc.AdminStub(ch)
+        in_flight: set[asyncio.Task[None]] = set()
+        batches_per_s = rate / BATCH_SIZE
+        start = time.monotonic()
+        next_sample = start
+        issued = 0
+        while (now := time.monotonic()) < start + duration_s:
+            due = int((now - start) * batches_per_s) - issued
+            while due > 0 and len(in_flight) < PACED_IN_FLIGHT_MAX:
+                task = asyncio.create_task(_one(stub, issued, BATCH_SIZE, produced))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+                issued += 1
+                due -= 1
+            if now >= next_sample:
+                next_sample += LAG_SAMPLE_INTERVAL_S
+                stats = await admin.GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest(), timeout=5)
+                if stats.slaves:
+                    result.lag_bytes.append(stats.slaves[0].lag_bytes)
+                    result.lag_seconds.append(stats.slaves[0].lag_seconds)
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*in_flight)
+        produced.elapsed_s = time.monotonic() - start
+        t_end = time.monotonic()
+        while time.monotonic() - t_end < 60:
+            stats = await admin.GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest(), timeout=5)
+            if stats.slaves and stats.slaves[0].lag_bytes == 0:
+                break
+            await asyncio.sleep(0.05)
+        result.catch_up_s = time.monotonic() - t_end
+    return result
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+def _line(label: str, r: LoadResult, base: LoadResult | None) -> str:
+    ratio = f"{r.rate / base.rate:5.2f}x" if base and base.rate else "  1.00x"
+    extra = ""
+    if r.not_ok or r.errors:
+        extra = f"  ({r.not_ok} not SEND_OK, {r.errors} failed calls)"
+    return (
+        f"  {label:<12} {r.rate:>10,.0f} msgs/s  {ratio} of no-slave   "
+        f"p50 {r.pct_ms(0.5):6.2f} ms  p99 {r.pct_ms(0.99):7.2f} ms{extra}"
+    )
+
+
+def _lag_lines(lag: LagResult) -> list[str]:
+    got = lag.produced.rate
+    if got >= 0.95 * lag.target_rate:
+        head = f"  produced {got:,.0f} msgs/s (target {lag.target_rate:,.0f} sustained)"
+    else:
+        head = (
+            f"  produced {got:,.0f} msgs/s: the highest rate this machine sustained "
+            f"(target {lag.target_rate:,.0f} NOT reached)"
+        )
+    lines = [head]
+    if not lag.lag_bytes:
+        return [*lines, "  no slave stats sampled (GetRuntimeStats listed no slave)"]
+    lb, ls = lag.lag_bytes, lag.lag_seconds
+    lines.append(
+        f"  lag bytes   mean {statistics.fmean(lb):>12,.0f}  max {max(lb):>12,}  "
+        f"({len(lb)} samples every {LAG_SAMPLE_INTERVAL_S} s)"
+    )
+    lines.append(f"  lag seconds mean {statistics.fmean(ls):>12.3f}  max {max(ls):>12.3f}")
+    lines.append(f"  slave fully acknowledged {lag.catch_up_s:.2f} s after the last send")
+    return lines
+
+
+def run(duration_s: float, lag_duration_s: float, rate: float, clients: int) -> None:
+    setups = [
+        Setup("no slave", "ASYNC_MASTER", False),
+        Setup("async + 1", "ASYNC_MASTER", True),
+        Setup("sync + 1", "SYNC_MASTER", True),
+    ]
+    loads = [("batch 32x200B", BATCH_SIZE, BATCH_IN_FLIGHT), ("single 200B", 1, SINGLE_IN_FLIGHT)]
+    results: dict[str, dict[str, LoadResult]] = {name: {} for name, _, _ in loads}
+    lag: LagResult | None = None
+    print(f"loadavg at start: {os.getloadavg()[0]:.2f}, cores: {os.cpu_count()}", flush=True)
+    for setup in setups:
+        base = Path(tempfile.mkdtemp(prefix="rocketq-repl-bench-"))
+        try:
+            setup.start(base)
+            asyncio.run(prepare(setup))
+            for name, batch, in_flight in loads:
+                r = run_load(setup.master, batch, in_flight, duration_s, clients)
+                results[name][setup.label] = r
+                print(_line(f"{setup.label}", r, results[name].get("no slave")), f"[{name}]")
+            if setup.label == "async + 1":
+                print(f"  lag at {rate:,.0f} msgs/s for {lag_duration_s:.0f} s ...", flush=True)
+                lag = asyncio.run(paced_with_lag(setup.master, rate, lag_duration_s))
+        finally:
+            setup.stop()
+            shutil.rmtree(base, ignore_errors=True)
+    print()
+    print("Produce throughput, ratio to no slave (RocketMQ: sync double write ~0.9x)")
+    for name, _, _ in loads:
+        print(f" {name}")
+        for label in ("no slave", "async + 1", "sync + 1"):
+            if label in results[name]:
+                print(_line(label, results[name][label], results[name].get("no slave")))
+    print(f"Replication lag, ASYNC_MASTER + 1 slave, batches of {BATCH_SIZE}")
+    if lag is not None:
+        for line in _lag_lines(lag):
+            print(line)
+    print(f"loadavg at end: {os.getloadavg()[0]:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per load")
+    parser.add_argument("--lag-duration", type=float, default=20.0, help="seconds at the rate")
+    parser.add_argument("--rate", type=float, default=50_000.0, help="msgs/s for the lag run")
+    parser.add_argument("--clients", type=int, default=1, help="sender processes")
+    parser.add_argument("--quick", action="store_true", help="3 s loads, 8 s lag run")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration, args.lag_duration = 3.0, 8.0
+    run(args.duration, args.lag_duration, args.rate, args.clients)
+
+
+if __name__ == "__main__":
+    main()
