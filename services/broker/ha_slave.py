@@ -1,0 +1,347 @@
+"""The slave side of replication: keep one ``Replication.Stream`` open to the master.
+
+A slave's commitlog is written only here (its send paths refuse with NOT_MASTER). One task,
+:meth:`ReplicationClient.run`, loops over connections::
+
+    find the master (haMasterAddress, else what the nameservers reported) ─┐
+    open Stream, send SlaveHello(max offset, epochs)                       │
+    ◀── TruncateTo: truncate the store there, take the master's epochs     │ any error or end:
+    ◀── CommitLogChunk: append_replica at our max offset ──▶ SlaveAck       │ back off 100 ms,
+    ◀── ConfirmOffset: bound what consumers may read                       │ 200 ms ... 5 s
+    ... until the stream breaks, the master goes silent, or a chunk is bad ┘ and start over
+
+**Acks** (:class:`AckPacer`): one after each write, coalesced so that at most one is sent per
+``ACK_COALESCE_MS`` (a burst of chunks costs one ack, not one each), and one every
+``haSendHeartbeatInterval`` while idle so the master keeps the slave in its in-sync set. An ack
+carries the store's max offset (the proto's "one past the last byte written"; a partial record
+at the end counts as written) and its flushed offset. Acks are written by one task (a gRPC
+stream takes one writer at a time) while another reads.
+
+**Confirm offset.** On connecting, the slave bounds reads at the point the master agreed to
+(nothing it receives from now on is served before the master confirms it); each ConfirmOffset
+raises the bound to min(confirm, what this slave has dispatched). A slave that never connects
+keeps serving what it has: that is what consumers need while the master is down.
+
+**Liveness.** The master sends a ConfirmOffset at least every 5 s; a stream silent for
+``haHousekeepingInterval`` is taken as dead (a cut network may never reset the connection) and
+replaced.
+
+**Backoff** (:class:`Backoff`): 100 ms doubling to 5 s; reset once a stream has connected, so a
+master restart costs one short pause. State changes (connected, lost, master address changed)
+are logged once, not on every retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from rocketq._api.rocketq.v1 import replication_pb2, replication_pb2_grpc
+from services.broker.config import BrokerConfig
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
+from services.store.epoch_file import EpochEntry
+from services.store.message_store import MessageStore, StoreError
+
+log = logging.getLogger(__name__)
+
+BACKOFF_INITIAL_MS = 100
+BACKOFF_MAX_MS = 5_000
+ACK_COALESCE_MS = 10
+"""At most one ack per this many ms while chunks stream in."""
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", GRPC_MESSAGE_MAX_BYTES),
+    ("grpc.max_send_message_length", GRPC_MESSAGE_MAX_BYTES),
+]
+
+
+class ProtocolError(Exception):
+    """The master broke replication.proto's contract (the slave reconnects)."""
+
+
+class Backoff:
+    """Reconnect delays: ``initial_ms`` doubling up to ``max_ms``; :meth:`reset` after success."""
+
+    def __init__(self, initial_ms: int = BACKOFF_INITIAL_MS, max_ms: int = BACKOFF_MAX_MS) -> None:
+        self.initial_ms = initial_ms
+        self.max_ms = max_ms
+        self._next_ms = initial_ms
+
+    def next_delay_ms(self) -> int:
+        delay = self._next_ms
+        self._next_ms = min(self._next_ms * 2, self.max_ms)
+        return delay
+
+    def reset(self) -> None:
+        self._next_ms = self.initial_ms
+
+
+class AckPacer:
+    """When the next ack is due: after a write, ``coalesce_ms`` after the previous ack; while
+    idle, ``heartbeat_ms`` after it. Times are monotonic ms from the injected clock."""
+
+    def __init__(self, clock: Clock, heartbeat_ms: int, coalesce_ms: int = ACK_COALESCE_MS) -> None:
+        self.clock = clock
+        self.heartbeat_ms = heartbeat_ms
+        self.coalesce_ms = coalesce_ms
+        self.written = 0
+        self.acked = -1
+        self._last_sent_ms: float | None = None
+
+    def _now_ms(self) -> float:
+        return self.clock.monotonic_s() * 1000
+
+    def note_written(self, offset: int) -> None:
+        self.written = max(self.written, offset)
+
+    def wait_ms(self) -> float:
+        """Milliseconds until an ack is due (<= 0: send one now)."""
+        if self._last_sent_ms is None:
+            return 0.0
+        gap = self.coalesce_ms if self.written > self.acked else self.heartbeat_ms
+        return self._last_sent_ms + gap - self._now_ms()
+
+    def sent(self, offset: int) -> None:
+        self.acked = offset
+        self._last_sent_ms = self._now_ms()
+
+
+class SlaveReplica:
+    """What the stream's messages do to this slave's store (no I/O besides the store)."""
+
+    def __init__(self, config: BrokerConfig, store: MessageStore, broker_addr: str) -> None:
+        self.config = config
+        self.store = store
+        self.broker_addr = broker_addr
+        self.master_known_offset = 0
+        """The highest commitlog offset the master is known to hold (chunk ends, confirms)."""
+        self.confirm_offset: int | None = None
+        """The master's last ConfirmOffset on the current stream."""
+
+    def hello(self) -> replication_pb2.SlaveHello:
+        return replication_pb2.SlaveHello(
+            broker_name=self.config.broker_name,
+            broker_id=self.config.broker_id,
+            broker_addr=self.broker_addr,
+            max_physical_offset=self.store.commitlog.max_offset,
+            epochs=[
+                replication_pb2.EpochEntry(epoch=e.epoch, start_offset=e.start_offset)
+                for e in self.store.epochs.entries
+            ],
+        )
+
+    def apply_truncate(self, msg: replication_pb2.TruncateTo) -> None:
+        """Drop what the master does not share, take its epoch history, and bound reads."""
+        ours = self.store.commitlog.max_offset
+        target = msg.physical_offset
+        if not 0 <= target <= ours:
+            raise ProtocolError(f"TruncateTo {target} but this slave's commitlog ends at {ours}")
+        if target < ours:
+            log.warning(
+                "truncating the commitlog from %d back to %d (master's history)", ours, target
+            )
+            self.store.truncate_replica(target)
+        self.store.epochs.replace([EpochEntry(e.epoch, e.start_offset) for e in msg.epochs])
+        self.confirm_offset = None
+        bound = self.store.confirm_offset
+        self.store.set_confirm_offset(target if bound is None else min(bound, target))
+        self.master_known_offset = max(self.master_known_offset, target)
+
+    def apply_chunk(self, msg: replication_pb2.CommitLogChunk) -> int:
+        """Write the chunk at our max offset; returns the new max offset."""
+        ours = self.store.commitlog.max_offset
+        if msg.physical_offset != ours:
+            raise ProtocolError(
+                f"chunk at {msg.physical_offset} but this slave's commitlog ends at {ours}"
+            )
+        new_max = self.store.append_replica(msg.physical_offset, msg.data)
+        self.master_known_offset = max(self.master_known_offset, new_max)
+        if self.confirm_offset is not None:
+            self._bound_reads()  # a confirm that ran ahead of our data covers more now
+        return new_max
+
+    def apply_confirm(self, msg: replication_pb2.ConfirmOffset) -> None:
+        self.confirm_offset = msg.confirm_offset
+        self.master_known_offset = max(self.master_known_offset, msg.confirm_offset)
+        self._bound_reads()
+
+    def _bound_reads(self) -> None:
+        assert self.confirm_offset is not None
+        bound = min(self.confirm_offset, self.store.replica_dispatched_offset)
+        current = self.store.confirm_offset
+        if current is None or bound > current:
+            self.store.set_confirm_offset(bound)
+
+    def ack(self) -> replication_pb2.SlaveAck:
+        written = self.store.commitlog.max_offset
+        return replication_pb2.SlaveAck(
+            max_physical_offset=written,
+            flushed_offset=min(self.store.flusher.flushed_offset, written),
+        )
+
+    def behind_bytes(self) -> int:
+        """A lower bound of how far this slave is behind its master."""
+        return max(0, self.master_known_offset - self.store.replica_dispatched_offset)
+
+
+class ReplicationClient:
+    """The slave's replication task (see the module doc); ``connected`` while a stream lives."""
+
+    def __init__(
+        self,
+        *,
+        config: BrokerConfig,
+        store: MessageStore,
+        master_addr: Callable[[], str],
+        broker_addr: str,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.replica = SlaveReplica(config, store, broker_addr)
+        self._master_addr = master_addr
+        self.connected = False
+        self.master_addr_in_use = ""
+        self.connections = 0
+        """Streams that reached TruncateTo (stats, tests)."""
+        self.on_connected: list[Callable[[], None]] = []
+        """Called each time a stream connects (config sync hooks in here)."""
+        self._backoff = Backoff()
+        self._channel: grpc.aio.Channel | None = None
+        self._written = asyncio.Event()
+        self._last_problem = ""
+
+    # -- the loop --------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Replicate until cancelled; never raises otherwise."""
+        try:
+            while True:
+                await asyncio.sleep(await self._connect_once() / 1000)
+        finally:
+            self.connected = False
+            if self._channel is not None:
+                await self._channel.close()
+                self._channel = None
+
+    async def _connect_once(self) -> int:
+        """One connection attempt and its stream; returns the delay before the next, in ms."""
+        addr = self._master_addr()
+        if not addr:
+            self._problem("no master address yet (haMasterAddress unset, nameservers silent)")
+            return self._backoff.next_delay_ms()
+        if addr != self.master_addr_in_use:
+            if self.master_addr_in_use:
+                log.info("master address changed: %s -> %s", self.master_addr_in_use, addr)
+            await self._use_channel(addr)
+        try:
+            await self._stream(addr)
+            problem = "the master ended the stream"
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            problem = f"{exc.code().name}: {exc.details()}"
+        except TimeoutError:
+            problem = f"no message from the master for {self.config.ha_housekeeping_interval_ms} ms"
+        except (ProtocolError, StoreError, ValueError, OSError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        finally:
+            if self.connected:
+                self.connected = False
+                log.warning("replication from master %s lost", addr)
+        self._problem(f"replication from master {addr}: {problem}")
+        return self._backoff.next_delay_ms()
+
+    def _problem(self, text: str) -> None:
+        if text != self._last_problem:  # once per distinct state, not on every retry
+            log.warning("%s (retrying with backoff)", text)
+            self._last_problem = text
+
+    async def _use_channel(self, addr: str) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+        self.master_addr_in_use = addr
+
+    async def _stream(self, addr: str) -> None:
+        assert self._channel is not None
+        idle_s = self.config.ha_housekeeping_interval_ms / 1000
+        stub = replication_pb2_grpc.ReplicationStub(self._channel)
+        call: Any = stub.Stream()
+        pacer = AckPacer(self.clock, self.config.ha_send_heartbeat_interval_ms)
+        acks: asyncio.Task[None] | None = None
+        try:
+            await call.write(replication_pb2.ReplicationStreamRequest(hello=self.replica.hello()))
+            first = await asyncio.wait_for(call.read(), idle_s)
+            if first is grpc.aio.EOF:
+                return
+            if first.WhichOneof("command") != "truncate":
+                raise ProtocolError(f"first message is {first.WhichOneof('command')}, not truncate")
+            self.replica.apply_truncate(first.truncate)
+            self._on_connected(addr)
+            pacer.note_written(self.store_max)
+            acks = asyncio.create_task(self._ack_loop(call, pacer), name="ha-slave-acks")
+            while True:
+                msg = await asyncio.wait_for(call.read(), idle_s)
+                if msg is grpc.aio.EOF:
+                    return
+                self._apply(msg, pacer)
+                if acks.done():  # the writer failed: surface its error
+                    await acks
+        finally:
+            if acks is not None:
+                acks.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await acks
+            call.cancel()
+
+    @property
+    def store_max(self) -> int:
+        return self.replica.store.commitlog.max_offset
+
+    def _apply(self, msg: replication_pb2.ReplicationStreamResponse, pacer: AckPacer) -> None:
+        kind = msg.WhichOneof("command")
+        if kind == "chunk":
+            pacer.note_written(self.replica.apply_chunk(msg.chunk))
+            self._written.set()
+        elif kind == "confirm":
+            self.replica.apply_confirm(msg.confirm)
+        else:
+            raise ProtocolError(f"unexpected {kind} after the stream started")
+
+    def _on_connected(self, addr: str) -> None:
+        self.connected = True
+        self.connections += 1
+        self._backoff.reset()
+        self._last_problem = ""
+        log.info("replicating from master %s at commitlog offset %d", addr, self.store_max)
+        for callback in list(self.on_connected):
+            try:
+                callback()
+            except Exception:
+                log.exception("replication on_connected callback failed")
+
+    async def _ack_loop(self, call: Any, pacer: AckPacer) -> None:
+        while True:
+            wait_ms = pacer.wait_ms()
+            if wait_ms > 0:
+                self._written.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._written.wait(), wait_ms / 1000)
+                continue
+            ack = self.replica.ack()
+            await call.write(replication_pb2.ReplicationStreamRequest(ack=ack))
+            pacer.sent(ack.max_physical_offset)
+
+    # -- stats -----------------------------------------------------------------------------
+    def runtime_extra(self) -> dict[str, str]:
+        """Named values for GetRuntimeStats ``extra`` on a slave."""
+        return {
+            "master_addr": self.master_addr_in_use or self._master_addr(),
+            "replication_connected": "true" if self.connected else "false",
+            "replication_behind_bytes": str(self.replica.behind_bytes()),
+        }
