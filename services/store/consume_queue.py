@@ -82,8 +82,18 @@ class ConsumeQueue:
         Units already on disk are skipped; a gap (the queue starts later than its files, e.g.
         after retention) is filled with pre-blank units. Returns False if nothing was new.
         """
-        expected = self.files.max_offset()
         at = first_queue_offset * CQ_UNIT_BYTES
+        files = self.files.files
+        if files:
+            # Fast path, the common case (a unit or a run appended at the end of the last
+            # file): dispatch calls this once per run, often once per record.
+            last = files[-1]
+            pos = last.wrote_position
+            if at == last.file_from_offset + pos and pos + len(units) <= last.file_size_bytes:
+                last.append(units)
+                self.max_physical_end = max(self.max_physical_end, physical_end)
+                return True
+        expected = self.files.max_offset()
         if at + len(units) <= expected and self.files.files:
             return False
         if at < expected:

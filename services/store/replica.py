@@ -61,6 +61,8 @@ _HEADER_BYTES = 8
 """TOTALSIZE + MAGIC: withheld from the commitlog while their record is partial."""
 _BORN_V6 = codec.SysFlag.BORNHOST_V6
 _STORE_V6 = codec.SysFlag.STOREHOST_V6
+_STORE_TS = codec.store_timestamp_offset(0)
+_STORE_TS_V6_BORN = codec.store_timestamp_offset(_BORN_V6)
 _TAGS = (codec.Prop.TAGS + codec.NAME_VALUE_SEPARATOR).encode()
 _KEYS = (codec.Prop.KEYS + codec.NAME_VALUE_SEPARATOR).encode()
 _UNIQ = (codec.Prop.UNIQ_KEY + codec.NAME_VALUE_SEPARATOR).encode()
@@ -87,9 +89,10 @@ def read_replica(commitlog: CommitLog, physical_offset: int, max_bytes: int) -> 
     return bytes(mf.view[pos : pos + n]) if n > 0 else b""
 
 
-def _prop(buf: bytes, name: bytes, start: int, end: int) -> str:
-    """The value of property ``name`` (given with its ``\\x01``) in ``buf[start:end]``, or ""."""
-    i = buf.find(name, start, end)
+def _prop(buf: bytes, name: bytes, i: int, start: int, end: int) -> str:
+    """The value of property ``name`` (given with its ``\\x01``) in ``buf[start:end]``, or "".
+
+    ``i`` is ``buf.find(name, start, end)``, done by the caller (a miss costs no call)."""
     while i > start and buf[i - 1] != 2:  # must start an item, not end another item's name
         i = buf.find(name, i + 1, end)
     if i < 0:
@@ -113,6 +116,9 @@ def decode_chunk(
     n = len(buf)
     pos = 0
     head = _HEAD.unpack_from
+    long_at = _LONG.unpack_from
+    find = buf.find
+    tags_hash = codec.tags_hash
     while n - pos >= 8:
         here = base + pos
         room = file_size_bytes - here % file_size_bytes
@@ -164,20 +170,26 @@ def decode_chunk(
         cur += 2
         if cur + props_len != end:
             return pos, reqs, f"at {here}: properties length {props_len} does not fit"
-        tags = _prop(buf, _TAGS, cur, end) if props_len else ""
+        i = find(_TAGS, cur, end)
+        tags_code = tags_hash(_prop(buf, _TAGS, i, cur, end)) if i >= 0 else 0
+        i = find(_KEYS, cur, end)
+        keys = _prop(buf, _KEYS, i, cur, end) if i >= 0 else ""
+        i = find(_UNIQ, cur, end)
+        uniq = _prop(buf, _UNIQ, i, cur, end) if i >= 0 else ""
+        store_ms = long_at(buf, pos + (_STORE_TS_V6_BORN if sys_flag & _BORN_V6 else _STORE_TS))
         reqs.append(
             DispatchRequest(
                 topic,
                 queue_id,
                 PhysicalOffset(here),
                 size,
-                codec.tags_hash(tags),
-                _LONG.unpack_from(buf, pos + codec.store_timestamp_offset(sys_flag))[0],
+                tags_code,
+                store_ms[0],
                 QueueOffset(queue_offset),
-                _prop(buf, _KEYS, cur, end) if props_len else "",
-                _prop(buf, _UNIQ, cur, end) if props_len else "",
+                keys,
+                uniq,
                 sys_flag,
-                _LONG.unpack_from(buf, pos + fixed - 8)[0],
+                long_at(buf, pos + fixed - 8)[0],
             )
         )
         pos = end
