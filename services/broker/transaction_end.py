@@ -28,12 +28,14 @@ Then, by resolution:
 * ROLLBACK: only the op record.
 
 The decision enters the index in the same event-loop step as the append; the answer waits for
-the flush policy like a Send (a SYNC_FLUSH timeout is logged: the records are stored).
+the flush policy and, on a SYNC_MASTER, replication like a Send (a timeout is logged: the
+records are stored).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -43,6 +45,7 @@ from rocketq.codec import Prop, SysFlag
 from rocketq.validation import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, check_group
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.ha_tracker import HaWaiter
 from services.broker.topic_config_manager import TopicConfigManager
 from services.broker.transaction_half import (
     COMMIT,
@@ -106,6 +109,7 @@ class EndTransactionProcessor:
         offsets: ConsumerOffsetManager,
         index: TransactionIndex,
         clock: Clock = SYSTEM_CLOCK,
+        ha_waiter: Callable[[], HaWaiter | None] = lambda: None,
     ) -> None:
         self.config = config
         self.store = store
@@ -113,6 +117,8 @@ class EndTransactionProcessor:
         self.offsets = offsets
         self.index = index
         self.clock = clock
+        self.ha_waiter = ha_waiter
+        """The master's replication waiter (the one Send uses), consulted under SYNC_MASTER."""
 
     async def end(
         self, request: messaging_pb2.EndTransactionRequest
@@ -249,8 +255,20 @@ class EndTransactionProcessor:
             ) from None
 
     async def _durable(self, end_offset: int, txid: str) -> None:
-        """Wait for the flush policy, like a Send; a timeout is logged, not an error."""
-        if self.store.config.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
-            return
-        if not await self.store.flusher.wait_flushed(end_offset):
+        """Wait for the flush policy and, on a SYNC_MASTER, an in-sync slave, like a Send; a
+        timeout is logged, not an error (the records are stored)."""
+        if self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH and not (
+            await self.store.flusher.wait_flushed(end_offset)
+        ):
             log.warning("transaction %s: stored, but the flush timed out", txid)
+            return
+        waiter = self.ha_waiter()
+        if waiter is None or self.config.broker_role != "SYNC_MASTER":
+            return
+        status = await waiter.wait_replicated(end_offset)
+        if status != messaging_pb2.SEND_OK:
+            log.warning(
+                "transaction %s: stored, but not replicated (%s)",
+                txid,
+                messaging_pb2.SendStatus.Name(status),
+            )
