@@ -4,6 +4,7 @@ takes while its master is unreachable (services/broker/ha_slave.py, ha_config_sy
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from services.store.commitlog import MessageToStore
 from services.store.config import StoreConfig
 from services.store.epoch_file import EpochEntry
 from services.store.message_store import GetStatus, MessageStore
+from tests.unit._broker_parts import BrokerParts, pull_request
 
 pytestmark = pytest.mark.unit
 
@@ -450,3 +452,24 @@ def test_timer_offsets_land_on_the_timer_group(tmp_path: Path) -> None:
     parts.sync.apply(replication_pb2.SyncConfigResponse(timer_offsets=table))
     assert parts.offsets.table(TIMER_CONSUMER_GROUP, TIMER_TOPIC) == {0: 11, 5: 3}
     assert parts.sync.request().timer_offsets_version == dv(2)
+
+
+def test_pull_commit_offsets_on_a_slave_only_while_its_master_is_unreachable(
+    tmp_path: Path,
+) -> None:
+    parts = BrokerParts(tmp_path, broker_id=1, broker_role="SLAVE")
+    try:
+        parts.create_topic("T", queues=1)
+        parts.append("T", count=3)
+        reachable = True
+        commits = SlaveOffsetCommits(parts.offsets, lambda: reachable)
+        parts.puller.slave_commits = commits
+        commit_pull = pull_request("T", 0, flags=0x4 | 0x1, commit_offset=2)
+        asyncio.run(parts.puller.pull(commit_pull, None))
+        assert parts.offsets.query("cg", "T", 0) == -1  # the master owns it while reachable
+        reachable = False
+        asyncio.run(parts.puller.pull(commit_pull, None))
+        assert parts.offsets.query("cg", "T", 0) == 2
+        assert commits.local == {("T", "cg", 0): 2}
+    finally:
+        parts.close()
