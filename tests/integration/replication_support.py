@@ -196,29 +196,23 @@ async def send_load(
 ) -> list[Sent]:
     """Send ``batches_per_queue`` batches and ``singles_per_queue`` single messages to every
     queue of every topic, one sender per (topic, queue) running concurrently. Returns every
-    result; raises on the first failed call. ``on_progress(sent_so_far)`` runs after each call
-    of the first sender (a hook for killing something mid-load)."""
+    result; raises on the first failed call. ``on_progress(sent_so_far)`` runs after every
+    call (a hook for killing something mid-load; it holds up only the sender that called)."""
     sent: list[Sent] = []
     async with grpc.aio.insecure_channel(addr) as ch:
         stub = messaging_pb2_grpc.MessagingStub(ch)
 
-        async def one_queue(topic: str, qid: int, first: bool) -> None:
+        async def one_queue(topic: str, qid: int) -> None:
             n = 0
             for b in range(batches_per_queue + singles_per_queue):
                 size = batch_size if b < batches_per_queue else 1
                 bodies = [body_of(tag, topic, qid, n + i, body_bytes) for i in range(size)]
                 n += size
                 sent.extend(await send_batch(stub, topic, qid, bodies))
-                if first and on_progress is not None:
+                if on_progress is not None:
                     await on_progress(len(sent))
 
-        await asyncio.gather(
-            *(
-                one_queue(t, q, ti == 0 and q == 0)
-                for ti, t in enumerate(topics)
-                for q in range(queues)
-            )
-        )
+        await asyncio.gather(*(one_queue(t, q) for t in topics for q in range(queues)))
     return sent
 
 
@@ -323,6 +317,54 @@ async def read_all(
     async with grpc.aio.insecure_channel(addr) as ch:
         stub = messaging_pb2_grpc.MessagingStub(ch)
         return {(t, q): await read_queue(stub, group, t, q) for t in topics for q in range(queues)}
+
+
+async def wait_readable(
+    master_addr: str,
+    slave_addr: str,
+    group: str,
+    topics: list[str],
+    queues: int,
+    timeout_s: float = 15,
+) -> dict[tuple[str, int], bytes]:
+    """Until every queue reads the same raw records from the slave as from the master (the
+    slave serves only up to the confirm offset, which follows its acks by a round trip).
+    Returns the reads."""
+    reads: dict[tuple[str, int], bytes] = {}
+
+    async def same() -> bool:
+        nonlocal reads
+        on_master, on_slave = await asyncio.gather(
+            read_all(master_addr, group, topics, queues),
+            read_all(slave_addr, group, topics, queues),
+        )
+        reads = on_master
+        return on_master == on_slave
+
+    await until(same, timeout_s, f"the slave {slave_addr} reading as its master", 0.3)
+    return reads
+
+
+async def wait_master_view(master_addr: str, end: int, timeout_s: float = 10) -> None:
+    """Until the master's stats show its one slave acknowledged ``end`` with no lag, in sync,
+    and the confirm offset at ``end``."""
+    last: list[admin_pb2.GetRuntimeStatsResponse] = []
+
+    async def ok() -> bool:
+        stats = await runtime_stats(master_addr)
+        last[:] = [stats]
+        return (
+            [s.acked_offset for s in stats.slaves] == [end]
+            and stats.slaves[0].lag_bytes == 0
+            and stats.slaves[0].lag_seconds == 0
+            and stats.slaves[0].in_sync
+            and stats.confirm_offset == end
+        )
+
+    try:
+        await until(ok, timeout_s, f"the master's stats showing its slave at {end}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last stats: {last[0] if last else None}") from None
 
 
 def bodies_of(records: bytes) -> list[bytes]:

@@ -49,6 +49,7 @@ from tests.integration.replication_support import (
     stored_uniq_keys,
     until,
     wait_in_sync,
+    wait_readable,
     wait_replicated,
     wait_route,
 )
@@ -90,6 +91,9 @@ def push_consumer(namesrv: str, recorder: Recorder) -> PushConsumer:
         consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
         persist_consumer_offset_interval_ms=1000,
         rebalance_interval_ms=2000,
+        # Small pulls: a pull held when the consumer is suspended takes only a few of the
+        # backlog's messages before the kill; the rest must come from the slave.
+        pull_batch_size=4,
     )
     consumer = PushConsumer(cfg, recorder.listener())
     consumer.subscribe(TOPIC, "*")
@@ -153,13 +157,20 @@ def test_master_killed_consumers_read_slave_producers_move_offsets_kept(tmp_path
             on_a = {b for b, broker in backlog.items() if broker == "broker-a"}
             assert len(on_a) >= 50, "round robin should put half the backlog on broker-a"
             await wait_replicated(master_a.addr, slave_a.addr, [TOPIC], QUEUES)
+            await wait_readable(master_a.addr, slave_a.addr, GROUP, [TOPIC], QUEUES)
 
             master_a.kill()
+            before_kill = set(rec.bodies)
             consumer.resume()
             moved = await send_phase(producer, "moved", 60)
             assert set(moved.values()) == {"broker-b"}, "sends kept going to the dead master"
             everything = set(warm) | set(backlog) | set(moved)
             await until(rec.has(everything), 45, "the push consumer reading broker-a's slave")
+            from_slave = on_a - before_kill
+            assert len(from_slave) >= len(on_a) // 2, (
+                f"only {len(from_slave)} of broker-a's {len(on_a)} backlog messages were read "
+                "after its master died: the test did not exercise reading from the slave"
+            )
 
             lite = LitePullConsumer(
                 LitePullConsumerConfig(
