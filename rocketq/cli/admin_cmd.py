@@ -90,7 +90,8 @@ def cluster() -> None:
 @namesrv_option
 @json_option
 def cluster_list(namesrv: str, as_json: bool) -> None:
-    """Every broker with its role, address, version, throughput and disk use."""
+    """Every broker with its role, address, version, throughput and disk use; then each
+    master's slaves with their acknowledged offset and replication lag (bytes and seconds)."""
 
     async def fetch() -> list[dict[str, Any]]:
         async with _admin(namesrv) as admin:
@@ -125,19 +126,59 @@ def cluster_list(namesrv: str, as_json: bool) -> None:
         table.add_column(col)
     table.add_column("disk")
     table.add_column("clients")
+    table.add_column("replication")
     for row in rows:
         s: RuntimeStats | None = row["stats"]
-        extra = ["?", "?", "-", "-", "-", "-"]
+        extra = ["?", "?", "-", "-", "-", "-", "-"]
         if s is not None:
             extra = [s.role, s.version, f"{s.put_messages_per_second:.1f}"]
             extra += [f"{s.get_messages_per_second:.1f}", f"{s.disk_used_ratio:.0%}"]
-            extra.append(str(s.connected_clients))
+            extra += [str(s.connected_clients), _replication_summary(s)]
         table.add_row(
             row["cluster"], row["broker_name"], str(row["broker_id"]), row["addr"], *extra
         )
     console().print(table)
     if not rows:
         click.echo("no broker is registered with the nameserver", err=True)
+    masters = [r["stats"] for r in rows if r["stats"] is not None and r["stats"].slaves]
+    if masters:
+        console().print(_slaves_table(masters))
+
+
+def _replication_summary(s: RuntimeStats) -> str:
+    """A master: its slaves (in sync / connected); a slave: its link to the master."""
+    if s.role == "SLAVE":
+        connected = s.extra.get("replication_connected", "")
+        state = {"true": "connected", "false": "disconnected"}.get(connected.lower(), "slave")
+        behind = s.extra.get("replication_behind_bytes")
+        return f"{state}, {behind} B behind" if behind is not None else state
+    if not s.slaves:
+        return "-"
+    in_sync = sum(1 for sl in s.slaves if sl.in_sync)
+    return f"{len(s.slaves)} slave(s), {in_sync} in sync"
+
+
+def _slaves_table(masters: list[RuntimeStats]) -> Table:
+    """Each master's slaves: acknowledged offset and lag (SYNC_MASTER waits for in-sync ones)."""
+    table = Table(title="replication (as each master sees its slaves)", title_justify="left")
+    for col in ("broker", "master max", "slave id", "address", "acked", "in sync"):
+        table.add_column(col)
+    for col in ("lag bytes", "lag s", "last ack"):
+        table.add_column(col)
+    for m in masters:
+        for sl in sorted(m.slaves, key=lambda x: x.broker_id):
+            table.add_row(
+                m.broker_name,
+                str(m.commitlog_max_offset),
+                str(sl.broker_id),
+                sl.broker_addr,
+                str(sl.acked_offset),
+                "yes" if sl.in_sync else "[red]no[/]",
+                str(sl.lag_bytes),
+                f"{sl.lag_seconds:.3f}",
+                fmt_time(sl.last_ack_timestamp_ms) if sl.last_ack_timestamp_ms else "-",
+            )
+    return table
 
 
 @cluster.command("stats")

@@ -76,6 +76,7 @@ from services.broker.subscription_group_manager import (
     check_group_config,
 )
 from services.broker.topic_config_manager import TopicConfigManager
+from services.broker.transaction_admin import list_half_messages
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import (
     ServiceError,
@@ -91,6 +92,7 @@ from services.store.message_store import MessageStore
 
 if TYPE_CHECKING:
     from services.broker.client_manager import ClientManager
+    from services.broker.ha_master import ReplicationService
     from services.broker.pull_hold import PullHoldService
     from services.broker.rebalance_lock import RebalanceLockManager
 
@@ -133,6 +135,7 @@ _STORE_FIELDS = (
     "disk_max_used_space_ratio",
     "sync_flush_timeout_ms",
     "flush_interval_commitlog_ms",
+    "access_message_in_memory_max_ratio",
 )
 
 
@@ -189,6 +192,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self.locks = locks
         """Orderly queue locks, for GetConsumerConnection; None = no lock is listed."""
         self.dead_letters = DeadLetters(config=config, store=store, topics=topics, clock=clock)
+        self.replication: ReplicationService | None = None
+        """On a master: its slaves and confirm offset for GetRuntimeStats (set by server.py)."""
 
     # -- common checks ---------------------------------------------------------------------
     def _require_master(self) -> None:
@@ -673,11 +678,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def ListHalfMessages(
         self, request: admin_pb2.ListHalfMessagesRequest, context: Context
     ) -> admin_pb2.ListHalfMessagesResponse:
-        raise ServiceError(
-            grpc.StatusCode.UNIMPLEMENTED,
-            common_pb2.ERROR_REASON_UNSPECIFIED,
-            "ListHalfMessages is not implemented by this broker yet (transactions, issue 6)",
-        )
+        return await list_half_messages(request, self.store, self.offsets)
 
     @rpc
     async def ResetOffset(
@@ -780,6 +781,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 disk_space_warning_level_ratio=max(90, new.disk_max_used_space_ratio),
                 sync_flush_timeout_ms=new.sync_flush_timeout_ms,
                 flush_interval_commitlog_ms=new.flush_interval_commitlog_ms,
+                access_message_in_memory_max_ratio=new.access_message_in_memory_max_ratio,
             )
         except ValueError as exc:
             raise _invalid_arg(exc) from None
@@ -807,6 +809,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         max_offset = commitlog.max_offset
         flushed = self.store.flusher.flushed_offset if self.store.flusher.running else max_offset
         role = admin_pb2.SLAVE if not cfg.is_master else _ROLES[cfg.broker_role]
+        ha = self.replication if cfg.is_master else None
+        bound = self.store.confirm_offset
+        confirm = (
+            ha.confirm_offset()
+            if ha is not None
+            else min(max_offset, bound if bound is not None else max_offset)
+        )
         try:
             disk_ratio = self.store.retention.disk_usage(cfg.store_dir)
         except OSError:
@@ -816,13 +825,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             broker_name=cfg.broker_name,
             broker_id=cfg.broker_id,
             role=role,
-            epoch=0,
+            epoch=self.store.epochs.last_epoch or 0,
             version=__version__,
             start_timestamp_ms=self.started_ms,
             commitlog_min_offset=commitlog.min_offset,
             commitlog_max_offset=max_offset,
             commitlog_flushed_offset=min(flushed, max_offset),
-            confirm_offset=max_offset,
+            confirm_offset=confirm,
+            slaves=ha.slave_stats() if ha is not None else [],
             dispatch_behind_bytes=max(0, max_offset - self.store.dispatcher.dispatched_offset),
             put_messages_per_second=self.put_rate() if self.put_rate else 0.0,
             get_messages_per_second=self.get_rate() if self.get_rate else 0.0,

@@ -228,7 +228,9 @@ class BrokerConfig:
             disk_space_warning_level_ratio=max(90, self.disk_max_used_space_ratio),
             max_transfer_count_in_memory=self.max_transfer_count_on_message_in_memory,
             max_transfer_bytes_in_memory=self.max_transfer_bytes_on_message_in_memory,
+            access_message_in_memory_max_ratio=self.access_message_in_memory_max_ratio,
             store_host=codec.HostAddress.parse(f"{self.advertised_host}:{advertised_port}"),
+            slave=not self.is_master,  # a slave's epoch history is its master's (ha_slave)
         )
 
     def as_properties(self) -> dict[str, str]:

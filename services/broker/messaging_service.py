@@ -22,8 +22,8 @@ queue) and hand them to the :class:`RebalanceLockManager` (orderly consumption, 
 ConsumerSendBack lives in ``send_back``: a failed message goes to %DLQ%{group} once its retries
 are used up, else to %RETRY%{group} through the timer topic (the timer-wheel service re-puts it
 after the level's delay); a push consumer whose send-back fails consumes the message again
-itself after 5 s. EndTransaction belongs
-to the transactions issue and answers UNIMPLEMENTED with a message that says so.
+itself after 5 s. EndTransaction lives in ``transaction_end`` (commit or roll back a half
+message once; the index of resolved transactions is shared with Send and the check service).
 """
 
 # ruff: noqa: N802  (servicer methods carry the proto's RPC names)
@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, NoReturn, TypeAlias
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -55,6 +55,7 @@ from services.broker.client_manager import (
 )
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.ha_config_sync import SlaveOffsetCommits
 from services.broker.model import TopicConfig
 from services.broker.pull_hold import PullHoldService
 from services.broker.pull_processor import PullProcessor
@@ -64,6 +65,8 @@ from services.broker.send_back import SendBackProcessor
 from services.broker.send_processor import SendProcessor
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
+from services.broker.transaction_end import EndTransactionProcessor
+from services.broker.transaction_half import TransactionIndex
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import (
     ServiceError,
@@ -80,14 +83,6 @@ log = logging.getLogger(__name__)
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 CLIENT_ID_MAX_CHARS = 255
-
-
-def _unimplemented(what: str, issue: str) -> NoReturn:
-    raise ServiceError(
-        grpc.StatusCode.UNIMPLEMENTED,
-        common_pb2.ERROR_REASON_UNSPECIFIED,
-        f"{what} is not implemented by this broker yet; it arrives with {issue}",
-    )
 
 
 def _group(name: str, what: str = "consumer group") -> None:
@@ -119,6 +114,7 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         hold: PullHoldService,
         locks: RebalanceLockManager | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        transactions: TransactionIndex | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -130,7 +126,19 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         self.clock = clock
         if clients.group_config is None:
             clients.group_config = groups.get
-        self.sender = SendProcessor(config=config, store=store, topics=topics, clock=clock)
+        self.transactions = transactions if transactions is not None else TransactionIndex()
+        self.sender = SendProcessor(
+            config=config, store=store, topics=topics, clock=clock, transactions=self.transactions
+        )
+        self.transaction_ends = EndTransactionProcessor(
+            config=config,
+            store=store,
+            topics=topics,
+            offsets=offsets,
+            index=self.transactions,
+            clock=clock,
+            ha_waiter=lambda: self.sender.ha_waiter,
+        )
         self.puller = PullProcessor(
             config=config,
             store=store,
@@ -143,6 +151,9 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         )
         self.queries = QueryProcessor(store=store, topics=topics, clock=clock)
         self.locks = locks if locks is not None else RebalanceLockManager(config, clock)
+        self.slave_commits: SlaveOffsetCommits | None = None
+        """On a slave: takes offset commits while its master is unreachable (server.py sets
+        it, and the pull processor's, on slaves)."""
         self.send_backs = SendBackProcessor(
             config=config, store=store, topics=topics, groups=groups, clock=clock
         )
@@ -179,7 +190,10 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
     async def UpdateConsumerOffset(
         self, request: messaging_pb2.UpdateConsumerOffsetRequest, context: Context
     ) -> messaging_pb2.UpdateConsumerOffsetResponse:
-        if not self.config.is_master:
+        # A slave takes commits only while its master is unreachable (consumers reading from
+        # it then have nowhere else to commit); ha_config_sync hands them to the master later.
+        slave_commits = None if self.config.is_master else self.slave_commits
+        if not self.config.is_master and (slave_commits is None or not slave_commits.accepting()):
             unavailable(
                 common_pb2.NOT_MASTER, "this broker is a slave; commit offsets to its master"
             )
@@ -188,7 +202,7 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         if request.queue_id < 0 or request.commit_offset < 0:
             invalid(common_pb2.ILLEGAL_ARGUMENT, "queue id and commit offset must not be negative")
         self._topic_queue(request.topic, request.queue_id)
-        self.offsets.commit(
+        (self.offsets if slave_commits is None else slave_commits).commit(
             request.consumer_group,
             request.topic,
             request.queue_id,
@@ -344,7 +358,7 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
     async def EndTransaction(
         self, request: messaging_pb2.EndTransactionRequest, context: Context
     ) -> messaging_pb2.EndTransactionResponse:
-        _unimplemented("EndTransaction", "transactional messages")
+        return await self.transaction_ends.end(request)
 
     # -- queries ---------------------------------------------------------------------------
     @rpc

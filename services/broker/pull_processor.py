@@ -15,7 +15,8 @@ Steps (SPEC §6.7, proto ``Messaging.Pull`` for the codes):
 5. the group's members must agree about the topic (``check_subscription_consistent``:
    FAILED_PRECONDITION SUBSCRIPTION_INCONSISTENT while they do not, under
    ``strictSubscriptionConsistency``);
-6. FLAG_COMMIT_OFFSET on a master stores ``commit_offset`` (SPEC §6.12: every pull carries it),
+6. FLAG_COMMIT_OFFSET on a master stores ``commit_offset`` (SPEC §6.12: every pull carries it;
+   a slave stores it only while its master is unreachable, see ``ha_config_sync``),
    but never moves the stored offset back: a pull racing its consumer's release of the queue
    would otherwise undo the persisted offset under the next owner;
 7. ``store.get_messages`` with the subscription's filters (TAG: the tag-hash filter on consume
@@ -37,8 +38,12 @@ On a slave an OFFSET_ILLEGAL is not applied (RocketMQ's ``offsetCheckInSlave`` =
 answer is NO_MATCHED_MSG at the requested offset with the group's normal broker id suggested,
 so the consumer retries on the master, which owns offset corrections.
 
-``suggest_which_broker_id`` is the group's ``which_broker_when_consume_slowly`` when the store
-says the backlog lies beyond memory, else the group's ``broker_id`` (0, the master, by default).
+``suggest_which_broker_id`` (SPEC §6.7 step 5, ``suggest_broker_id``): with ``slaveReadEnable``,
+the group's ``which_broker_when_consume_slowly`` (1) when the store says the pulled messages lie
+further behind the commitlog's end than ``accessMessageInMemoryMaxRatio`` % of physical memory
+(so they are likely on disk, and a slave should serve them), else the group's ``broker_id``
+(0); without ``slaveReadEnable``, always 0, the master. A slave answers the same way, so a
+consumer sent there for a deep backlog comes back to the master once it has caught up.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from services.broker.filter import (
     record_filter_of,
     tags_filter_of,
 )
+from services.broker.ha_config_sync import SlaveOffsetCommits
 from services.broker.model import SubscriptionGroupConfig
 from services.broker.pull_hold import PullHoldService
 from services.broker.query_processor import record_to_pb
@@ -78,6 +84,7 @@ FLAG_SUBSCRIPTION = 0x4
 FLAG_CLASS_FILTER = 0x8
 """PullSysFlag bits (SPEC §11.6)."""
 PULL_BATCH_DEFAULT = 32
+MASTER_ID = 0
 DEADLINE_MARGIN_MS = 50
 """A hold ends this long before the call's gRPC deadline, so the client gets NO_NEW_MSG, not
 DEADLINE_EXCEEDED."""
@@ -100,6 +107,19 @@ _STATUS: dict[GetStatus, PullStatus] = {
 _EMPTY_QUEUE = frozenset({GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE})
 _HOLDABLE = frozenset({GetStatus.OFFSET_OVERFLOW_ONE, *_EMPTY_QUEUE})
 """Statuses meaning "at the end of the queue": only these wait for an arrival."""
+
+
+def suggest_broker_id(
+    *,
+    slave_read_enable: bool,
+    beyond_memory: bool,
+    group_broker_id: int,
+    which_broker_when_consume_slowly: int,
+) -> int:
+    """The broker id a pull response suggests for the queue's next pull (see above)."""
+    if not slave_read_enable:
+        return MASTER_ID
+    return which_broker_when_consume_slowly if beyond_memory else group_broker_id
 
 
 def pull_status(get: GetStatus, request_offset: int) -> PullStatus:
@@ -132,6 +152,8 @@ class PullProcessor:
         self.clients = clients
         self.hold = hold
         self.clock = clock
+        self.slave_commits: SlaveOffsetCommits | None = None
+        """On a slave: takes the pulls' commit offsets while its master is unreachable."""
 
     async def pull(
         self, req: messaging_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any] | None
@@ -145,11 +167,8 @@ class PullProcessor:
         record_filter = record_filter_of(sub, enable_property_filter=property_filter_on)
         topic, qid, offset = req.topic, req.queue_id, req.queue_offset
         flags = req.sys_flag
-        if flags & FLAG_COMMIT_OFFSET and self.config.is_master and req.commit_offset >= 0:
-            peer = context.peer() if context is not None else ""
-            self.offsets.commit(
-                req.consumer_group, topic, qid, req.commit_offset, client=peer, increase_only=True
-            )
+        if flags & FLAG_COMMIT_OFFSET and req.commit_offset >= 0:
+            self._commit_offset(req, context)
         result = self.store.get_messages(
             topic, qid, offset, max_nums, tags_filter=tags_filter, record_filter=record_filter
         )
@@ -182,6 +201,26 @@ class PullProcessor:
         return self._response(req, result, group_cfg)
 
     # -- steps -----------------------------------------------------------------------------
+    def _commit_offset(
+        self, req: messaging_pb2.PullRequest, context: grpc.aio.ServicerContext[Any, Any] | None
+    ) -> None:
+        """Step 6. A slave stores it only while its master is unreachable (ha_config_sync)."""
+        peer = context.peer() if context is not None else ""
+        if self.config.is_master:
+            target: ConsumerOffsetManager | SlaveOffsetCommits = self.offsets
+        elif self.slave_commits is not None and self.slave_commits.accepting():
+            target = self.slave_commits
+        else:
+            return
+        target.commit(
+            req.consumer_group,
+            req.topic,
+            req.queue_id,
+            req.commit_offset,
+            client=peer,
+            increase_only=True,
+        )
+
     def _check(self, req: messaging_pb2.PullRequest) -> tuple[int, SubscriptionGroupConfig]:
         try:
             check_group(req.consumer_group)
@@ -280,6 +319,14 @@ class PullProcessor:
             hold_ms = min(hold_ms, int(remaining_s * 1000) - DEADLINE_MARGIN_MS)
         return hold_ms
 
+    def _suggest(self, beyond_memory: bool, group_cfg: SubscriptionGroupConfig) -> int:
+        return suggest_broker_id(
+            slave_read_enable=self.config.slave_read_enable,
+            beyond_memory=beyond_memory,
+            group_broker_id=group_cfg.broker_id,
+            which_broker_when_consume_slowly=group_cfg.which_broker_when_consume_slowly,
+        )
+
     def _response(
         self,
         req: messaging_pb2.PullRequest,
@@ -288,11 +335,7 @@ class PullProcessor:
     ) -> messaging_pb2.PullResponse:
         status = pull_status(result.status, req.queue_offset)
         next_offset = result.next_begin_offset
-        suggest = (
-            group_cfg.which_broker_when_consume_slowly
-            if result.suggest_pull_from_slave
-            else group_cfg.broker_id
-        )
+        suggest = self._suggest(result.suggest_pull_from_slave, group_cfg)
         if status == OFFSET_ILLEGAL:
             if self.config.is_master:
                 log.info(
@@ -308,7 +351,8 @@ class PullProcessor:
                     result.max_offset,
                 )
             else:
-                status, next_offset, suggest = NO_MATCHED_MSG, req.queue_offset, group_cfg.broker_id
+                status, next_offset = NO_MATCHED_MSG, req.queue_offset
+                suggest = self._suggest(False, group_cfg)
         resp = messaging_pb2.PullResponse(
             status=status,
             next_begin_offset=next_offset,

@@ -17,14 +17,17 @@ codes):
 | batch > 1: no delayed or transactional message (SPEC §5.5)   | INVALID_ARGUMENT                 |
 | one delay property, a level of messageDelayLevel, TIMER_*    | INVALID_ARGUMENT                 |
 | integers >= 0, delay <= timerMaxDelaySec; not transactional  |                                  |
-| transactional (issue 6)                                      | FAILED_PRECONDITION              |
+| transactional: a producer group is named                     | INVALID_ARGUMENT                 |
 
 Then each message gets UNIQ_KEY (if the producer sent none), its tags hash for the consume
 queue, its keys for the index, and the caller's address as born host; the batch goes to the
 store in one append. A delayed message (or a timer cancel marker) is stored in the timer topic
 instead of its own (services.broker.timer_put); a timer-wheel re-put (TIMER_SOURCE) may carry
 the reserved properties the broker put on the timer record, is never delayed again, and is
-stored once: a repeat is answered with the first store's position.
+stored once: a repeat is answered with the first store's position. A transactional message
+(sys_flag 0x4 or TRAN_MSG=true) is stored as a half message in RMQ_SYS_TRANS_HALF_TOPIC
+(services.broker.transaction_half): the result names the queue the producer asked for, the half
+queue offset, and transaction_id = its UNIQ_KEY.
 
 **No group commit here, on measurement.** Coalescing concurrent single-message Sends into one
 store append (a queue drained by a ``call_soon`` callback) was tried: in-process it cut the
@@ -46,7 +49,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple
 from urllib.parse import unquote
 
 import grpc
@@ -65,6 +68,7 @@ from rocketq.validation import (
     is_writeable,
 )
 from services.broker.config import BrokerConfig
+from services.broker.ha_tracker import HaWaiter
 from services.broker.model import TopicConfig
 from services.broker.timer_put import (
     DELAY_PROPERTIES,
@@ -78,8 +82,9 @@ from services.broker.timer_put import (
     timer_queue_id,
 )
 from services.broker.topic_config_manager import TopicConfigManager
+from services.broker.transaction_half import TransactionIndex, half_message
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.errors import ServiceError, denied, invalid, not_found, precondition
+from services.common.errors import ServiceError, denied, invalid, not_found
 from services.store.commitlog import AppendResult, MessageToStore
 from services.store.flush import FlushDiskType
 from services.store.message_store import MessageStore, StoreClosedError, StoreFullError
@@ -93,7 +98,7 @@ SEND_OK = messaging_pb2.SEND_OK
 FLUSH_DISK_TIMEOUT = messaging_pb2.FLUSH_DISK_TIMEOUT
 _PRODUCER_SYS_FLAGS = SysFlag.COMPRESSED | SysFlag.TRANSACTION_PREPARED
 #: Reserved names a producer may not set; UNIQ_KEY is the producer's to set, and the
-#: transaction markers are answered as "transactional" (FAILED_PRECONDITION) instead.
+#: transaction markers make the message a transactional half message.
 _FORBIDDEN_PROPERTIES = RESERVED_PROPERTIES - {
     Prop.UNIQ_KEY,
     Prop.TRANSACTION_PREPARED,
@@ -104,11 +109,6 @@ _CHECKED_PROPERTIES = _FORBIDDEN_PROPERTIES.union(
     DELAY_PROPERTIES, (Prop.TRANSACTION_PREPARED, Prop.TIMER_SOURCE, Prop.TIMER_DEL_UNIQKEY)
 )
 _PORT = struct.Struct(">i")
-
-TRANSACTION_UNAVAILABLE = (
-    "transactional messages need the transaction service (not available yet); "
-    "send without the transactional flag"
-)
 
 
 def parse_peer(peer: str) -> HostAddress:
@@ -214,6 +214,8 @@ class SendPlan:
     ``to_store`` of an earlier message of this request with the same source)."""
     repeats_end_offset: int = 0
     """Commitlog end of the repeats' first stores: the answer waits for their flush too."""
+    half: bool = False
+    """The one message is a transactional half message (stored in the half topic)."""
 
     def repeat_of(self, position: int, source: str, dedup: RePutDedup) -> bool:
         """Whether ``source`` was stored before (or earlier in this request); if so the
@@ -240,17 +242,26 @@ class SendProcessor:
         store: MessageStore,
         topics: TopicConfigManager,
         clock: Clock = SYSTEM_CLOCK,
+        transactions: TransactionIndex | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.topics = topics
         self.clock = clock
+        self.transactions = transactions if transactions is not None else TransactionIndex()
+        """Told of every half message stored (services.broker.transaction_half)."""
         self._peers: dict[str, HostAddress] = {}
         self._id_prefix = offset_msg_id_prefix(store.config.store_host)
         self._unique_ids = UniqueIds(store.config.store_host)
         self._levels_ms = config.delay_levels_ms()
         self.dedup = RePutDedup(clock)
         """TIMER_SOURCE values stored recently (timer-wheel re-puts)."""
+        self.ha_waiter: HaWaiter | None = None
+        """Set on masters (server.py); waited on only while brokerRole is SYNC_MASTER."""
+
+    @property
+    def _sync_master(self) -> bool:
+        return self.config.broker_role == "SYNC_MASTER"
 
     # -- entry point -----------------------------------------------------------------------
     async def send(
@@ -262,6 +273,8 @@ class SendProcessor:
         results = _store_call(self.store.append, to_store) if to_store else []
         if plan.sources:
             self._remember_sources(plan, results, request.queue_id)
+        if plan.half and results:  # same loop step as the append: the check service sees it
+            self.transactions.note_half(plan.uniq_keys[0], results[0].queue_offset)
         status = SEND_OK
         end = plan.repeats_end_offset
         if results:
@@ -269,6 +282,10 @@ class SendProcessor:
         sync = self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         if end and plan.wait and sync and not await self.store.flusher.wait_flushed(end):
             status = FLUSH_DISK_TIMEOUT
+        waiter = self.ha_waiter
+        if end and plan.wait and status == SEND_OK and waiter is not None and self._sync_master:
+            # SYNC_MASTER (DESIGN.md §6): SEND_OK only once an in-sync slave has the bytes.
+            status = await waiter.wait_replicated(end)
         prefix = self._id_prefix
         qid = request.queue_id
         response = messaging_pb2.SendResponse()
@@ -284,6 +301,8 @@ class SendProcessor:
                 queue_id=qid,
                 queue_offset=r.queue_offset,
             )
+        if plan.half and results:
+            response.results[0].transaction_id = plan.uniq_keys[0]
         return response
 
     def _remember_sources(self, plan: SendPlan, results: list[AppendResult], qid: int) -> None:
@@ -429,6 +448,11 @@ class SendProcessor:
                 plan.sources[source] = len(out) - 1
         if transactional:
             self._refuse_transactional(count, delayed, topic)
+            if out:
+                out[0] = half_message(
+                    out[0], producer_group=request.producer_group, topics=self.topics
+                )
+                plan.half = True
         plan.wait = wait
         return plan
 
@@ -448,7 +472,7 @@ class SendProcessor:
         return {k: pb_props[k] for k in pb_props} if pb_props else {}
 
     @staticmethod
-    def _refuse_transactional(count: int, delayed: bool, topic: str) -> NoReturn:
+    def _refuse_transactional(count: int, delayed: bool, topic: str) -> None:
         if delayed:
             invalid(
                 common_pb2.ILLEGAL_ARGUMENT,
@@ -462,7 +486,6 @@ class SendProcessor:
                 "a batch of more than one message may not hold a transactional message (SPEC §5.5)",
                 topic=topic,
             )
-        precondition(TRANSACTION_UNAVAILABLE, topic=topic)
 
     def _special_properties(
         self,

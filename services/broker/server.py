@@ -36,6 +36,7 @@ from rocketq._api.rocketq.v1 import (
     common_pb2,
     messaging_pb2_grpc,
     nameserver_pb2,
+    replication_pb2_grpc,
 )
 from services.broker import config as broker_config
 from services.broker.admin_service import AdminService
@@ -43,6 +44,9 @@ from services.broker.client_manager import ClientManager
 from services.broker.config import BrokerConfig
 from services.broker.config_overrides import load_persisted_overrides
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.ha_config_sync import ConfigSync, SlaveOffsetCommits
+from services.broker.ha_master import ReplicationService
+from services.broker.ha_slave import ReplicationClient
 from services.broker.messaging_service import MessagingService
 from services.broker.model import TopicConfig
 from services.broker.pull_hold import PullHoldService
@@ -50,13 +54,15 @@ from services.broker.rebalance_lock import RebalanceLockManager
 from services.broker.registration import BrokerRegistrar
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
+from services.broker.transaction_check import TransactionCheckService
+from services.broker.transaction_half import TransactionIndex
 from services.common import grpc_server
 from services.common.clock import clock_from_env
 from services.store.message_store import MessageStore
 
 log = logging.getLogger("rocketq.broker")
 
-SERVICE_NAMES = ("rocketq.v1.Messaging", "rocketq.v1.Admin")
+SERVICE_NAMES = ("rocketq.v1.Messaging", "rocketq.v1.Admin", "rocketq.v1.Replication")
 SHUTDOWN_GRACE_S = 1.0
 
 
@@ -76,6 +82,9 @@ class Broker:
         self.advertised_addr = ""
         self.tasks: list[asyncio.Task[None]] = []
         self.stopped = asyncio.Event()
+        self.ha_slave: ReplicationClient | None = None
+        """On a slave: the replication stream to its master (``runtime_extra()`` for stats)."""
+        self.config_sync: ConfigSync | None = None
 
     async def start(self) -> str:
         cfg = self.config
@@ -104,6 +113,11 @@ class Broker:
             period_ms=cfg.register_name_server_period_ms,
         )
         self.topics.on_change.append(self.registrar.trigger)
+        # Which transactions are resolved: read back from the two transaction topics before
+        # serving, so a repeated EndTransaction after a restart still changes nothing.
+        self.transactions = TransactionIndex()
+        if cfg.is_master:
+            self.transactions.rebuild(self.store, self.offsets)
         messaging = MessagingService(
             config=cfg,
             store=self.store,
@@ -114,7 +128,10 @@ class Broker:
             hold=self.hold,
             locks=self.locks,
             clock=self.clock,
+            transactions=self.transactions,
         )
+        if not cfg.is_master:
+            self._wire_slave(messaging, config_dir)
         admin = AdminService(
             config=cfg,
             store=self.store,
@@ -129,14 +146,29 @@ class Broker:
             started_ms=self.clock.now_ms(),
             clock=self.clock,
         )
+        self._wire_replication(messaging, admin)
         messaging_pb2_grpc.add_MessagingServicer_to_server(messaging, self.server)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, self.server)
         await self.store.start()
         await self.server.start()
+        self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
         self._spawn(self.offsets.run_persist_loop(cfg.flush_consumer_offset_interval_ms))
         self._spawn(self.clients.run_scan_loop())
         self._spawn(self.hold.run())
         self._spawn(self.locks.run_purge_loop())
+        self.transaction_checks = TransactionCheckService(
+            config=cfg,
+            store=self.store,
+            topics=self.topics,
+            offsets=self.offsets,
+            clients=self.clients,
+            index=self.transactions,
+            clock=self.clock,
+        )
+        self._spawn(self.transaction_checks.run())  # idle while a slave
+        if self.ha_slave is not None and self.config_sync is not None:
+            self._spawn(self.ha_slave.run())
+            self._spawn(self.config_sync.run())
         await grpc_server.set_serving(health, SERVICE_NAMES)
         if cfg.namesrv_addrs:
             await self.registrar.start()
@@ -149,6 +181,57 @@ class Broker:
             cfg.store_dir,
         )
         return self.advertised_addr
+
+    def _wire_replication(self, messaging: MessagingService, admin: AdminService) -> None:
+        """The Replication service on every broker (a slave answers NOT_MASTER); on a master
+        it feeds slaves, and SYNC_MASTER sends wait on it."""
+        self.replication = ReplicationService(
+            config=self.config,
+            store=self.store,
+            topics=self.topics,
+            groups=self.groups,
+            offsets=self.offsets,
+            clock=self.clock,
+        )
+        replication_pb2_grpc.add_ReplicationServicer_to_server(self.replication, self.server)
+        if self.config.is_master:
+            messaging.sender.ha_waiter = self.replication.waiter
+            admin.replication = self.replication
+        # Pulls held on bytes beyond the confirm offset are answered once it covers them.
+        self.store.confirm_listeners.append(self._confirm_advanced)
+
+    def _confirm_advanced(self, _offset: int) -> None:
+        self.hold.check_once()
+
+    def _wire_slave(self, messaging: MessagingService, config_dir: Path) -> None:
+        """A slave replicates from its master (haMasterAddress, else as the nameservers say),
+        copies its metadata, and takes offset commits while the master is unreachable."""
+        cfg = self.config
+
+        def master_addr() -> str:
+            return cfg.ha_master_address or self.registrar.last_ha_server_addr
+
+        self.ha_slave = ReplicationClient(
+            config=cfg,
+            store=self.store,
+            master_addr=master_addr,
+            broker_addr=self.advertised_addr,
+            clock=self.clock,
+        )
+        ha_slave = self.ha_slave
+        commits = SlaveOffsetCommits(self.offsets, lambda: ha_slave.connected, config_dir)
+        commits.load()
+        messaging.slave_commits = commits
+        messaging.puller.slave_commits = commits
+        self.config_sync = ConfigSync(
+            config=cfg,
+            topics=self.topics,
+            groups=self.groups,
+            offsets=self.offsets,
+            commits=commits,
+            master_addr=master_addr,
+        )
+        self.ha_slave.on_connected.append(self.config_sync.wake)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         async def guarded() -> None:
@@ -196,12 +279,15 @@ class Broker:
                 broker_id=cfg.broker_id,
             )
         )
+        await self.replication.stop()  # ends the slaves' streams, so the grace is not spent
         await self.server.stop(SHUTDOWN_GRACE_S)
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.config_sync is not None:
+            await self.config_sync.close()
         self.offsets.persist()
         await self.store.shutdown()
         log.info("broker stopped cleanly")

@@ -596,7 +596,7 @@ def test_bad_pulls_and_unsupported_rpcs(brokers: Brokers) -> None:
                 ),
                 (
                     c.stub.EndTransaction(messaging_pb2.EndTransactionRequest()),
-                    grpc.StatusCode.UNIMPLEMENTED,
+                    invalid,
                 ),
                 (
                     c.stub.GetConsumerIdList(

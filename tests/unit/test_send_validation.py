@@ -311,11 +311,8 @@ def test_reput_is_stored_again_after_the_window(b: BrokerParts) -> None:
     assert b.store.max_offset("T", 0) == 2
 
 
-def test_transactional_messages_wait_for_their_issue(b: BrokerParts) -> None:
-    err = _refused(b, send_request("T", sys_flag=codec.SysFlag.TRANSACTION_PREPARED))
-    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
-    err = _refused(b, send_request("T", properties={"TRAN_MSG": "true"}))
-    assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+def test_transactional_messages_cannot_be_batched_or_delayed(b: BrokerParts) -> None:
+    # (accepted transactional sends: tests/unit/test_transaction_end.py)
     batch = _refused(b, send_request("T", [b"a", b"b"], sys_flag=4))
     assert batch.code == INVALID
     assert _refused(b, send_request("T", sys_flag=0x8)).code == INVALID
