@@ -102,6 +102,41 @@ def _prop(buf: bytes, name: bytes, i: int, start: int, end: int) -> str:
     return buf[vs : ve if ve >= 0 else end].decode("utf-8", "replace")
 
 
+def _variable_part(
+    buf: bytes, mv: memoryview, cur: int, end: int, crc: int, topics: dict[bytes, str]
+) -> tuple[str, int] | str:
+    """Check body (length, CRC), topic and properties lengths of the record ending at ``end``
+    whose fixed part ends at ``cur``; (topic, where the properties start), or the problem."""
+    if cur + 7 > end:
+        return "too small for its host fields"
+    (body_len,) = _INT.unpack_from(buf, cur)
+    cur += 4
+    if body_len < 0 or cur + body_len + 3 > end:
+        return f"body length {body_len} does not fit"
+    if zlib.crc32(mv[cur : cur + body_len]) & 0x7FFFFFFF != crc:
+        return "body CRC mismatch"
+    cur += body_len
+    topic_len = buf[cur]
+    cur += 1
+    if cur + topic_len + 2 > end:
+        return f"topic length {topic_len} does not fit"
+    topic_raw = buf[cur : cur + topic_len]
+    topic = topics.get(topic_raw)
+    if topic is None:
+        try:
+            topic = topic_raw.decode()
+        except UnicodeDecodeError:
+            return "topic is not UTF-8"
+        if len(topics) < TOPIC_CACHE_MAX:
+            topics[topic_raw] = topic
+    cur += topic_len
+    props_len = (buf[cur] << 8) | buf[cur + 1]
+    cur += 2
+    if cur + props_len != end:
+        return f"properties length {props_len} does not fit"
+    return topic, cur
+
+
 def decode_chunk(
     buf: bytes, base: int, file_size_bytes: int, topics: dict[bytes, str]
 ) -> tuple[int, list[DispatchRequest], str | None]:
@@ -142,34 +177,10 @@ def decode_chunk(
         fixed = codec.FIXED_BYTES_V4 + (12 if sys_flag & _BORN_V6 else 0)
         fixed += 12 if sys_flag & _STORE_V6 else 0
         end = pos + size
-        cur = pos + fixed
-        if cur + 7 > end:
-            return pos, reqs, f"at {here}: TOTALSIZE {size} too small for its host fields"
-        (body_len,) = _INT.unpack_from(buf, cur)
-        cur += 4
-        if body_len < 0 or cur + body_len + 3 > end:
-            return pos, reqs, f"at {here}: body length {body_len} does not fit TOTALSIZE {size}"
-        if zlib.crc32(mv[cur : cur + body_len]) & 0x7FFFFFFF != crc:
-            return pos, reqs, f"at {here}: body CRC mismatch"
-        cur += body_len
-        topic_len = buf[cur]
-        cur += 1
-        if cur + topic_len + 2 > end:
-            return pos, reqs, f"at {here}: topic length {topic_len} does not fit"
-        topic_raw = buf[cur : cur + topic_len]
-        topic = topics.get(topic_raw)
-        if topic is None:
-            try:
-                topic = topic_raw.decode()
-            except UnicodeDecodeError:
-                return pos, reqs, f"at {here}: topic is not UTF-8"
-            if len(topics) < TOPIC_CACHE_MAX:
-                topics[topic_raw] = topic
-        cur += topic_len
-        props_len = (buf[cur] << 8) | buf[cur + 1]
-        cur += 2
-        if cur + props_len != end:
-            return pos, reqs, f"at {here}: properties length {props_len} does not fit"
+        checked = _variable_part(buf, mv, pos + fixed, end, crc, topics)
+        if isinstance(checked, str):
+            return pos, reqs, f"at {here}: {checked} (TOTALSIZE {size})"
+        topic, cur = checked
         i = find(_TAGS, cur, end)
         tags_code = tags_hash(_prop(buf, _TAGS, i, cur, end)) if i >= 0 else 0
         i = find(_KEYS, cur, end)

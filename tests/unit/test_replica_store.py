@@ -32,6 +32,7 @@ from services.store.message_store import (
     StoreError,
 )
 from services.store.recovery import scan
+from services.store.types import DispatchRequest
 
 pytestmark = pytest.mark.unit
 
@@ -195,6 +196,9 @@ def test_random_chunks_make_identical_stores(
     make_pair: Callable[..., Pair], max_chunk: int
 ) -> None:
     pair = make_pair(seed=max_chunk)
+    seen: dict[str, list[DispatchRequest]] = {"master": [], "slave": []}
+    pair.master.dispatcher.listeners.append(seen["master"].extend)
+    pair.slave.dispatcher.listeners.append(seen["slave"].extend)
     pair.write(60 if max_chunk > 1 else 15)
     assert len(pair.master.commitlog.files.files) >= 3 or max_chunk == 1  # roll-over happened
     pair.copy(max_chunk)
@@ -202,6 +206,10 @@ def test_random_chunks_make_identical_stores(
     pair.write(20)  # and it goes on from there
     pair.copy(max_chunk)
     pair.assert_identical()
+    # Arrival listeners (held pulls) see exactly what the master's saw, field by field.
+    assert seen["slave"] == seen["master"]
+    assert any(r.keys for r in seen["slave"])
+    assert any(r.sys_flag & SysFlag.TRANSACTION_MASK for r in seen["slave"])
 
 
 def test_chunks_end_inside_records_and_wait_for_the_rest(make_pair: Callable[..., Pair]) -> None:
