@@ -1,0 +1,501 @@
+"""The master's side of replication.proto, driven by a hand-rolled slave over the raw stubs.
+
+A real broker process is the master; the "slave" is this test: it opens Replication.Stream,
+sends hellos and acks of its choosing and checks every answer - the hello statuses, TruncateTo
+for empty / behind / ahead / diverged histories, contiguous chunks equal to the master's
+commitlog bytes, the in-flight cap while it does not ack, ConfirmOffset, SYNC_MASTER statuses,
+the silent-slave drop, and SyncConfig (tables by version, slave offsets merged where ahead).
+Real master+slave system tests are elsewhere (test_replication*.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_status import rpc_status
+
+from rocketq._api.rocketq.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    messaging_pb2,
+    messaging_pb2_grpc,
+    replication_pb2,
+    replication_pb2_grpc,
+)
+from tests.integration.cluster import ServiceProcess, start_broker, start_slave
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "ReplTopic"
+Response = replication_pb2.ReplicationStreamResponse
+
+
+@pytest.fixture
+def master_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
+    started: list[ServiceProcess] = []
+
+    def make(**keys: object) -> ServiceProcess:
+        sp = start_broker(tmp_path, [], "broker-a", None, **keys)
+        started.append(sp)
+        return sp
+
+    yield make
+    for sp in started:
+        if sp.alive():
+            sp.stop()
+
+
+def _epochs(*pairs: tuple[int, int]) -> list[replication_pb2.EpochEntry]:
+    return [replication_pb2.EpochEntry(epoch=e, start_offset=s) for e, s in pairs]
+
+
+def _reason(err: grpc.aio.AioRpcError) -> int:
+    status = rpc_status.from_call(err)
+    assert status is not None
+    detail = common_pb2.ErrorDetail()
+    status.details[0].Unpack(detail)
+    return detail.reason
+
+
+class FakeSlave:
+    """One Replication.Stream opened by the test."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.call: Any = replication_pb2_grpc.ReplicationStub(channel).Stream()
+        self.data = bytearray()
+        self.start = 0
+        self.confirms: list[int] = []
+        self._pending: asyncio.Future[Any] | None = None
+
+    async def hello(self, max_offset: int = 0, epochs: Any = (), **fields: Any) -> Any:
+        hello = replication_pb2.SlaveHello(
+            broker_name=fields.pop("broker_name", "broker-a"),
+            broker_id=fields.pop("broker_id", 1),
+            broker_addr="127.0.0.1:1",
+            max_physical_offset=max_offset,
+            epochs=list(epochs),
+        )
+        await self.call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
+        first = await self.read()
+        assert first.WhichOneof("command") == "truncate"
+        self.start = first.truncate.physical_offset
+        return first.truncate
+
+    async def read(self, timeout_s: float = 10.0) -> Any:
+        msg = await self.poll(timeout_s)
+        if msg is None:
+            raise TimeoutError(f"no message from the master within {timeout_s:.1f} s")
+        return msg
+
+    async def poll(self, timeout_s: float) -> Any:
+        """The next message, or None after ``timeout_s`` (the read stays pending: cancelling
+        a read would cancel the whole call)."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self.call.read())
+        done, _ = await asyncio.wait({self._pending}, timeout=max(0.0, timeout_s))
+        if not done:
+            return None
+        msg = self._pending.result()
+        self._pending = None
+        assert msg is not grpc.aio.EOF
+        return msg
+
+    async def ack(self, offset: int) -> None:
+        ack = replication_pb2.SlaveAck(max_physical_offset=offset, flushed_offset=offset)
+        await self.call.write(replication_pb2.ReplicationStreamRequest(ack=ack))
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+    async def take(self, msg: Any) -> None:
+        kind = msg.WhichOneof("command")
+        if kind == "chunk":
+            assert msg.chunk.physical_offset == self.end, "chunks must be contiguous"
+            self.data += msg.chunk.data
+        elif kind == "confirm":
+            self.confirms.append(msg.confirm.confirm_offset)
+        else:
+            raise AssertionError(f"unexpected {kind} after the TruncateTo")
+
+    async def receive_until(
+        self, done: Callable[[], bool], *, ack: bool, timeout_s: float = 10
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        if ack:
+            await self.ack(self.end)  # a full window opens only with an ack
+        while not done():
+            await self.take(await self.read(deadline - time.monotonic()))
+            if ack:
+                await self.ack(self.end)
+
+    async def drain(self, quiet_s: float) -> None:
+        """Take messages until none comes for ``quiet_s`` (no acks)."""
+        while (msg := await self.poll(quiet_s)) is not None:
+            await self.take(msg)
+
+
+async def _produce(addr: str, count: int, body_bytes: int = 1000) -> int:
+    """Create the topic and send ``count`` messages; the master's commitlog max offset."""
+    async with grpc.aio.insecure_channel(addr) as ch:
+        admin = admin_pb2_grpc.AdminStub(ch)
+        await admin.CreateTopic(
+            admin_pb2.CreateTopicRequest(
+                target=admin_pb2.ApplyTarget(broker_name="broker-a"),
+                config=common_pb2.TopicConfig(
+                    topic_name=TOPIC, read_queue_nums=2, write_queue_nums=2, perm=6
+                ),
+            )
+        )
+        await _send(ch, count, body_bytes)
+        return await _max_offset(ch)
+
+
+async def _send(ch: grpc.aio.Channel, count: int, body_bytes: int = 1000) -> list[int]:
+    stub = messaging_pb2_grpc.MessagingStub(ch)
+    statuses = []
+    for i in range(count):
+        resp = await stub.Send(
+            messaging_pb2.SendRequest(
+                queue_id=i % 2,
+                messages=[common_pb2.Message(topic=TOPIC, body=bytes([65 + i % 26]) * body_bytes)],
+            )
+        )
+        statuses.append(resp.results[0].status)
+    return statuses
+
+
+async def _stats(ch: grpc.aio.Channel) -> admin_pb2.GetRuntimeStatsResponse:
+    stats: admin_pb2.GetRuntimeStatsResponse = await admin_pb2_grpc.AdminStub(ch).GetRuntimeStats(
+        admin_pb2.GetRuntimeStatsRequest()
+    )
+    return stats
+
+
+async def _max_offset(ch: grpc.aio.Channel) -> int:
+    return (await _stats(ch)).commitlog_max_offset
+
+
+def _commitlog_bytes(master: ServiceProcess, start: int, end: int) -> bytes:
+    path = master.workdir / "store" / "commitlog" / f"{0:020d}"
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start)
+
+
+# -- hello statuses ------------------------------------------------------------------------------
+
+
+def test_hello_statuses(master_factory: Callable[..., ServiceProcess]) -> None:
+    master = master_factory()
+
+    async def expect(code: grpc.StatusCode, first: Any) -> grpc.aio.AioRpcError:
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            call = replication_pb2_grpc.ReplicationStub(ch).Stream()
+            await call.write(first)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(call.read(), 10)
+            assert info.value.code() == code, info.value.details()
+            return info.value
+
+    def hello(**fields: Any) -> replication_pb2.ReplicationStreamRequest:
+        base: dict[str, Any] = {"broker_name": "broker-a", "broker_id": 1}
+        base.update(fields)
+        return replication_pb2.ReplicationStreamRequest(hello=replication_pb2.SlaveHello(**base))
+
+    async def main() -> None:
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        await expect(
+            invalid, replication_pb2.ReplicationStreamRequest(ack=replication_pb2.SlaveAck())
+        )
+        await expect(invalid, hello(broker_name=""))
+        await expect(invalid, hello(broker_id=0))
+        await expect(invalid, hello(epochs=_epochs((1, 0), (1, 10))))
+        await expect(invalid, hello(epochs=_epochs((0, 10), (1, 5))))
+        precondition = grpc.StatusCode.FAILED_PRECONDITION
+        await expect(precondition, hello(broker_name="broker-b"))
+        err = await expect(
+            precondition, hello(epochs=_epochs((0, 0), (3, 0)), max_physical_offset=5)
+        )
+        assert "newer" in (err.details() or "")
+        # An ack beyond what was sent breaks the protocol.
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            slave = FakeSlave(ch)
+            await slave.hello()
+            await slave.ack(1 << 30)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                while True:
+                    await slave.read()
+            assert info.value.code() == invalid
+
+    asyncio.run(main())
+
+
+def test_a_slave_answers_replication_calls_not_master(
+    tmp_path: Path, master_factory: Callable[..., ServiceProcess]
+) -> None:
+    master = master_factory()
+    slave = start_slave(tmp_path, [], haMasterAddress=master.addr)
+    try:
+
+        async def main() -> None:
+            # Let the real slave settle on its own stream first (and stop it only then).
+            async with grpc.aio.insecure_channel(master.addr) as mch:
+                for _ in range(100):
+                    if (await _stats(mch)).slaves:
+                        break
+                    await asyncio.sleep(0.05)
+                assert (await _stats(mch)).slaves[0].broker_id == 1
+            async with grpc.aio.insecure_channel(slave.addr) as ch:
+                call = replication_pb2_grpc.ReplicationStub(ch).Stream()
+                hello = replication_pb2.SlaveHello(broker_name="broker-a", broker_id=2)
+                await call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await asyncio.wait_for(call.read(), 10)
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert _reason(info.value) == common_pb2.NOT_MASTER
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await replication_pb2_grpc.ReplicationStub(ch).SyncConfig(
+                        replication_pb2.SyncConfigRequest(broker_name="broker-a", broker_id=2)
+                    )
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert _reason(info.value) == common_pb2.NOT_MASTER
+
+        asyncio.run(main())
+    finally:
+        slave.stop()
+
+
+# -- truncation and chunks -----------------------------------------------------------------------
+
+
+def test_truncate_to_for_empty_behind_ahead_and_diverged_histories(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory()
+
+    async def main() -> None:
+        end = await _produce(master.addr, 20)
+        assert end > 0
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            cases = [
+                ((), 0, 0),  # empty store: from the start
+                (_epochs((0, 0)), 1000, 1000),  # behind: keeps everything
+                (_epochs((0, 0)), end + 5000, end),  # ahead: cut back to the master's end
+                (_epochs((0, 300)), 900, 0),  # histories differ from the first entry
+            ]
+            for epochs, slave_max, want in cases:
+                slave = FakeSlave(ch)
+                truncate = await slave.hello(slave_max, epochs)
+                assert truncate.physical_offset == want, (epochs, slave_max)
+                assert [(e.epoch, e.start_offset) for e in truncate.epochs] == [(0, 0)]
+                slave.call.cancel()
+
+    asyncio.run(main())
+
+
+def test_chunks_are_contiguous_bounded_and_equal_to_the_master_commitlog(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    batch = 8192
+    master = master_factory(haTransferBatchSize=batch)
+
+    async def main() -> None:
+        end = await _produce(master.addr, 200)
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            slave = FakeSlave(ch)
+            truncate = await slave.hello(1000, _epochs((0, 0)))
+            assert truncate.physical_offset == 1000
+            sizes: list[int] = []
+            while slave.end < end:
+                msg = await slave.read()
+                if msg.WhichOneof("command") == "chunk":
+                    sizes.append(len(msg.chunk.data))
+                await slave.take(msg)
+                await slave.ack(slave.end)
+            assert slave.end == end
+            assert max(sizes) <= batch and len(sizes) >= (end - 1000) // batch
+            assert bytes(slave.data) == _commitlog_bytes(master, 1000, end)
+            # New bytes are pushed without asking.
+            await _send(ch, 3)
+            end2 = await _max_offset(ch)
+            await slave.receive_until(lambda: slave.end >= end2, ack=True)
+            assert bytes(slave.data) == _commitlog_bytes(master, 1000, end2)
+
+    asyncio.run(main())
+
+
+def test_in_flight_bytes_are_capped_until_the_slave_acks(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory(haTransferBatchSize=4096, haMaxInFlightBytes=16384)
+
+    async def main() -> None:
+        end = await _produce(master.addr, 100)
+        assert end > 40_000
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            slave = FakeSlave(ch)
+            await slave.hello()
+            await slave.drain(quiet_s=1.0)
+            assert slave.end == 16384  # the window, exactly, and nothing more without an ack
+            await slave.ack(5000)
+            await slave.drain(quiet_s=0.5)
+            assert slave.end == 5000 + 16384
+            await slave.receive_until(lambda: slave.end >= end, ack=True)
+            assert slave.end == end
+            assert bytes(slave.data) == _commitlog_bytes(master, 0, end)
+
+    asyncio.run(main())
+
+
+# -- confirm offset, SYNC_MASTER, housekeeping ---------------------------------------------------
+
+
+def test_confirm_offset_follows_the_in_sync_slave(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory()
+
+    async def main() -> None:
+        end = await _produce(master.addr, 10)
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            slave = FakeSlave(ch)
+            await slave.hello()
+            await slave.receive_until(lambda: slave.end >= end, ack=False)
+            stats = await _stats(ch)
+            (link,) = stats.slaves
+            assert not link.in_sync and link.lag_bytes == end and link.lag_seconds > 0
+            assert stats.confirm_offset == end  # nobody in sync: unbounded
+            await slave.ack(end)
+            await asyncio.sleep(0.2)
+            stats = await _stats(ch)
+            assert stats.slaves[0].in_sync and stats.slaves[0].lag_bytes == 0
+            await _send(ch, 5)
+            end2 = await _max_offset(ch)
+            stats = await _stats(ch)
+            assert stats.confirm_offset == end  # new bytes wait for the in-sync slave
+            assert stats.slaves[0].lag_bytes == end2 - end
+            await slave.receive_until(lambda: slave.end >= end2, ack=False)
+            await slave.ack(end2)
+            await slave.receive_until(lambda: end2 in slave.confirms, ack=False)
+            assert (await _stats(ch)).confirm_offset == end2
+            assert slave.confirms == sorted(slave.confirms)
+
+    asyncio.run(main())
+
+
+def test_sync_master_statuses(master_factory: Callable[..., ServiceProcess]) -> None:
+    master = master_factory(brokerRole="SYNC_MASTER", syncFlushTimeout=700)
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            await _produce(master.addr, 0)
+            assert await _send(ch, 1) == [messaging_pb2.SLAVE_NOT_AVAILABLE]
+            slave = FakeSlave(ch)
+            await slave.hello()
+            end = await _max_offset(ch)
+            await slave.receive_until(lambda: slave.end >= end, ack=True)
+            await asyncio.sleep(0.2)
+            assert (await _stats(ch)).slaves[0].in_sync
+            # The slave acks what it receives: SEND_OK.
+            send = asyncio.create_task(_send(ch, 1))
+            await slave.receive_until(send.done, ack=True)
+            assert await send == [messaging_pb2.SEND_OK]
+            # The slave stops acking: FLUSH_SLAVE_TIMEOUT after syncFlushTimeout.
+            started = time.monotonic()
+            assert await _send(ch, 1) == [messaging_pb2.FLUSH_SLAVE_TIMEOUT]
+            assert time.monotonic() - started >= 0.6
+
+    asyncio.run(main())
+
+
+def test_a_silent_slave_is_dropped_after_the_housekeeping_interval(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory(haSendHeartbeatInterval=200, haHousekeepingInterval=1000)
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            slave = FakeSlave(ch)
+            await slave.hello()
+            started = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await slave.receive_until(lambda: False, ack=False)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "no ack" in (info.value.details() or "")
+            assert 0.9 <= time.monotonic() - started < 5
+            assert not (await _stats(ch)).slaves
+
+    asyncio.run(main())
+
+
+# -- SyncConfig ----------------------------------------------------------------------------------
+
+
+def test_sync_config_tables_and_slave_offsets(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory()
+
+    async def main() -> None:
+        await _produce(master.addr, 0)
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            msg = messaging_pb2_grpc.MessagingStub(ch)
+            for qid, offset in ((0, 10), (1, 10)):
+                await msg.UpdateConsumerOffset(
+                    messaging_pb2.UpdateConsumerOffsetRequest(
+                        consumer_group="g1", topic=TOPIC, queue_id=qid, commit_offset=offset
+                    )
+                )
+            repl = replication_pb2_grpc.ReplicationStub(ch)
+            for name, code in (("", "INVALID_ARGUMENT"), ("broker-b", "FAILED_PRECONDITION")):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await repl.SyncConfig(replication_pb2.SyncConfigRequest(broker_name=name))
+                assert info.value.code().name == code
+            first = await repl.SyncConfig(replication_pb2.SyncConfigRequest(broker_name="broker-a"))
+            assert TOPIC in [t.topic_name for t in first.topics.topics]
+            assert first.HasField("subscription_groups") and first.HasField("timer_offsets")
+            rows = {
+                (e.topic, e.consumer_group): dict(e.queue_offsets)
+                for e in first.consumer_offsets.offsets
+            }
+            assert rows[(TOPIC, "g1")] == {0: 10, 1: 10}
+
+            def next_request(**extra: Any) -> replication_pb2.SyncConfigRequest:
+                return replication_pb2.SyncConfigRequest(
+                    broker_name="broker-a",
+                    broker_id=1,
+                    topics_version=first.topics.data_version,
+                    subscription_groups_version=first.subscription_groups.data_version,
+                    consumer_offsets_version=first.consumer_offsets.data_version,
+                    timer_offsets_version=first.timer_offsets.data_version,
+                    **extra,
+                )
+
+            quiet = await repl.SyncConfig(next_request())
+            assert quiet.ByteSize() == 0  # nothing changed: no table
+            ahead = common_pb2.ConsumerOffsetEntry(
+                topic=TOPIC, consumer_group="g1", queue_offsets={0: 15, 1: 4}
+            )
+            merged = await repl.SyncConfig(next_request(slave_offsets=[ahead]))
+            assert not merged.HasField("topics")
+            rows = {
+                (e.topic, e.consumer_group): dict(e.queue_offsets)
+                for e in merged.consumer_offsets.offsets
+            }
+            assert rows[(TOPIC, "g1")] == {0: 15, 1: 10}  # only the offset ahead was taken
+            query = await msg.QueryConsumerOffset(
+                messaging_pb2.QueryConsumerOffsetRequest(
+                    consumer_group="g1", topic=TOPIC, queue_id=0
+                )
+            )
+            assert query.offset == 15
+
+    asyncio.run(main())
