@@ -327,6 +327,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 yield replication_pb2.ReplicationStreamResponse(
                     confirm=replication_pb2.ConfirmOffset(confirm_offset=confirm)
                 )
+                tracker.on_confirm_sent(link, confirm)
                 continue
             batch = min(cfg.ha_transfer_batch_size, CHUNK_BYTES_MAX)
             want = link.chunk_bytes(batch, cfg.ha_max_in_flight_bytes)

@@ -23,9 +23,13 @@ the master's max and the store gets no bound at all (``apply_bound(None)``), so 
 slaves are all gone or catching up behaves exactly like a single broker.
 
 **SYNC_MASTER waiters** (:class:`HaWaiter`): a heap by end offset, resolved from the ack
-handler (never polled), plus a deadline queue expired by a loop timer per waiter. Every
-waiter has the same timeout, so arrival order is deadline order and the deadline queue is a
-plain deque.
+and confirm handlers (never polled), plus a deadline queue expired by a loop timer per waiter.
+Every waiter has the same timeout, so arrival order is deadline order and the deadline queue
+is a plain deque. A send is answered SEND_OK once an in-sync slave has acked its bytes *and*
+has been sent a ConfirmOffset covering them: a slave serves reads only below the confirm
+offset it was told, so without the second condition a master killed right after SEND_OK
+would leave the message stored on the slave but unreadable there. (With several in-sync
+slaves the confirm offset is their minimum, so SEND_OK then waits for all of them.)
 
 **Lag in seconds** is the age of the oldest byte a slave has not acked. :class:`AppendSamples`
 keeps a bounded ring of (end offset, time) per ~10 ms of appends; a byte older than the ring
@@ -136,6 +140,8 @@ class SlaveLink:
     last_heard_s: float = 0.0
     """Last hello or ack, for dropping silent slaves."""
     in_sync: bool = False
+    confirm_sent: int = -1
+    """The last ConfirmOffset handed to this stream."""
     closed: bool = False
     close_reason: str = ""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -322,6 +328,13 @@ class ReplicaTracker:
         if link.in_sync or was:
             self._refresh()
 
+    def on_confirm_sent(self, link: SlaveLink, confirm_offset: int) -> None:
+        """The sender handed ``confirm_offset`` to ``link``'s stream: sends it covers may
+        now be answered."""
+        link.confirm_sent = max(link.confirm_sent, confirm_offset)
+        if link.in_sync:
+            self.waiter.resolve(self.replicated_offset())
+
     def on_append(self) -> None:
         """New commitlog bytes (a store arrival listener): note when, wake every sender."""
         self.samples.record(self._max_offset(), self.clock.monotonic_s())
@@ -353,8 +366,12 @@ class ReplicaTracker:
         return any(link.in_sync for link in self.links.values())
 
     def replicated_offset(self) -> int:
-        """Highest ack of an in-sync slave; -1 without one (what SYNC_MASTER may promise)."""
-        return max((lk.acked_offset for lk in self.links.values() if lk.in_sync), default=-1)
+        """What SYNC_MASTER may promise: the highest offset an in-sync slave has both acked and
+        been told is confirmed; -1 without an in-sync slave."""
+        return max(
+            (min(lk.acked_offset, lk.confirm_sent) for lk in self.links.values() if lk.in_sync),
+            default=-1,
+        )
 
     def confirm_offset(self) -> int:
         """What the in-sync set has acknowledged; the master's max without an in-sync slave."""
@@ -416,7 +433,7 @@ class ReplicaTracker:
             for link in self.links.values():
                 link.wake.set()  # each sender passes the new confirm offset on
         if acks:
-            self.waiter.resolve(max(acks))
+            self.waiter.resolve(self.replicated_offset())
 
     def _log_membership(self, link: SlaveLink) -> None:
         log.info(

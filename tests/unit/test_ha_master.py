@@ -69,6 +69,10 @@ class Master:
     def ack(self, link: SlaveLink, offset: int) -> None:
         self.tracker.on_ack(link, offset, offset)
 
+    def confirm(self, link: SlaveLink) -> None:
+        """Pretend the sender loop handed the current confirm offset to ``link``."""
+        self.tracker.on_confirm_sent(link, self.tracker.confirm_offset())
+
 
 # -- append samples ------------------------------------------------------------------------------
 
@@ -223,6 +227,7 @@ def test_waiter_answers_at_once_without_an_in_sync_slave_or_when_already_acked()
         assert await waiter.wait_replicated(100) == SLAVE_NOT_AVAILABLE  # catching up
         m.stream(link)
         m.ack(link, 100)
+        m.confirm(link)
         assert await waiter.wait_replicated(100) == SEND_OK
         assert waiter.pending == 0
 
@@ -245,8 +250,12 @@ def test_waiters_are_released_in_offset_order_by_acks() -> None:
         m.stream(link)
         m.ack(link, 250)
         await asyncio.sleep(0)
+        assert not any(t.done() for t in tasks)  # acked, but the slave was not told yet
+        m.confirm(link)
+        await asyncio.sleep(0)
         assert [t.done() for t in tasks] == [True, True, False]
         m.ack(link, 300)
+        m.confirm(link)
         assert [await t for t in tasks] == [SEND_OK] * 3
         assert m.tracker.waiter.pending == 0
 
@@ -287,6 +296,7 @@ def test_waiter_count_is_bounded_and_a_cancelled_waiter_is_forgotten() -> None:
         assert waiter.pending == 1
         m.stream(link)
         m.ack(link, 100)
+        m.confirm(link)
         assert await second == SEND_OK
         assert waiter.pending == 0
 
