@@ -194,6 +194,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self.dead_letters = DeadLetters(config=config, store=store, topics=topics, clock=clock)
         self.replication: ReplicationService | None = None
         """On a master: its slaves and confirm offset for GetRuntimeStats (set by server.py)."""
+        self.extra_stats: list[Callable[[], dict[str, str]]] = []
+        """More named values for GetRuntimeStats ``extra`` (transactions, a slave's stream)."""
 
     # -- common checks ---------------------------------------------------------------------
     def _require_master(self) -> None:
@@ -820,7 +822,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             disk_ratio = self.store.retention.disk_usage(cfg.store_dir)
         except OSError:
             disk_ratio = 0.0
-        return admin_pb2.GetRuntimeStatsResponse(
+        resp = admin_pb2.GetRuntimeStatsResponse(
             cluster_name=cfg.cluster_name,
             broker_name=cfg.broker_name,
             broker_id=cfg.broker_id,
@@ -848,3 +850,6 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 "advertised_addr": self.advertised_addr,
             },
         )
+        for provider in self.extra_stats:
+            resp.extra.update(provider())
+        return resp

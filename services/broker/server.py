@@ -64,6 +64,7 @@ log = logging.getLogger("rocketq.broker")
 
 SERVICE_NAMES = ("rocketq.v1.Messaging", "rocketq.v1.Admin", "rocketq.v1.Replication")
 SHUTDOWN_GRACE_S = 1.0
+TASK_STOP_TIMEOUT_S = 5.0
 
 
 def write_ready_file(path: Path, addr: str) -> None:
@@ -166,6 +167,9 @@ class Broker:
             clock=self.clock,
         )
         self._spawn(self.transaction_checks.run())  # idle while a slave
+        admin.extra_stats.append(self.transactions.stats)
+        if self.ha_slave is not None:
+            admin.extra_stats.append(self.ha_slave.runtime_extra)
         if self.ha_slave is not None and self.config_sync is not None:
             self._spawn(self.ha_slave.run())
             self._spawn(self.config_sync.run())
@@ -280,12 +284,16 @@ class Broker:
             )
         )
         await self.replication.stop()  # ends the slaves' streams, so the grace is not spent
+        if self.ha_slave is not None:
+            self.ha_slave.close()
         await self.server.stop(SHUTDOWN_GRACE_S)
         for task in self.tasks:
             task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self.tasks:
+            # Bounded: a task that ignores its cancellation must not keep the process alive.
+            _, stuck = await asyncio.wait(self.tasks, timeout=TASK_STOP_TIMEOUT_S)
+            if stuck:
+                log.error("%d background task(s) did not stop; shutting down anyway", len(stuck))
         if self.config_sync is not None:
             await self.config_sync.close()
         self.offsets.persist()
