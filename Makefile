@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	sh tools/install_etcd.sh
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install RocketQ with its dev tools

@@ -683,6 +683,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return await list_half_messages(request, self.store, self.offsets)
 
     @rpc
+    async def Switchover(
+        self, request: admin_pb2.SwitchoverRequest, context: Context
+    ) -> admin_pb2.SwitchoverResponse:
+        raise ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            common_pb2.ERROR_REASON_UNSPECIFIED,
+            "switchover needs controller mode (etcdEndpoints), which this broker does not run yet",
+        )
+
+    @rpc
     async def ResetOffset(
         self, request: admin_pb2.ResetOffsetRequest, context: Context
     ) -> admin_pb2.ResetOffsetResponse:

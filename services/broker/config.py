@@ -133,6 +133,19 @@ class BrokerConfig:
     access_message_in_memory_max_ratio: int = 40
     """[accessMessageInMemoryMaxRatio] Percent of physical memory a backlog may span before
     the master suggests reading from a slave."""
+    etcd_endpoints: list[str] = field(default_factory=list)
+    """[etcdEndpoints] etcd client endpoints ``host:port;host:port`` for automatic failover
+    (controller mode, DESIGN.md §6). Empty = static roles from brokerId / brokerRole."""
+    controller_lease_ttl_sec: int = 3
+    """[controllerLeaseTtlSec] TTL of each replica's etcd lease; a master that cannot renew it
+    stops acknowledging writes, and its group elects another after about this long."""
+    controller_key_prefix: str = "/rocketq"
+    """[controllerKeyPrefix] Root of this cluster's keys in etcd."""
+    ha_max_time_slave_not_catchup_ms: int = 15_000
+    """[haMaxTimeSlaveNotCatchup] A slave that has not caught up with its master for this long
+    leaves the in-sync replica set (it may not be elected) until it catches up again."""
+    broker_election_priority: int = 0
+    """[brokerElectionPriority] Among equally up-to-date in-sync replicas, the lower wins."""
     commitlog_file_bytes: int = 1024 * 1024 * 1024
     """[mappedFileSizeCommitLog]"""
     consume_queue_units_per_file: int = 300_000
@@ -154,7 +167,17 @@ class BrokerConfig:
     max_transfer_bytes_on_message_in_memory: int = 256 * 1024
     """[maxTransferBytesOnMessageInMemory] Most bytes one pull returns from the page cache."""
 
+    replica_id: int = -1
+    """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
+    mode ``broker_id`` changes at runtime (0 while this replica leads), ``replica_id`` never."""
+    write_fence: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
+    """Not a key: in controller mode, True only while this replica holds a valid leader lease;
+    ``is_master`` is False whenever it is False, so a master that lost its lease (or woke from a
+    pause longer than it) refuses writes at once."""
+
     def __post_init__(self) -> None:
+        if self.replica_id < 0:
+            self.replica_id = self.broker_id
         self.validate()
 
     def validate(self) -> None:
@@ -201,6 +224,15 @@ class BrokerConfig:
             raise ValueError("accessMessageInMemoryMaxRatio must be 1..100")
         if self.broker_role == "SLAVE" and self.broker_id == 0:
             raise ValueError("brokerRole SLAVE needs brokerId >= 1 (brokerId 0 is the master)")
+        if not 2 <= self.controller_lease_ttl_sec <= 60:
+            raise ValueError("controllerLeaseTtlSec must be 2..60 (etcd leases are whole seconds)")
+        if not 1000 <= self.ha_max_time_slave_not_catchup_ms <= 3_600_000:
+            raise ValueError("haMaxTimeSlaveNotCatchup must be 1000..3600000 ms")
+        if self.etcd_endpoints and self.replica_id < 1:
+            raise ValueError(
+                "in controller mode (etcdEndpoints set) brokerId is the replica's stable id and "
+                "must be >= 1; whichever replica is elected registers as brokerId 0"
+            )
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listenPort {self.listen_port} is not a port number")
 
@@ -210,7 +242,14 @@ class BrokerConfig:
 
     @property
     def is_master(self) -> bool:
-        return self.broker_id == 0 and self.broker_role != "SLAVE"
+        if self.broker_id != 0 or self.broker_role == "SLAVE":
+            return False
+        return self.write_fence is None or self.write_fence()
+
+    @property
+    def controller_mode(self) -> bool:
+        """Roles come from elections through etcd, not from brokerId / brokerRole."""
+        return bool(self.etcd_endpoints)
 
     def store_config(self, advertised_port: int) -> StoreConfig:
         return StoreConfig(
@@ -255,6 +294,8 @@ class BrokerConfig:
                 kwargs[name] = parse(text.strip())
             except ValueError as exc:
                 raise ValueError(f"{key}={text!r}: {exc}") from exc
+        if "broker_id" in kwargs:
+            kwargs["replica_id"] = kwargs["broker_id"]  # the configured id is the stable one
         return dataclasses.replace(self, **kwargs)
 
 
@@ -336,6 +377,11 @@ KEYS: dict[str, tuple[str, Parser]] = {
     "slaveSyncConfigInterval": ("slave_sync_config_interval_ms", int),
     "slaveReadEnable": ("slave_read_enable", _bool),
     "accessMessageInMemoryMaxRatio": ("access_message_in_memory_max_ratio", int),
+    "etcdEndpoints": ("etcd_endpoints", _addrs),
+    "controllerLeaseTtlSec": ("controller_lease_ttl_sec", int),
+    "controllerKeyPrefix": ("controller_key_prefix", str),
+    "haMaxTimeSlaveNotCatchup": ("ha_max_time_slave_not_catchup_ms", int),
+    "brokerElectionPriority": ("broker_election_priority", int),
     "mappedFileSizeCommitLog": ("commitlog_file_bytes", int),
     "mappedFileUnitsConsumeQueue": ("consume_queue_units_per_file", int),
     "messageIndexEnable": ("message_index_enable", _bool),
@@ -359,6 +405,9 @@ STARTUP_ONLY_KEYS = frozenset(
         "brokerIP1",
         "storePathRootDir",
         "brokerRole",
+        "etcdEndpoints",
+        "controllerKeyPrefix",
+        "controllerLeaseTtlSec",
         "flushDiskType",
         "mappedFileSizeCommitLog",
         "mappedFileUnitsConsumeQueue",

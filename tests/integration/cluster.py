@@ -16,10 +16,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,8 +241,77 @@ def start_timer_wheel(
     return spawn(name, "services.timer_wheel", args, workdir, env)
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for etcd, which cannot take port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def etcd_binary() -> str:
+    found = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+    if found is None:
+        raise AssertionError(
+            "etcd is not installed: `make setup` installs Debian's etcd-server (apt-get)"
+        )
+    return found
+
+
+def start_etcd(
+    tmp_path: Path, name: str = "etcd", client_port: int = 0, peer_port: int = 0
+) -> ServiceProcess:
+    """Start a one-member etcd on loopback (data in ``tmp_path/name/data``); ``.addr`` is its
+    client endpoint ``127.0.0.1:PORT`` (what brokers take as ``etcdEndpoints``)."""
+    workdir = tmp_path / name
+    workdir.mkdir(parents=True, exist_ok=True)
+    client = f"http://127.0.0.1:{client_port or free_port()}"
+    peer = f"http://127.0.0.1:{peer_port or free_port()}"
+    argv = [
+        etcd_binary(),
+        "--name",
+        name,
+        "--data-dir",
+        str(workdir / "data"),
+        "--listen-client-urls",
+        client,
+        "--advertise-client-urls",
+        client,
+        "--listen-peer-urls",
+        peer,
+        "--initial-advertise-peer-urls",
+        peer,
+        "--initial-cluster",
+        f"{name}={peer}",
+    ]
+    return _spawn_etcd(name, argv, workdir, client.removeprefix("http://"))
+
+
+def _spawn_etcd(name: str, argv: list[str], workdir: Path, addr: str) -> ServiceProcess:
+    log_path = workdir / f"{name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir))
+    sp = ServiceProcess(name, proc, addr, workdir, log_path, argv, None)
+    _SPAWNED.append(sp)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited with {proc.returncode}\n{sp.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"http://{addr}/health", timeout=1) as resp:
+                if b"true" in resp.read():
+                    return sp
+        except OSError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"{name} not healthy within {READY_TIMEOUT_S}s\n{sp.log_tail()}")
+
+
 def restart(sp: ServiceProcess) -> ServiceProcess:
-    """Start the same command again (same data dir); the port may differ if it was 0."""
+    """Start the same command again (same data dir); the port may differ if it was 0 (etcd
+    keeps its ports)."""
+    if Path(sp.argv[0]).name == "etcd":
+        return _spawn_etcd(sp.name, sp.argv, sp.workdir, sp.addr)
     args = sp.argv[3:]
     ready_idx = args.index("--ready-file")
     args = args[:ready_idx] + args[ready_idx + 2 :]

@@ -77,6 +77,7 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
             "GetBrokerConfig",
             "UpdateBrokerConfig",
             "GetRuntimeStats",
+            "Switchover",
         },
     ),
     "replication": ("Replication", "replication_pb2", {"Stream", "SyncConfig"}),

@@ -1496,6 +1496,11 @@ class GetRuntimeStatsResponse(_message.Message):
     CONNECTED_CLIENTS_FIELD_NUMBER: _builtins.int
     SLAVES_FIELD_NUMBER: _builtins.int
     EXTRA_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    CONTROLLER_MODE_FIELD_NUMBER: _builtins.int
+    IN_SYNC_REPLICA_IDS_FIELD_NUMBER: _builtins.int
+    LEASE_REMAINING_MS_FIELD_NUMBER: _builtins.int
+    LEADER_ADDR_FIELD_NUMBER: _builtins.int
     cluster_name: _builtins.str
     """Cluster name."""
     broker_name: _builtins.str
@@ -1532,6 +1537,16 @@ class GetRuntimeStatsResponse(_message.Message):
     """Bytes of commitlog files on disk."""
     connected_clients: _builtins.int
     """Number of live client streams."""
+    replica_id: _builtins.int
+    """This replica's stable id (its configured brokerId); broker_id is 0 while it is the master."""
+    controller_mode: _builtins.bool
+    """Whether roles come from elections through etcd (etcdEndpoints set) rather than config."""
+    lease_remaining_ms: _builtins.int
+    """Controller mode: how long this replica's etcd lease stays valid without renewal (a master
+    stops acknowledging writes when it reaches 0).
+    """
+    leader_addr: _builtins.str
+    """Controller mode: the gRPC address of the group's current master ("" while none is elected)."""
     @_builtins.property
     def slaves(self) -> _containers.RepeatedCompositeFieldContainer[Global___SlaveStats]:
         """For a master: its slaves. Empty on a slave."""
@@ -1539,6 +1554,12 @@ class GetRuntimeStatsResponse(_message.Message):
     @_builtins.property
     def extra(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Further named values for dashboards, as text; keys are stable once published."""
+
+    @_builtins.property
+    def in_sync_replica_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Controller mode: the group's in-sync replica set as recorded in etcd (replica ids, the
+        master's included); only these may be elected.
+        """
 
     def __init__(
         self,
@@ -1563,11 +1584,74 @@ class GetRuntimeStatsResponse(_message.Message):
         connected_clients: _builtins.int = ...,
         slaves: _abc.Iterable[Global___SlaveStats] | None = ...,
         extra: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        replica_id: _builtins.int = ...,
+        controller_mode: _builtins.bool = ...,
+        in_sync_replica_ids: _abc.Iterable[_builtins.int] | None = ...,
+        lease_remaining_ms: _builtins.int = ...,
+        leader_addr: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "cluster_name", b"cluster_name", "commitlog_disk_bytes", b"commitlog_disk_bytes", "commitlog_flushed_offset", b"commitlog_flushed_offset", "commitlog_max_offset", b"commitlog_max_offset", "commitlog_min_offset", b"commitlog_min_offset", "confirm_offset", b"confirm_offset", "connected_clients", b"connected_clients", "disk_used_ratio", b"disk_used_ratio", "dispatch_behind_bytes", b"dispatch_behind_bytes", "epoch", b"epoch", "extra", b"extra", "get_messages_per_second", b"get_messages_per_second", "held_pull_requests", b"held_pull_requests", "put_messages_per_second", b"put_messages_per_second", "role", b"role", "slaves", b"slaves", "start_timestamp_ms", b"start_timestamp_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "broker_name", b"broker_name", "cluster_name", b"cluster_name", "commitlog_disk_bytes", b"commitlog_disk_bytes", "commitlog_flushed_offset", b"commitlog_flushed_offset", "commitlog_max_offset", b"commitlog_max_offset", "commitlog_min_offset", b"commitlog_min_offset", "confirm_offset", b"confirm_offset", "connected_clients", b"connected_clients", "controller_mode", b"controller_mode", "disk_used_ratio", b"disk_used_ratio", "dispatch_behind_bytes", b"dispatch_behind_bytes", "epoch", b"epoch", "extra", b"extra", "get_messages_per_second", b"get_messages_per_second", "held_pull_requests", b"held_pull_requests", "in_sync_replica_ids", b"in_sync_replica_ids", "leader_addr", b"leader_addr", "lease_remaining_ms", b"lease_remaining_ms", "put_messages_per_second", b"put_messages_per_second", "replica_id", b"replica_id", "role", b"role", "slaves", b"slaves", "start_timestamp_ms", b"start_timestamp_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRuntimeStatsResponse: _TypeAlias = GetRuntimeStatsResponse  # noqa: Y015
+
+@_typing.final
+class SwitchoverRequest(_message.Message):
+    """Asks for a switchover."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_REPLICA_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    target_replica_id: _builtins.int
+    """Replica id of the slave to hand over to; 0 = the best-ranked eligible in-sync slave."""
+    timeout_ms: _builtins.int
+    """How long the target may take to catch up and be elected. Absent = 10000; 1..120000."""
+    def __init__(
+        self,
+        *,
+        target_replica_id: _builtins.int = ...,
+        timeout_ms: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms", "target_replica_id", b"target_replica_id", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__timeout_ms: _TypeAlias = _typing.Literal["timeout_ms"]  # noqa: Y015
+    _WhichOneofArgType__timeout_ms: _TypeAlias = _typing.Literal["_timeout_ms", b"_timeout_ms"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_ms) -> _WhichOneofReturnType__timeout_ms | None: ...
+
+Global___SwitchoverRequest: _TypeAlias = SwitchoverRequest  # noqa: Y015
+
+@_typing.final
+class SwitchoverResponse(_message.Message):
+    """The group's new master."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NEW_MASTER_REPLICA_ID_FIELD_NUMBER: _builtins.int
+    NEW_MASTER_ADDR_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    new_master_replica_id: _builtins.int
+    """Its replica id."""
+    new_master_addr: _builtins.str
+    """Its gRPC address."""
+    epoch: _builtins.int
+    """The epoch it leads in."""
+    def __init__(
+        self,
+        *,
+        new_master_replica_id: _builtins.int = ...,
+        new_master_addr: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "new_master_addr", b"new_master_addr", "new_master_replica_id", b"new_master_replica_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchoverResponse: _TypeAlias = SwitchoverResponse  # noqa: Y015

@@ -125,6 +125,11 @@ class AdminStub:
                 request_serializer=rocketq_dot_v1_dot_admin__pb2.GetRuntimeStatsRequest.SerializeToString,
                 response_deserializer=rocketq_dot_v1_dot_admin__pb2.GetRuntimeStatsResponse.FromString,
                 _registered_method=True)
+        self.Switchover = channel.unary_unary(
+                '/rocketq.v1.Admin/Switchover',
+                request_serializer=rocketq_dot_v1_dot_admin__pb2.SwitchoverRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_admin__pb2.SwitchoverResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -300,6 +305,21 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Switchover(self, request, context):
+        """Hands the master role of the receiving broker's group to one of its in-sync slaves, for
+        maintenance (controller mode only, DESIGN.md §6). The master stops acknowledging writes,
+        waits until the target has every byte it wrote, then gives up leadership in etcd so that the
+        target is elected; the old master becomes the new one's slave. Answers once the new master
+        holds the leader key.
+        INVALID_ARGUMENT: negative target or timeout. FAILED_PRECONDITION: not in controller mode, or
+        the target is not an eligible in-sync replica (the message lists the in-sync set).
+        UNAVAILABLE: the receiver is not the master (NOT_MASTER). DEADLINE_EXCEEDED: the target did
+        not catch up within the timeout (nothing changed; the master acknowledges writes again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -392,6 +412,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetRuntimeStats,
                     request_deserializer=rocketq_dot_v1_dot_admin__pb2.GetRuntimeStatsRequest.FromString,
                     response_serializer=rocketq_dot_v1_dot_admin__pb2.GetRuntimeStatsResponse.SerializeToString,
+            ),
+            'Switchover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Switchover,
+                    request_deserializer=rocketq_dot_v1_dot_admin__pb2.SwitchoverRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_admin__pb2.SwitchoverResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -881,6 +906,33 @@ class Admin:
             '/rocketq.v1.Admin/GetRuntimeStats',
             rocketq_dot_v1_dot_admin__pb2.GetRuntimeStatsRequest.SerializeToString,
             rocketq_dot_v1_dot_admin__pb2.GetRuntimeStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Switchover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Admin/Switchover',
+            rocketq_dot_v1_dot_admin__pb2.SwitchoverRequest.SerializeToString,
+            rocketq_dot_v1_dot_admin__pb2.SwitchoverResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -134,6 +134,17 @@ class AdminStub:
     """Returns the receiving broker's role, offsets, throughput and disk use. Never fails for bad
     input; UNAVAILABLE only while the broker is starting.
     """
+    Switchover: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SwitchoverRequest, _admin_pb2.SwitchoverResponse]
+    """Hands the master role of the receiving broker's group to one of its in-sync slaves, for
+    maintenance (controller mode only, DESIGN.md §6). The master stops acknowledging writes,
+    waits until the target has every byte it wrote, then gives up leadership in etcd so that the
+    target is elected; the old master becomes the new one's slave. Answers once the new master
+    holds the leader key.
+    INVALID_ARGUMENT: negative target or timeout. FAILED_PRECONDITION: not in controller mode, or
+      the target is not an eligible in-sync replica (the message lists the in-sync set).
+    UNAVAILABLE: the receiver is not the master (NOT_MASTER). DEADLINE_EXCEEDED: the target did
+      not catch up within the timeout (nothing changed; the master acknowledges writes again).
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -233,6 +244,17 @@ class AdminAsyncStub(AdminStub):
     GetRuntimeStats: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetRuntimeStatsRequest, _admin_pb2.GetRuntimeStatsResponse]  # type: ignore[assignment]
     """Returns the receiving broker's role, offsets, throughput and disk use. Never fails for bad
     input; UNAVAILABLE only while the broker is starting.
+    """
+    Switchover: _aio.UnaryUnaryMultiCallable[_admin_pb2.SwitchoverRequest, _admin_pb2.SwitchoverResponse]  # type: ignore[assignment]
+    """Hands the master role of the receiving broker's group to one of its in-sync slaves, for
+    maintenance (controller mode only, DESIGN.md §6). The master stops acknowledging writes,
+    waits until the target has every byte it wrote, then gives up leadership in etcd so that the
+    target is elected; the old master becomes the new one's slave. Answers once the new master
+    holds the leader key.
+    INVALID_ARGUMENT: negative target or timeout. FAILED_PRECONDITION: not in controller mode, or
+      the target is not an eligible in-sync replica (the message lists the in-sync set).
+    UNAVAILABLE: the receiver is not the master (NOT_MASTER). DEADLINE_EXCEEDED: the target did
+      not catch up within the timeout (nothing changed; the master acknowledges writes again).
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -438,6 +460,23 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_admin_pb2.GetRuntimeStatsResponse, _abc.Awaitable[_admin_pb2.GetRuntimeStatsResponse]]:
         """Returns the receiving broker's role, offsets, throughput and disk use. Never fails for bad
         input; UNAVAILABLE only while the broker is starting.
+        """
+
+    @_abc_1.abstractmethod
+    def Switchover(
+        self,
+        request: _admin_pb2.SwitchoverRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SwitchoverResponse, _abc.Awaitable[_admin_pb2.SwitchoverResponse]]:
+        """Hands the master role of the receiving broker's group to one of its in-sync slaves, for
+        maintenance (controller mode only, DESIGN.md §6). The master stops acknowledging writes,
+        waits until the target has every byte it wrote, then gives up leadership in etcd so that the
+        target is elected; the old master becomes the new one's slave. Answers once the new master
+        holds the leader key.
+        INVALID_ARGUMENT: negative target or timeout. FAILED_PRECONDITION: not in controller mode, or
+          the target is not an eligible in-sync replica (the message lists the in-sync set).
+        UNAVAILABLE: the receiver is not the master (NOT_MASTER). DEADLINE_EXCEEDED: the target did
+          not catch up within the timeout (nothing changed; the master acknowledges writes again).
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
