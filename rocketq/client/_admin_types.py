@@ -337,6 +337,16 @@ class RuntimeStats:
     connected_clients: int
     slaves: tuple[SlaveInfo, ...]
     extra: dict[str, str]
+    replica_id: int = 0
+    """This replica's stable id (its configured brokerId); ``broker_id`` is 0 while it leads."""
+    controller_mode: bool = False
+    """Roles come from elections through etcd (DESIGN.md §6), not from configuration."""
+    in_sync_replica_ids: tuple[int, ...] = ()
+    """Controller mode: the group's in-sync replica set as recorded in etcd."""
+    lease_remaining_ms: int = 0
+    """Controller mode: how long this replica's etcd lease stays valid without renewal."""
+    leader_addr: str = ""
+    """Controller mode: the group's current master as this replica sees it ("" = none)."""
 
 
 @dataclass(frozen=True)
@@ -545,6 +555,11 @@ def runtime_stats(pb: admin_pb2.GetRuntimeStatsResponse) -> RuntimeStats:
             for s in pb.slaves
         ),
         extra=dict(sorted(pb.extra.items())),
+        replica_id=pb.replica_id or pb.broker_id,
+        controller_mode=pb.controller_mode,
+        in_sync_replica_ids=tuple(sorted(pb.in_sync_replica_ids)),
+        lease_remaining_ms=pb.lease_remaining_ms,
+        leader_addr=pb.leader_addr,
     )
 
 

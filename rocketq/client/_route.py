@@ -18,6 +18,12 @@ moves the addresses a :class:`BrokerHealth` has seen fail recently to the end, s
 reads from a slave while its master is down but not yet expired from the route, and goes back
 to the master once the master answers again.
 
+Failover (controller mode, DESIGN.md §6): replicas keep their addresses, and whichever one is
+elected registers as brokerId 0, so a failover shows up in the route as brokerId 0 naming
+another address. ``moved_masters()`` says which groups changed master between two routes;
+every write reads ``master_addr()`` of the newest cached route, so once the route is refreshed
+no write goes to the old master's address again (it stays in the route as a slave, for reads).
+
 Auto-create (SPEC §4.3): when a topic has no route, a producer borrows the route of the template
 topic (TBW102), caps each broker's queue count at its ``default_topic_queue_nums`` and caches the
 result under the real topic with ``default_topic`` set, so sends ask the broker to create it.
@@ -136,6 +142,16 @@ class TopicRoute:
             b.broker_name: {int(i): a for i, a in b.broker_addrs.items()} for b in pb.brokers
         }
         return cls(topic, queues, brokers)
+
+
+def moved_masters(old: TopicRoute, new: TopicRoute) -> dict[str, tuple[str | None, str | None]]:
+    """Broker group -> (old master address, new one) for every group of ``new`` whose master
+    differs from ``old``'s (None = no live master); groups ``new`` does not have are left out."""
+    return {
+        name: (old.master_addr(name), new.master_addr(name))
+        for name in sorted(new.brokers)
+        if old.master_addr(name) != new.master_addr(name)
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ Where a request goes:
 | dead_letters, half_messages        | every master (or one named broker)                        |
 | view_message, resend_dead_letter   | the broker whose address the offset message id encodes    |
 | broker_config, runtime_stats       | one broker, by name (its master) or by "host:port"        |
+| ha_status                          | every registered replica of every group (or of one)       |
+| switchover                         | the replica that reports leading the group (_admin_ha.py) |
 
 Fan-out calls run concurrently. A broker that fails in a fan-out read is reported in the
 result's ``errors`` (broker name -> message) rather than failing the whole call, because an
@@ -47,6 +49,7 @@ from rocketq._api.rocketq.v1 import (
     nameserver_pb2,
     nameserver_pb2_grpc,
 )
+from rocketq.client._admin_ha import HaGroup, HaReplica, SwitchoverResult, ha_status, switchover
 from rocketq.client._admin_tx import HalfMessage, HalfMessages, half_messages
 from rocketq.client._admin_types import (
     ApplyResult,
@@ -113,6 +116,8 @@ __all__ = [
     "DeadLetterPage",
     "DeadLetters",
     "GroupConfig",
+    "HaGroup",
+    "HaReplica",
     "HalfMessage",
     "HalfMessages",
     "LiveBroker",
@@ -127,6 +132,7 @@ __all__ = [
     "SlaveInfo",
     "SubscriptionConflictInfo",
     "SubscriptionInfo",
+    "SwitchoverResult",
     "TopicConfig",
     "TopicDescription",
     "TopicRouteInfo",
@@ -861,3 +867,18 @@ class Admin:
         oldest first, at most ``max_num`` (1..1000) in all, from every master or one broker;
         ``topic`` keeps only those for that real topic."""
         return await half_messages(self, topic, broker, max_num)
+
+    # ---- failover (controller mode, DESIGN.md §6) ----------------------------------------------
+    async def ha_status(self, broker_name: str | None = None) -> list[HaGroup]:
+        """Per broker group (all, or ``broker_name``): its replicas (id, address, role, epoch,
+        max offset, in-sync or not, lease left), the master, the epoch and the in-sync set."""
+        return await ha_status(self, broker_name)
+
+    async def switchover(
+        self, broker_name: str, target_replica_id: int = 0, timeout_ms: int = 10_000
+    ) -> SwitchoverResult:
+        """Hand ``broker_name``'s master role to in-sync replica ``target_replica_id`` (0 = the
+        best-ranked one) for maintenance; returns once the new master leads. The target must
+        catch up within ``timeout_ms`` (1..120000), else RequestTimeoutError and nothing
+        changes."""
+        return await switchover(self, broker_name, target_replica_id, timeout_ms)

@@ -26,6 +26,14 @@ answers. That is how a consumer keeps reading, and committing offsets, while its
 but still in the route (the nameserver expires a dead broker only after its heartbeat timeout);
 the master is probed again after the 10 s and used as soon as it answers.
 
+Failover (controller mode, DESIGN.md §6): a replica the route calls the master (brokerId 0)
+that answers NOT_MASTER has lost the role, so the route is stale: the route is refreshed at
+once (at most every ``STALE_REFRESH_MIN_INTERVAL_S`` per consumer group) and the call goes on
+with the fresh route's replicas it has not tried, the new master first. Calls that only a master
+serves (LockBatch, UnlockBatch, ConsumerSendBack) refresh the same way when the master refuses
+or cannot be reached, and are tried once more if the master moved. Every call reads the newest
+cached route, so offset commits and pulls follow the new master once the route changes.
+
 Every failure surfaces as a :class:`~rocketq.client.errors.RocketQError` naming the broker.
 """
 
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol, TypeVar
 
@@ -60,6 +69,10 @@ T = TypeVar("T")
 
 LOCK_BATCH_MAX = 1024
 """Queues per LockBatch/UnlockBatch call (messaging.proto's limit); more go in several calls."""
+
+STALE_REFRESH_MIN_INTERVAL_S = 1.0
+"""Least time between two refreshes caused by a stale master of one consumer group (a master
+that lost its lease keeps answering NOT_MASTER until another is elected and registered)."""
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +102,12 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, BrokerUnavailableError) and exc.reason != "NOT_MASTER"
 
 
+def stale_master(target: ReadTarget, exc: BaseException) -> bool:
+    """True when the replica the route names as master (brokerId 0) answered NOT_MASTER: it has
+    lost the role since the route was read (a failover), so the route should be refreshed."""
+    return target.broker_id == MASTER_ID and getattr(exc, "reason", "") == "NOT_MASTER"
+
+
 def _mq_pb(mq: MessageQueue) -> common_pb2.MessageQueue:
     return common_pb2.MessageQueue(topic=mq.topic, broker_name=mq.broker_name, queue_id=mq.queue_id)
 
@@ -102,6 +121,7 @@ class BrokerApi:
         self._timeout_s = request_timeout_ms / 1000
         self.health = BrokerHealth()
         """Addresses that failed recently; shared by pulls and offset calls of this group."""
+        self._stale_refresh_at_s = float("-inf")
 
     # ---- addressing -------------------------------------------------------------------------
 
@@ -164,7 +184,10 @@ class BrokerApi:
         (a refusal, as opposed to "unreachable", ends the search unless it is NOT_MASTER)."""
         targets, _ = await self._targets(mq, pick)
         first_exc: RocketQError | None = None
-        for target in targets:
+        tried: set[str] = set()
+        while targets:
+            target = targets.pop(0)
+            tried.add(target.addr)
             try:
                 result = await call(target.addr)
             except RocketQError as exc:
@@ -173,11 +196,42 @@ class BrokerApi:
                 if is_unreachable(exc):
                     self.health.mark_unreachable(target.addr)
                 first_exc = first_exc or exc
+                if stale_master(target, exc) and await self._refresh_stale(mq.topic):
+                    fresh, _ = await self._targets(mq, pick)
+                    targets = [t for t in fresh if t.addr not in tried]
                 continue
             self.health.mark_reachable(target.addr)
             return result
         assert first_exc is not None
         raise first_exc
+
+    async def _refresh_stale(self, topic: str) -> bool:
+        """Refresh routes after a stale master's refusal, unless that was done just now."""
+        now_s = time.monotonic()
+        if now_s - self._stale_refresh_at_s < STALE_REFRESH_MIN_INTERVAL_S:
+            return False
+        self._stale_refresh_at_s = now_s
+        await self.refresh_route(topic)
+        return True
+
+    async def _on_master(self, mq: MessageQueue, call: Callable[[str], Awaitable[T]]) -> T:
+        """``call`` at ``mq``'s master; once more at the new master if the route was stale."""
+        addr = await self.master_addr(mq)
+        try:
+            return await call(addr)
+        except RocketQError as exc:
+            if not (is_unreachable(exc) or exc.reason == "NOT_MASTER"):
+                raise
+            if not await self._refresh_stale(mq.topic):
+                raise
+            try:
+                moved = await self.master_addr(mq)
+            except RocketQError:
+                raise exc from None
+            if moved == addr:
+                raise
+            log.info("group %s: master of %s moved from %s to %s", self.group, mq, addr, moved)
+            return await call(moved)
 
     def _reads(self, mq: MessageQueue) -> Callable[[TopicRoute], list[ReadTarget]]:
         return lambda r: read_targets(r, mq.broker_name, MASTER_ID, self.health.is_unreachable)
@@ -323,8 +377,6 @@ class BrokerApi:
     ) -> None:
         """Return a failed message, pulled from ``mq``, for redelivery through %RETRY%{group}
         (SPEC §6.14); the master of ``mq``'s broker group holds the record."""
-        addr = await self.master_addr(mq)
-        stub = self._instance.messaging(addr)
         req = messaging_pb2.ConsumerSendBackRequest(
             consumer_group=self.group,
             commitlog_offset=msg.commitlog_offset,
@@ -334,7 +386,12 @@ class BrokerApi:
         )
         if max_reconsume_times >= 0:
             req.max_reconsume_times = max_reconsume_times
-        await self._call(addr, lambda: stub.ConsumerSendBack(req, timeout=self._timeout_s))
+
+        async def call(addr: str) -> None:
+            stub = self._instance.messaging(addr)
+            await self._call(addr, lambda: stub.ConsumerSendBack(req, timeout=self._timeout_s))
+
+        await self._on_master(mq, call)
 
     # ---- queue locks (orderly consumption, SPEC §6.15) --------------------------------------
 
@@ -358,14 +415,17 @@ class BrokerApi:
         return locked
 
     async def _lock_chunk(self, broker_name: str, chunk: list[MessageQueue]) -> set[MessageQueue]:
-        addr = await self.master_addr(chunk[0])
-        stub = self._instance.messaging(addr)
         req = messaging_pb2.LockBatchRequest(
             consumer_group=self.group,
             client_id=self._instance.client_id,
             queues=[_mq_pb(mq) for mq in chunk],
         )
-        resp = await self._call(addr, lambda: stub.LockBatch(req, timeout=self._timeout_s))
+
+        async def call(addr: str) -> messaging_pb2.LockBatchResponse:
+            stub = self._instance.messaging(addr)
+            return await self._call(addr, lambda: stub.LockBatch(req, timeout=self._timeout_s))
+
+        resp = await self._on_master(chunk[0], call)
         wanted = set(chunk)
         answered = {
             MessageQueue(pb.topic, pb.broker_name or broker_name, pb.queue_id)
@@ -379,11 +439,14 @@ class BrokerApi:
             await self._unlock_chunk(chunk)
 
     async def _unlock_chunk(self, chunk: list[MessageQueue]) -> None:
-        addr = await self.master_addr(chunk[0])
-        stub = self._instance.messaging(addr)
         req = messaging_pb2.UnlockBatchRequest(
             consumer_group=self.group,
             client_id=self._instance.client_id,
             queues=[_mq_pb(mq) for mq in chunk],
         )
-        await self._call(addr, lambda: stub.UnlockBatch(req, timeout=self._timeout_s))
+
+        async def call(addr: str) -> None:
+            stub = self._instance.messaging(addr)
+            await self._call(addr, lambda: stub.UnlockBatch(req, timeout=self._timeout_s))
+
+        await self._on_master(chunk[0], call)

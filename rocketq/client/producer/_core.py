@@ -15,6 +15,13 @@ broker) are retried; a bad message is not. A stored-but-not-OK status is returne
 ``retry_another_broker_when_not_store_ok``, in which case it counts as a failure for retrying
 and the last such result is returned when attempts run out. Ordered sends (a fixed queue or a
 selector) make one attempt.
+
+**Failover** (DESIGN.md §6, :mod:`._failover`): a failure that says the master is not where the
+route says (NOT_MASTER, unreachable, no master, timeout) refreshes the topic's route before the
+retry - a borrowed auto-create route through its template topic - so the retry goes to a newly
+elected master at once; a group whose master moved is cleared from the latency fault table (the
+failure was the old master's). A send with no retry left (ordered, oneway, the last attempt)
+marks the route stale instead, and the next send of the topic refreshes it first.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any
 
 from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.client._instance import ClientInstance
-from rocketq.client._route import TopicRoute
+from rocketq.client._route import TopicRoute, moved_masters
 from rocketq.client.errors import (
     BrokerUnavailableError,
     ClientStateError,
@@ -37,6 +44,7 @@ from rocketq.client.errors import (
     RocketQError,
     TopicNotFoundError,
 )
+from rocketq.client.producer._failover import RefreshGate, refresh_cause, retry_backoff_ms
 from rocketq.client.producer._fault import LatencyFaultTolerance, QueueChooser
 from rocketq.client.producer._sender import (
     PreparedMessage,
@@ -75,6 +83,7 @@ class ProducerCore:
         self.fault = LatencyFaultTolerance() if config.send_latency_fault_enable else None
         self._rng = random.Random()
         self._handler: SendHandler | None = None
+        self._refresh_gate = RefreshGate()
         #: Set by a TransactionProducer: answers the broker's CheckTransactionState pushes.
         self.check_handler: CheckHandler | None = None
 
@@ -156,6 +165,16 @@ class ProducerCore:
         """The route to send ``topic`` with, borrowing the template's when it has none."""
         instance = self.instance
         self._topics.add(topic)
+        cached = instance.cached_route(topic)
+        if (
+            cached is not None
+            and self._refresh_gate.is_stale(topic)
+            and self._refresh_gate.try_acquire(topic)
+        ):
+            try:
+                return await self._fresh_route(topic, cached)
+            except RocketQError as exc:
+                log.debug("route refresh of %s failed: %s", topic, exc)
         try:
             return await instance.get_route(topic)
         except TopicNotFoundError:
@@ -171,6 +190,58 @@ class ProducerCore:
         route = template.borrowed_for(topic, self.config.default_topic_queue_nums)
         instance.put_route(route)
         return route
+
+    async def _fresh_route(self, topic: str, current: TopicRoute) -> TopicRoute:
+        """``topic``'s route asked of the nameserver again (a borrowed route re-borrowed from
+        its template's fresh route); ``current`` when the nameserver no longer has it. Logs
+        and un-isolates every group whose master moved."""
+        instance = self.instance
+        try:
+            fresh = await instance.get_route(topic, refresh=True)
+        except TopicNotFoundError:
+            fresh = current
+        if fresh.default_topic:
+            template = await instance.get_route(fresh.default_topic, refresh=True)
+            fresh = template.borrowed_for(topic, self.config.default_topic_queue_nums)
+            instance.put_route(fresh)
+        for name, (old, new) in moved_masters(current, fresh).items():
+            log.info(
+                "broker group %s: master moved from %s to %s (route of %s)",
+                name,
+                old or "none",
+                new or "none",
+                topic,
+            )
+            if self.fault is not None and new is not None:
+                self.fault.remove(name)  # the failures were the old master's
+        return fresh
+
+    async def _after_failure(
+        self,
+        topic: str,
+        route: TopicRoute,
+        queues: list[MessageQueue],
+        failed: MessageQueue,
+        retry_index: int,
+        deadline: float,
+    ) -> tuple[TopicRoute, list[MessageQueue]]:
+        """The route and queues for the retry after a send to ``failed`` failed in a way that
+        suggests a moved master: refreshed (at most every REFRESH_MIN_INTERVAL_MS per topic,
+        else the instance's cached one), then a short wait if it offers nothing new."""
+        fresh = route
+        if self._refresh_gate.try_acquire(topic):
+            try:
+                fresh = await self._with_deadline(self._fresh_route(topic, route), deadline, topic)
+            except RocketQError as exc:
+                log.debug("route refresh of %s after a failed send failed: %s", topic, exc)
+        else:
+            fresh = self.instance.cached_route(topic) or route
+        wait_ms = retry_backoff_ms(
+            route, fresh, failed.broker_name, retry_index, _remaining_ms(deadline)
+        )
+        if wait_ms > 0:
+            await asyncio.sleep(wait_ms / 1000)
+        return fresh, fresh.write_queues() or queues
 
     def _chooser(self, topic: str) -> QueueChooser:
         chooser = self._choosers.get(topic)
@@ -251,6 +322,8 @@ class ProducerCore:
         except RocketQError as exc:
             if self.fault is not None and exc.retriable:
                 self.fault.update(mq.broker_name, _now_ms() - started_ms, isolation=True)
+            if refresh_cause(exc) is not None:
+                self._refresh_gate.mark_stale(mq.topic)
             raise
         if self.fault is not None:
             self.fault.update(mq.broker_name, _now_ms() - started_ms, isolation=False)
@@ -281,7 +354,14 @@ class ProducerCore:
             default_topic_queue_nums=cfg.default_topic_queue_nums,
             compress_over_bytes=cfg.compress_msg_body_over_bytes,
         )
-        return self._send_handler().send_oneway(addr, req, timeout_ms)
+        fut = self._send_handler().send_oneway(addr, req, timeout_ms)
+        fut.add_done_callback(lambda f: self._after_oneway(topic, f))
+        return fut
+
+    def _after_oneway(self, topic: str, fut: asyncio.Future[object]) -> None:
+        # A oneway send has no retry: a failure only makes the next send refresh the route.
+        if not fut.cancelled() and fut.exception() is not None:
+            self._refresh_gate.mark_stale(topic)
 
     async def send_to_queue(
         self, mq: MessageQueue, items: Sequence[PreparedMessage], timeout_ms: int
@@ -324,6 +404,10 @@ class ProducerCore:
                     raise
                 log.debug("send to %s failed (attempt %d): %s", mq, attempt + 1, exc)
                 last_exc, last_broker = exc, mq.broker_name
+                if refresh_cause(exc) is not None and attempt + 1 < attempts:
+                    route, queues = await self._after_failure(
+                        topic, route, queues, mq, attempt, deadline
+                    )
                 continue
             if (
                 results[0].status is not SendStatus.SEND_OK
