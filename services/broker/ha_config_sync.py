@@ -165,6 +165,13 @@ class SlaveOffsetCommits:
             return True
         return False
 
+    def clear(self) -> None:
+        """Forget every local offset (this broker became the master: they are its own now)."""
+        if self.local:
+            self.local.clear()
+            self._dirty = True
+            self.persist()
+
     # -- persistence -----------------------------------------------------------------------
     def load(self) -> None:
         """Read the local set left by a previous run (absent = none)."""
@@ -296,6 +303,11 @@ class ConfigSync:
         for qid, offset in table.queue_offsets.items():
             self.offsets.commit(TIMER_CONSUMER_GROUP, TIMER_TOPIC, qid, offset, client="master")
         self.timer_version = version_of(table.data_version)
+
+    def reset(self) -> None:
+        """Ask for every table next round (a different master, controller mode)."""
+        self.topics_version = self.groups_version = None
+        self.offsets_version = self.timer_version = None
 
     # -- the loop ----------------------------------------------------------------------------
     def wake(self) -> None:

@@ -47,7 +47,13 @@ from rocketq._api.rocketq.v1 import (
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.ha_sync_tables import SyncTables
-from services.broker.ha_tracker import HaWaiter, ReplicaTracker, SlaveLink
+from services.broker.ha_tracker import (
+    HaWaiter,
+    PublishIsr,
+    ReplicaTracker,
+    SlaveLink,
+    leadership_lost_error,
+)
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -67,6 +73,8 @@ HOUSEKEEPING_TICK_MAX_S = 1.0
 """How often silent slaves and in-sync membership are re-checked (at most)."""
 CHUNK_BYTES_MAX = 1024 * 1024
 """The proto's limit for one CommitLogChunk."""
+ISR_RETRY_S = 0.5
+"""Pause before publishing the in-sync replica set again after a failure."""
 
 
 def _not_master(config: BrokerConfig) -> ServiceError:
@@ -162,6 +170,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         )
         self.tables = SyncTables(topics=topics, groups=groups, offsets=offsets, clock=clock)
         self._task: asyncio.Task[None] | None = None
+        self._isr_task: asyncio.Task[None] | None = None
         self._started = False
 
     @property
@@ -170,23 +179,96 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         return self.tracker.waiter
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> None:
-        """On a master: listen to appends and start housekeeping (needs a running loop)."""
-        if not self.config.is_master or self._started:
+    def start(self, *, force: bool = False) -> None:
+        """On a master: listen to appends and start housekeeping (needs a running loop).
+        ``force``: start even though ``is_master`` is still False (a promotion in progress:
+        the config turns master right after)."""
+        if not (force or self.config.is_master) or self._started:
             return
         self._started = True
         self.tracker.samples.covered_from = self.store.commitlog.max_offset
         self.store.dispatcher.listeners.append(self._on_arrival)
         self._task = asyncio.create_task(self._housekeeping_loop(), name="ha-housekeeping")
+        if self.tracker.publish_isr is not None:
+            self._isr_task = asyncio.create_task(self._isr_loop(), name="ha-isr-publisher")
 
     async def stop(self) -> None:
         """End every stream (their slaves reconnect to whoever is master next)."""
         self.tracker.close_all("the master is shutting down")
-        if self._task is not None:
-            self._task.cancel()
+        await self._stop_tasks()
+
+    async def _stop_tasks(self) -> None:
+        tasks = [t for t in (self._task, self._isr_task) if t is not None]
+        self._task = self._isr_task = None
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        if self._started:
+            self._started = False
+            with contextlib.suppress(ValueError):
+                self.store.dispatcher.listeners.remove(self._on_arrival)
+
+    # -- role switches (controller mode, services.broker.roles) ------------------------------
+    def promote(self, publish: PublishIsr, previous_isr: set[int], old_leader: int) -> None:
+        """Become the group's master: the in-sync set starts empty, ``previous_isr`` (etcd's)
+        is retained as published, streams are accepted from now on (the caller flips the
+        config right after), and ISR changes are published through ``publish``."""
+        tracker = self.tracker
+        tracker.reset()
+        tracker.enable_isr_publishing(
+            publish, previous_isr, self.store.commitlog.max_offset, old_leader
+        )
+        self.start(force=True)
+
+    def demote_now(self) -> int:
+        """Synchronous part of stepping down (the config is already a slave's): fail waiting
+        SYNC_MASTER sends with NOT_MASTER, end every slave stream, stop publishing. Returns
+        the offset readers may see (the confirm offset when demoted)."""
+        visible = self.tracker.confirm_offset()
+        failed = self.tracker.waiter.fail_all(leadership_lost_error())
+        if failed:
+            log.warning("%d sends waiting for replication answered NOT_MASTER (demoted)", failed)
+        self.tracker.reset()
+        return visible
+
+    async def demote(self) -> None:
+        """:meth:`demote_now` (if not done yet) and stop the master-only tasks."""
+        if self._started:
+            self.demote_now()
+        await self._stop_tasks()
+
+    async def _isr_loop(self) -> None:
+        """Publish the wanted ISR whenever it differs from the published one; a failed
+        publish is retried (the shrink it carries keeps sends waiting until then)."""
+        tracker = self.tracker
+        problem = ""
+        while True:
+            await tracker.isr_wake.wait()
+            tracker.isr_wake.clear()
+            publish = tracker.publish_isr
+            if publish is None or tracker.published is None:
+                continue
+            wanted = tracker.wanted_isr()
+            if wanted == tracker.published | {self.config.replica_id}:
+                continue
+            try:
+                ok = await publish(set(wanted))
+                why = "refused (not the leader any more?)"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # etcd trouble: retried below
+                ok, why = False, f"{type(exc).__name__}: {exc}"
+            if ok and tracker.publish_isr is publish:
+                tracker.isr_published(wanted)
+                problem = ""
+                continue
+            if why != problem:
+                log.warning("publishing the in-sync replica set %s failed: %s", sorted(wanted), why)
+                problem = why
+            await asyncio.sleep(ISR_RETRY_S)
+            tracker.isr_wake.set()
 
     def _on_arrival(self, _requests: object) -> None:
         self.tracker.on_append()

@@ -29,6 +29,12 @@ replaced.
 **Backoff** (:class:`Backoff`): 100 ms doubling to 5 s; reset once a stream has connected, so a
 master restart costs one short pause. State changes (connected, lost, master address changed)
 are logged once, not on every retry.
+
+**Controller mode.** The master's address comes from the election (``master_addr`` reads the
+current leader); :meth:`ReplicationClient.repoint` ends a stream to a former master and cuts
+the backoff short, so a slave follows a failover at once. A promoted slave stops the client
+(:meth:`ReplicationClient.close`) and a demoted master starts it again after
+:meth:`ReplicationClient.reopen`.
 """
 
 from __future__ import annotations
@@ -218,21 +224,45 @@ class ReplicationClient:
         self._last_problem = ""
         self._closing = False
         self._call: Any = None
+        self._call_addr = ""
+        self._repointed = asyncio.Event()
 
     def close(self) -> None:
         """Stop replicating: end the current stream and let ``run`` return. Needed besides
         cancelling the task because Python 3.11's ``wait_for`` can swallow a cancellation that
         arrives as ``call.read()`` completes, which hung shutdowns now and then."""
         self._closing = True
+        self._repointed.set()
         if self._call is not None:
             self._call.cancel()
+
+    def reopen(self) -> None:
+        """Allow :meth:`run` again after :meth:`close` (a demoted master becomes a slave)."""
+        self._closing = False
+        self._repointed.clear()
+        self._backoff.reset()
+        self._last_problem = ""
+
+    def repoint(self) -> None:
+        """The master changed: end a stream to another address and retry at once."""
+        addr = self._master_addr()
+        if self._call is not None and self._call_addr != addr:
+            self._call.cancel()
+        self._backoff.reset()
+        self._repointed.set()
 
     # -- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
         """Replicate until cancelled; never raises otherwise."""
         try:
             while not self._closing:
-                await asyncio.sleep(await self._connect_once() / 1000)
+                delay_s = await self._connect_once() / 1000
+                if self._repointed.is_set():
+                    self._repointed.clear()
+                    continue  # a new master: no backoff
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._repointed.wait(), delay_s)
+                self._repointed.clear()
         finally:
             self.connected = False
             if self._channel is not None:
@@ -253,7 +283,10 @@ class ReplicationClient:
             await self._stream(addr)
             problem = "the master ended the stream"
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if not self._repointed.is_set() or self._closing or (task and task.cancelling()):
+                raise
+            problem = "the master changed"  # repoint() cancelled the call, not this task
         except grpc.aio.AioRpcError as exc:
             problem = f"{exc.code().name}: {exc.details()}"
         except TimeoutError:
@@ -284,6 +317,7 @@ class ReplicationClient:
         stub = replication_pb2_grpc.ReplicationStub(self._channel)
         call: Any = stub.Stream()
         self._call = call
+        self._call_addr = addr
         pacer = AckPacer(self.clock, self.config.ha_send_heartbeat_interval_ms)
         acks: asyncio.Task[None] | None = None
         try:

@@ -18,9 +18,30 @@ unbounded (consumers may have read up to the master's max offset), so a slave jo
 it has acked everything the master had at that moment; with a bound, once it has acked the
 bound. Leaving only removes an ack from the minimum, so the bound never decreases.
 
-**Confirm offset** = min(master max, acks of the in-sync slaves); with no in-sync slave it is
-the master's max and the store gets no bound at all (``apply_bound(None)``), so a master whose
-slaves are all gone or catching up behaves exactly like a single broker.
+A member also leaves after ``haMaxTimeSlaveNotCatchup`` ms without having caught up: each
+ack that reaches the master's max offset as of the slave's previous ack counts as caught up
+(a slave keeping pace under steady load qualifies on every ack; one that never closes the gap
+drops out even while within ``haSlaveFallbehindMax``).
+
+**The published ISR (controller mode).** With ``publish_isr`` set (``enable_isr_publishing``)
+the in-sync set is also recorded in etcd, and only its members may be elected; the ordering
+keeps every published member holding every SEND_OK message (Kafka's ISR rule):
+
+| change  | order                                                                       |
+|---------|-----------------------------------------------------------------------------|
+| shrink  | publish the smaller set first; until that succeeds the member is *retained*: |
+|         | its last ack still bounds the confirm offset, so sends wait (or time out)   |
+| expand  | join locally first (sends wait for it from now on), then publish            |
+
+After a promotion the previous ISR's members (but the old leader) are retained for a short
+grace (``PROMOTION_GRACE_S``): a live one reconnects and rejoins instead of being dropped.
+The publishing itself is a task in ``ha_master``; this module only says what to publish
+(:meth:`ReplicaTracker.wanted_isr`) and applies the outcome (:meth:`isr_published`).
+
+**Confirm offset** = min(master max, acks of the in-sync slaves and retained members); with
+no in-sync slave (nor retained member) it is the master's max and the store gets no bound at
+all (``apply_bound(None)``), so a master whose slaves are all gone or catching up behaves
+exactly like a single broker.
 
 **SYNC_MASTER waiters** (:class:`HaWaiter`): a heap by end offset, resolved from the ack
 and confirm handlers (never polled), plus a deadline queue expired by a loop timer per waiter.
@@ -44,13 +65,16 @@ import heapq
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from rocketq._api.rocketq.v1 import admin_pb2, messaging_pb2
+import grpc
+
+from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
 from services.broker.config import BrokerConfig
 from services.common.clock import Clock
+from services.common.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +87,32 @@ APPEND_SAMPLE_SPACING_S = 0.010
 HA_WAITERS_MAX = 100_000
 """SYNC_MASTER sends waiting at once; beyond it a send is answered FLUSH_SLAVE_TIMEOUT at once
 (stored, but not promised replicated) instead of growing the heap without bound."""
+PROMOTION_GRACE_S = 5.0
+"""After a promotion, how long the previous ISR's members stay published without having
+reconnected (bounded by ``haMaxTimeSlaveNotCatchup``)."""
+
+PublishIsr: TypeAlias = "Callable[[set[int]], Awaitable[bool]]"
+"""Record the in-sync replica ids (the master's own included) in etcd; False when refused."""
+
+
+def leadership_lost_error() -> ServiceError:
+    """UNAVAILABLE NOT_MASTER for a write whose wait outlived this broker's leadership."""
+    return ServiceError(
+        grpc.StatusCode.UNAVAILABLE,
+        common_pb2.NOT_MASTER,
+        "leadership lost before the write was confirmed; it may or may not be stored, resend",
+    )
+
+
+@dataclass(slots=True)
+class Retained:
+    """A published ISR member no longer in the local in-sync set, until a smaller set is
+    published without it."""
+
+    acked_offset: int
+    """Its last ack (what it is known to hold): bounds the confirm offset meanwhile."""
+    shrink_after_s: float
+    """Monotonic time from which it is left out of the wanted set (now, or a grace)."""
 
 
 class AppendSamples:
@@ -142,6 +192,10 @@ class SlaveLink:
     in_sync: bool = False
     confirm_sent: int = -1
     """The last ConfirmOffset handed to this stream."""
+    caught_up_s: float = 0.0
+    """Last time an ack reached ``catchup_target`` (the haMaxTimeSlaveNotCatchup rule)."""
+    catchup_target: int = 0
+    """The master's max offset as of the previous ack."""
     closed: bool = False
     close_reason: str = ""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -151,6 +205,7 @@ class SlaveLink:
         self.sent_offset = self.start_offset
         self.acked_offset = self.start_offset
         self.last_heard_s = self.connected_s
+        self.caught_up_s = self.connected_s
 
     def in_flight_bytes(self) -> int:
         return self.sent_offset - self.acked_offset
@@ -231,6 +286,17 @@ class HaWaiter:
                 done += 1
         return done
 
+    def fail_all(self, error: Exception) -> int:
+        """Fail every pending waiter with ``error`` (demotion: NOT_MASTER); how many."""
+        done = 0
+        for _, _, future in self._by_offset:
+            if not future.done():
+                future.set_exception(error)
+                done += 1
+        self._by_offset.clear()
+        self._by_deadline.clear()
+        return done
+
     def _compact(self) -> None:
         """Drop resolved entries once they outnumber the live ones (each structure keeps the
         entries the other resolved until they reach its head)."""
@@ -268,6 +334,88 @@ class ReplicaTracker:
         self.bound: int | None = None
         """The confirm offset applied to the store; None = unbounded (no in-sync slave)."""
         self.waiter = HaWaiter(self, clock, lambda: self.config.sync_flush_timeout_ms)
+        self.publish_isr: PublishIsr | None = None
+        """Controller mode, while leading: records the ISR in etcd (None = static roles)."""
+        self.published: set[int] | None = None
+        """Slave replica ids in the last ISR published (None while not publishing)."""
+        self.retained: dict[int, Retained] = {}
+        """Published members not in the local in-sync set (see the module doc)."""
+        self.isr_wake = asyncio.Event()
+        """Set when the wanted ISR may differ from the published one (the publisher waits)."""
+
+    # -- the published ISR (controller mode) -----------------------------------------------
+    def enable_isr_publishing(
+        self, publish: PublishIsr, previous: set[int], floor_offset: int, old_leader: int = -1
+    ) -> None:
+        """This broker was just promoted: start from an empty local set with ``previous`` (the
+        ISR in etcd) published; its members but ``old_leader`` are retained for a grace at
+        ``floor_offset`` (what they are known to hold: everything acknowledged so far)."""
+        own = self.config.replica_id
+        self.publish_isr = publish
+        self.published = set(previous) - {own}
+        grace_s = min(PROMOTION_GRACE_S, self.config.ha_max_time_slave_not_catchup_ms / 1000)
+        now_s = self.clock.monotonic_s()
+        self.retained = {
+            rid: Retained(floor_offset, now_s + (0.0 if rid == old_leader else grace_s))
+            for rid in self.published
+        }
+        self.bound = None
+        self._apply_bound(None)  # the slave-era bound goes; _refresh sets the retained floor
+        self._refresh()
+        self.isr_wake.set()
+
+    def disable_isr_publishing(self) -> None:
+        """Demoted: nothing is published from here any more."""
+        self.publish_isr = None
+        self.published = None
+        self.retained.clear()
+
+    def wanted_isr(self) -> set[int]:
+        """The ISR to publish now: this replica, the local in-sync set, and retained members
+        whose grace has not run out."""
+        now_s = self.clock.monotonic_s()
+        wanted = {self.config.replica_id}
+        wanted.update(rid for rid, lk in self.links.items() if lk.in_sync)
+        wanted.update(rid for rid, r in self.retained.items() if r.shrink_after_s > now_s)
+        return wanted
+
+    def isr_published(self, replica_ids: set[int]) -> None:
+        """``replica_ids`` is now the ISR in etcd: retained members left out of it stop
+        bounding the confirm offset; members in it but no longer in sync become retained."""
+        published = set(replica_ids) - {self.config.replica_id}
+        self.published = published
+        now_s = self.clock.monotonic_s()
+        for rid in list(self.retained):
+            if rid not in published:
+                del self.retained[rid]
+        for rid in published:
+            link = self.links.get(rid)
+            if (link is None or not link.in_sync) and rid not in self.retained:
+                floor = link.acked_offset if link is not None else self.confirm_offset()
+                self.retained[rid] = Retained(floor, now_s)
+        log.info("in-sync replica set published: %s", sorted(replica_ids))
+        self._refresh()
+        if self.wanted_isr() != published | {self.config.replica_id}:
+            self.isr_wake.set()
+
+    def _left(self, link: SlaveLink) -> None:
+        """``link`` left the local in-sync set: a published member is retained until the
+        smaller set is published."""
+        if self.published is not None and link.broker_id in self.published:
+            self.retained[link.broker_id] = Retained(link.acked_offset, self.clock.monotonic_s())
+            self.isr_wake.set()
+
+    def _joined(self, link: SlaveLink) -> None:
+        if self.published is not None:
+            self.retained.pop(link.broker_id, None)
+            self.isr_wake.set()
+
+    def reset(self) -> None:
+        """Forget every stream and bound (demotion): the next promotion starts afresh."""
+        self.close_all("this broker is no longer the master")
+        self.disable_isr_publishing()
+        self.bound = None
+        self.samples = AppendSamples(self._max_offset())
 
     # -- connections -----------------------------------------------------------------------
     def connect(self, broker_id: int, broker_addr: str, start_offset: int) -> SlaveLink:
@@ -296,6 +444,7 @@ class ReplicaTracker:
             log.info("slave %d (%s) disconnected: %s", link.broker_id, link.broker_addr, reason)
         if link.in_sync:
             link.in_sync = False
+            self._left(link)
             self._refresh()
 
     def close_all(self, reason: str) -> None:
@@ -321,10 +470,15 @@ class ReplicaTracker:
         link.last_ack_s = link.last_heard_s = now_s
         link.last_ack_ms = self.clock.now_ms()
         link.wake.set()  # the in-flight window may have opened
+        master_max = self._max_offset()
+        if max_offset >= link.catchup_target:
+            link.caught_up_s = now_s
+            link.catchup_target = master_max
         was = link.in_sync
-        link.in_sync = self._qualifies(link, now_s, self._max_offset())
+        link.in_sync = self._qualifies(link, now_s, master_max)
         if was != link.in_sync:
             self._log_membership(link)
+            (self._joined if link.in_sync else self._left)(link)
         if link.in_sync or was:
             self._refresh()
 
@@ -357,7 +511,10 @@ class ReplicaTracker:
             if link.in_sync and not self._qualifies(link, now_s, master_max):
                 link.in_sync = False
                 self._log_membership(link)
+                self._left(link)
                 changed = True
+        if any(r.shrink_after_s <= now_s for r in self.retained.values()):
+            self.isr_wake.set()  # a grace ran out (the publisher retries failed shrinks too)
         if changed:
             self._refresh()
 
@@ -414,13 +571,16 @@ class ReplicaTracker:
         if master_max - link.acked_offset > cfg.ha_slave_fallbehind_max:
             return False
         if link.in_sync:
-            return True
+            return now_s - link.caught_up_s <= cfg.ha_max_time_slave_not_catchup_ms / 1000
         visible = self.bound if self.bound is not None else master_max
         return link.acked_offset >= visible
 
     def _refresh(self) -> None:
         """Recompute the bound from the in-sync acks; apply it and wake what depends on it."""
         acks = [lk.acked_offset for lk in self.links.values() if lk.in_sync]
+        for rid, kept in self.retained.items():
+            link = self.links.get(rid)
+            acks.append(max(kept.acked_offset, link.acked_offset) if link else kept.acked_offset)
         if acks:
             bound = min(*acks, self._max_offset())
             if self.bound is not None:

@@ -71,6 +71,16 @@ class BrokerRegistrar:
         """Register again soon (coalesced with other triggers), e.g. after a topic change."""
         self._wake.set()
 
+    async def reregister(self, old: nameserver_pb2.UnregisterBrokerRequest) -> None:
+        """The broker's id changed (controller mode: promoted to 0 or demoted to its replica
+        id): unregister the old identity from every nameserver, then register the new one at
+        once (a nameserver keeps one id per address, and routes must not list both)."""
+        if self._stopped or not self._channels:
+            return
+        await asyncio.gather(*(self._unregister_one(a, old) for a in self._channels))
+        await self._register_all()
+        self.trigger()  # once more soon: a periodic round in flight may have sent the old id
+
     async def stop(self, unregister: nameserver_pb2.UnregisterBrokerRequest | None) -> None:
         """Stop heartbeating, unregister from every nameserver (if given), close channels."""
         if self._stopped:
