@@ -35,7 +35,9 @@ from typing import Any
 SEND_OK = "SEND_OK"
 ERROR = "ERROR"
 
-MASTER_FAULTS = frozenset({"kill-master", "pause-master", "partition-master", "etcd-kill"})
+MASTER_FAULTS = frozenset(
+    {"kill-master", "pause-master", "kill-etcd", "partition-master-slave", "partition-master-etcd"}
+)
 """Fault kinds that may change a group's master (or leave it without one for a while): the
 windows in which a consumer-offset regression down to the last config sync is allowed."""
 
