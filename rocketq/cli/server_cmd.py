@@ -21,6 +21,15 @@ nameserver and replicate its commitlog (DESIGN.md §6). ``rocketq cluster list``
 replication lag. The broker stays ASYNC_MASTER unless ``--set brokerRole=SYNC_MASTER``; the
 ``--set`` keys apply to the slaves too, except the ones that make them slaves.
 
+``--ha`` runs the group in controller mode instead (automatic failover, DESIGN.md §6): an etcd
+(``DIR/etcd/``, loopback, ``--etcd-port``, any free port by default) and ``--replicas N``
+(default 3) replicas of broker-a (brokerId 1..N = their replica ids, brokerRole SYNC_MASTER,
+``DIR/store-replica-K/``, log ``replica-K.log``) that elect their master through it; ``dev up``
+waits until one leads and is registered as brokerId 0. A replica that dies (kill the master to
+watch a failover) does not stop the others; ``rocketq ha status`` shows the new master,
+``rocketq ha switchover broker-a`` hands the role over. ``dev down`` stops the timer-wheel, the
+replicas, the nameserver and then etcd.
+
 It waits for each ready file in turn, creates a demo topic, sends a few messages and reads them
 back (proving the round trip before saying "running"), prints how to use it, and stays in the
 foreground until Ctrl-C, stopping the timer-wheel, the broker and then the nameserver cleanly.
@@ -31,14 +40,18 @@ starts the other two and says so.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,19 +72,29 @@ _MODULES = {
     "timer": "services.timer_wheel",
 }
 #: dev down stops in this order: what depends on the others first (slaves, "slave-K", just
-#: before their master).
-_STOP_ORDER = ("timer", "slave", "broker", "namesrv")
+#: before their master; etcd, which the replicas use to give up their leases, last).
+_STOP_ORDER = ("timer", "slave", "replica", "broker", "namesrv", "etcd")
 SLAVE_PREFIX = "slave-"
 SLAVES_MAX = 8
+REPLICA_PREFIX = "replica-"
+REPLICAS_MAX = 8
+HA_BROKER_NAME = "broker-a"
+ETCD_MEMBER = "rocketq-dev-etcd"
+"""The dev etcd's member name; also how ``dev down`` recognises its process."""
 
 
 def _module(name: str) -> str:
-    """The server module a child named ``name`` runs ("slave-K" runs a broker)."""
-    return _MODULES["broker"] if name.startswith(SLAVE_PREFIX) else _MODULES[name]
+    """The server module a child named ``name`` runs ("slave-K", "replica-K" run a broker)."""
+    if name.startswith((SLAVE_PREFIX, REPLICA_PREFIX)):
+        return _MODULES["broker"]
+    return _MODULES[name]
 
 
 def _stop_rank(name: str) -> int:
-    return _STOP_ORDER.index("slave" if name.startswith(SLAVE_PREFIX) else name)
+    for prefix in (SLAVE_PREFIX, REPLICA_PREFIX):
+        if name.startswith(prefix):
+            return _STOP_ORDER.index(prefix.rstrip("-"))
+    return _STOP_ORDER.index(name)
 
 
 # ---- the servers themselves -----------------------------------------------------------------
@@ -234,7 +257,8 @@ def _is_ours(pid: int, name: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return _module(name).encode() in cmdline
+    marker = ETCD_MEMBER if name == "etcd" else _module(name)
+    return marker.encode() in cmdline
 
 
 def _stop_pid(pid: int, name: str, timeout_s: float = STOP_TIMEOUT_S) -> bool:
@@ -313,6 +337,18 @@ def dev() -> None:
     "--slave-port", type=int, default=0, show_default=True,
     help="Port of slave 1 (slave K gets this + K - 1); 0 = any free.",
 )  # fmt: skip
+@click.option(
+    "--ha", is_flag=True, help="Automatic failover: etcd and --replicas N that elect a master."
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, REPLICAS_MAX),
+    default=3,
+    show_default=True,
+    help="With --ha: replicas of broker-a (replica ids 1..N; broker port + K - 1 each).",
+)
+@click.option("--etcd-port", type=int, default=0, show_default=True,
+              help="With --ha: etcd client port; 0 = any free.")  # fmt: skip
 def dev_up(
     base: Path,
     namesrv_port: int,
@@ -325,9 +361,13 @@ def dev_up(
     no_demo: bool,
     slaves: int,
     slave_port: int,
+    ha: bool,
+    replicas: int,
+    etcd_port: int,
 ) -> None:
-    """Start a nameserver, a broker (and --slaves N slaves of it) and a timer-wheel with data
-    under --dir, prove a round trip, and run."""
+    """Start a nameserver, a broker (and --slaves N slaves of it, or with --ha an etcd and
+    --replicas N replicas that elect their master) and a timer-wheel with data under --dir,
+    prove a round trip, and run."""
     base = base.resolve()
     if (running := _running(base)) is not None:
         raise click.ClickException(
@@ -335,6 +375,14 @@ def dev_up(
             f"stop it with: rocketq dev down --dir {base}"
         )
     with_timer = not no_timer and timer_wheel_available()
+    if ha:
+        if slaves:
+            raise click.UsageError("--slaves is for static roles; with --ha use --replicas N")
+        _say_no_timer(with_timer, no_timer)
+        ports = _HaPorts(namesrv_port, broker_port, etcd_port)
+        timer_args = _timer_args(base, timer_port, timer_overrides) if with_timer else None
+        _dev_up_ha(base, ports, replicas, overrides, timer_args, detach=detach, demo=not no_demo)
+        return
     slave_dirs = [f"store-{SLAVE_PREFIX}{k}" for k in range(1, slaves + 1)]
     for sub in ("logs", "run", "store", *slave_dirs, *([TIMER_DATA_DIR] if with_timer else [])):
         (base / sub).mkdir(parents=True, exist_ok=True)
@@ -364,6 +412,14 @@ def dev_up(
                 indent=2,
             )
         )
+    _say_no_timer(with_timer, no_timer)
+    slave_addrs = [c.addr for c in children if c.name.startswith(SLAVE_PREFIX)]
+    _summary(base, ns.addr, br.addr, addrs.get("timer", ""), detach, slave_addrs)
+    if not detach:
+        _supervise(children)
+
+
+def _say_no_timer(with_timer: bool, no_timer: bool) -> None:
     if not with_timer:
         click.echo(
             "timer-wheel not started (--no-timer)"
@@ -371,10 +427,6 @@ def dev_up(
             else "timer-wheel skipped: this build has no services.timer_wheel module; "
             "delayed messages and consume retries stay pending until one runs"
         )
-    slave_addrs = [c.addr for c in children if c.name.startswith(SLAVE_PREFIX)]
-    _summary(base, ns.addr, br.addr, addrs.get("timer", ""), detach, slave_addrs)
-    if not detach:
-        _supervise(children)
 
 
 def _slave_args(base: Path, k: int, first_port: int, overrides: tuple[str, ...]) -> list[str]:
@@ -479,8 +531,10 @@ def _summary(
     )
 
 
-def _supervise(children: list[_Child]) -> None:
-    """Stay in the foreground until Ctrl-C/SIGTERM or a child dies; then stop them all."""
+def _supervise(children: list[_Child], expendable: tuple[str, ...] = ()) -> None:
+    """Stay in the foreground until Ctrl-C/SIGTERM or a child dies; then stop them all. A child
+    whose name starts with one of ``expendable`` (a failover replica) may die: that is reported
+    once and the others keep running."""
     stop = {"requested": False}
 
     def on_signal(signum: int, frame: object) -> None:
@@ -489,8 +543,20 @@ def _supervise(children: list[_Child]) -> None:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     died: _Child | None = None
+    reported: set[str] = set()
     while not stop["requested"] and died is None:
-        died = next((c for c in children if c.proc.poll() is not None), None)
+        for c in children:
+            if c.proc.poll() is None or c.name in reported:
+                continue
+            if not c.name.startswith(expendable) or not expendable:
+                died = c
+                break
+            reported.add(c.name)
+            click.echo(
+                f"{c.name} exited with code {c.proc.returncode}; the others go on (a new master "
+                f"is elected if it led); see {c.log_path}",
+                err=True,
+            )
         time.sleep(0.2)
     if died is not None:
         click.echo(
@@ -505,6 +571,185 @@ def _supervise(children: list[_Child]) -> None:
     sys.exit(1 if died is not None else 0)
 
 
+# ---- dev up --ha: etcd and a replica group in controller mode --------------------------------
+@dataclass(frozen=True)
+class _HaPorts:
+    namesrv: int
+    broker: int
+    """Port of replica 1 (replica K gets this + K - 1); 0 = any free."""
+    etcd: int
+
+
+def _dev_up_ha(
+    base: Path,
+    ports: _HaPorts,
+    replicas: int,
+    overrides: tuple[str, ...],
+    timer_args: list[str] | None,
+    *,
+    detach: bool,
+    demo: bool,
+) -> None:
+    """``dev up --ha``: etcd, nameserver, ``replicas`` replicas, a master elected, timer-wheel,
+    demo; then detach or supervise (a dying replica does not stop the others)."""
+    store_dirs = [f"store-{REPLICA_PREFIX}{k}" for k in range(1, replicas + 1)]
+    for sub in ("logs", "run", "etcd", *store_dirs, *([TIMER_DATA_DIR] if timer_args else [])):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    children: list[_Child] = []
+    try:
+        etcd = _spawn_etcd(base, ports.etcd)
+        children.append(etcd)
+        ns = _spawn("namesrv", ["--listen", f"127.0.0.1:{ports.namesrv}"], base)
+        children.append(ns)
+        for k in range(1, replicas + 1):
+            args = _replica_args(base, k, ports.broker, etcd.addr, overrides)
+            name = f"{REPLICA_PREFIX}{k}"
+            children.append(_spawn(name, ["--set", f"namesrvAddr={ns.addr}", *args], base))
+        master_id, master_addr, epoch = run(_wait_for_master(ns.addr, READY_TIMEOUT_S))
+        if timer_args is not None:
+            children.append(_spawn("timer", ["--namesrv", ns.addr, *timer_args], base))
+        if demo:
+            from rocketq.cli.io_cmd import demo_round_trip
+
+            click.echo(run(demo_round_trip(ns.addr, DEMO_TOPIC, DEMO_GROUP, DEMO_MESSAGES)))
+    except BaseException:
+        for child in reversed(children):
+            _stop_pid(child.proc.pid, child.name)
+        raise
+    addrs = {c.name: c.addr for c in children}
+    if detach:
+        _pids_file(base).write_text(
+            json.dumps(
+                {
+                    "namesrv": ns.addr,
+                    "broker": master_addr,
+                    "timer": addrs.get("timer", ""),
+                    "etcd": etcd.addr,
+                    "processes": {c.name: {"pid": c.proc.pid, "addr": c.addr} for c in children},
+                },
+                indent=2,
+            )
+        )
+    replica_rows = "".join(
+        f"  replica {k:<3} {addrs[f'{REPLICA_PREFIX}{k}']}  (data {base / store_dirs[k - 1]})"
+        + ("  master\n" if k == master_id else "\n")
+        for k in range(1, replicas + 1)
+    )
+    stop = f"rocketq dev down --dir {base}" if detach else "press Ctrl-C"
+    timer = addrs.get("timer", "not running")
+    master_pid = next(c.proc.pid for c in children if c.addr == master_addr)
+    click.echo(
+        f"\nRocketQ is running with automatic failover ({HA_BROKER_NAME}, epoch {epoch})\n"
+        f"  nameserver  {ns.addr}\n"
+        f"  etcd        {etcd.addr}  (data {base / 'etcd'})\n"
+        f"{replica_rows}"
+        f"  timer-wheel {timer}\n"
+        f"  logs        {base / 'logs'}\n"
+        f"  stop        {stop}\n"
+        f"next:\n"
+        f"  export ROCKETQ_NAMESRV={ns.addr}\n"
+        f"  rocketq ha status\n"
+        f"  rocketq ha switchover {HA_BROKER_NAME}\n"
+        f"  kill -9 {master_pid}   # the master; then: rocketq ha status\n"
+    )
+    if not detach:
+        _supervise(children, expendable=(REPLICA_PREFIX,))
+
+
+def _replica_args(
+    base: Path, k: int, first_port: int, etcd_addr: str, overrides: tuple[str, ...]
+) -> list[str]:
+    """Broker flags of replica ``k``: SYNC_MASTER unless the user says otherwise, the user's
+    keys, then the ones that give it its identity, store, port and etcd (those win)."""
+    args = ["--set", "brokerRole=SYNC_MASTER"]
+    for item in overrides:
+        args += ["--set", item]
+    port = first_port + k - 1 if first_port else 0
+    for item in (
+        f"brokerName={HA_BROKER_NAME}",
+        f"brokerId={k}",
+        f"etcdEndpoints={etcd_addr}",
+        "listenAddress=127.0.0.1",
+        f"listenPort={port}",
+        "brokerIP1=127.0.0.1",
+        f"storePathRootDir={base / f'store-{REPLICA_PREFIX}{k}'}",
+    ):
+        args += ["--set", item]
+    return args
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn_etcd(base: Path, client_port: int) -> _Child:
+    """A one-member etcd on loopback with its data in DIR/etcd, ready once /health says so."""
+    binary = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else "")
+    if not binary:
+        raise click.ClickException(
+            "--ha needs etcd, which is not installed: `make setup` installs Debian's "
+            "etcd-server (or: sudo apt-get install etcd-server)"
+        )
+    client = f"http://127.0.0.1:{client_port or _free_port()}"
+    peer = f"http://127.0.0.1:{_free_port()}"
+    argv = [binary, "--name", ETCD_MEMBER, "--data-dir", str(base / "etcd" / "data")]
+    argv += ["--listen-client-urls", client, "--advertise-client-urls", client]
+    argv += ["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer]
+    argv += ["--initial-cluster", f"{ETCD_MEMBER}={peer}"]
+    log_path = base / "logs" / "etcd.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    child = _Child("etcd", proc, log_path, client.removeprefix("http://"))
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise click.ClickException(
+                f"etcd exited with code {proc.returncode} while starting; last lines of "
+                f"{log_path}:\n{_tail(log_path)}"
+            )
+        with (
+            contextlib.suppress(OSError, ValueError),
+            urllib.request.urlopen(f"{client}/health", timeout=1) as resp,
+        ):
+            if b"true" in resp.read():
+                return child
+        time.sleep(0.05)
+    _stop_pid(proc.pid, "etcd")
+    raise click.ClickException(
+        f"etcd was not healthy within {READY_TIMEOUT_S:.0f}s; see {log_path}"
+    )
+
+
+async def _wait_for_master(ns_addr: str, timeout_s: float) -> tuple[int, str, int]:
+    """(replica id, address, epoch) of broker-a's master once one leads and the nameserver has
+    it as brokerId 0 (what producers need); ClickException after ``timeout_s``."""
+    from rocketq.client.admin import Admin
+    from rocketq.client.errors import RocketQError
+
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    async with Admin([ns_addr]) as admin:
+        while time.monotonic() < deadline:
+            try:
+                [group] = await admin.ha_status(HA_BROKER_NAME)
+                registered = (await admin.cluster_info()).brokers[HA_BROKER_NAME].master_addr
+                if group.master_replica_id is not None and registered == group.master_addr:
+                    return group.master_replica_id, group.master_addr, group.epoch
+                last = "; ".join(group.warnings) or "no master registered yet"
+            except (RocketQError, KeyError) as exc:
+                last = str(exc)
+            await asyncio.sleep(0.2)
+    raise click.ClickException(
+        f"{HA_BROKER_NAME} elected no master within {timeout_s:.0f}s ({last}); see the "
+        "replica-K.log files"
+    )
+
+
 @dev.command("down")
 @click.option(
     "--dir",
@@ -514,8 +759,8 @@ def _supervise(children: list[_Child]) -> None:
     type=click.Path(file_okay=False, path_type=Path),
 )
 def dev_down(base: Path) -> None:
-    """Stop a RocketQ started with `rocketq dev up --detach` (timer-wheel, slaves, broker,
-    nameserver)."""
+    """Stop a RocketQ started with `rocketq dev up --detach` (timer-wheel, slaves or replicas,
+    broker, nameserver, etcd)."""
     base = base.resolve()
     data = _running(base)
     if data is None:

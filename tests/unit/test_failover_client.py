@@ -25,11 +25,11 @@ from rocketq.client.errors import (
 from rocketq.client.producer._core import ProducerCore
 from rocketq.client.producer._failover import (
     REFRESH_MIN_INTERVAL_MS,
-    RETRY_BACKOFF_BASE_MS,
-    RETRY_BACKOFF_MAX_MS,
+    RETRY_POLL_MS,
     RefreshGate,
     refresh_cause,
-    retry_backoff_ms,
+    route_offers_something_new,
+    wait_before_retry_ms,
 )
 from rocketq.client.producer._sender import PreparedMessage, prepare_message
 from rocketq.client.producer.config import ProducerConfig
@@ -115,17 +115,25 @@ def test_moved_masters_names_groups_whose_broker_id_0_changed_address() -> None:
     assert after.master_addr("a") == NEW and after.brokers["a"][1] == OLD
 
 
-def test_retry_backoff_only_when_the_fresh_route_offers_nothing_new() -> None:
+def test_retry_waits_for_a_new_master_only_while_the_route_offers_nothing_new() -> None:
     stale = _route({"a": OLD})
     moved = _route({"a": NEW})
-    assert retry_backoff_ms(stale, moved, "a", 0, 3000) == 0
+    none = _route({"a": None}, {"a": {2: NEW}})
     two_groups = _route({"a": OLD, "b": THIRD})
-    assert retry_backoff_ms(two_groups, two_groups, "a", 0, 3000) == 0
-    waits = [retry_backoff_ms(stale, stale, "a", i, 60_000) for i in range(6)]
-    assert waits[0] == RETRY_BACKOFF_BASE_MS
-    assert waits == sorted(waits) and waits[-1] == RETRY_BACKOFF_MAX_MS
-    assert retry_backoff_ms(stale, stale, "a", 5, 300) == 150  # half the time left at most
-    assert retry_backoff_ms(stale, stale, "a", 0, 0) == 0
+    assert route_offers_something_new(stale, moved, "a")
+    assert route_offers_something_new(stale, none, "a")  # the dead master left the route
+    assert route_offers_something_new(two_groups, two_groups, "a")  # "b" takes the retry
+    assert not route_offers_something_new(stale, stale, "a")
+    assert wait_before_retry_ms(stale, moved, "a", 0, 9000) == 0
+    assert wait_before_retry_ms(two_groups, two_groups, "a", 0, 9000) == 0
+    # Polling every RETRY_POLL_MS for at most half the time left when the wait began.
+    assert wait_before_retry_ms(stale, stale, "a", 0, 9000) == RETRY_POLL_MS
+    waited, remaining, waits = 0, 2000, []
+    while (w := wait_before_retry_ms(stale, stale, "a", waited, remaining)) > 0:
+        waits.append(w)
+        waited, remaining = waited + w, remaining - w
+    assert sum(waits) == 1000 and max(waits) == RETRY_POLL_MS
+    assert wait_before_retry_ms(stale, stale, "a", 0, 0) == 0
 
 
 # ---- the producer's retry goes to the new master ----------------------------------------------

@@ -44,7 +44,7 @@ from rocketq.client.errors import (
     RocketQError,
     TopicNotFoundError,
 )
-from rocketq.client.producer._failover import RefreshGate, refresh_cause, retry_backoff_ms
+from rocketq.client.producer._failover import RefreshGate, refresh_cause, wait_before_retry_ms
 from rocketq.client.producer._fault import LatencyFaultTolerance, QueueChooser
 from rocketq.client.producer._sender import (
     PreparedMessage,
@@ -222,26 +222,34 @@ class ProducerCore:
         route: TopicRoute,
         queues: list[MessageQueue],
         failed: MessageQueue,
-        retry_index: int,
         deadline: float,
     ) -> tuple[TopicRoute, list[MessageQueue]]:
         """The route and queues for the retry after a send to ``failed`` failed in a way that
-        suggests a moved master: refreshed (at most every REFRESH_MIN_INTERVAL_MS per topic,
-        else the instance's cached one), then a short wait if it offers nothing new."""
-        fresh = route
-        if self._refresh_gate.try_acquire(topic):
-            try:
-                fresh = await self._with_deadline(self._fresh_route(topic, route), deadline, topic)
-            except RocketQError as exc:
-                log.debug("route refresh of %s after a failed send failed: %s", topic, exc)
-        else:
-            fresh = self.instance.cached_route(topic) or route
-        wait_ms = retry_backoff_ms(
-            route, fresh, failed.broker_name, retry_index, _remaining_ms(deadline)
-        )
-        if wait_ms > 0:
+        suggests a moved master: refreshed at once, then - while it offers nothing new -
+        refreshed every RETRY_POLL_MS for up to half the time left (an election under way)."""
+        fresh = await self._refreshed(topic, route, deadline)
+        waited_ms = 0
+        while True:
+            wait_ms = wait_before_retry_ms(
+                route, fresh, failed.broker_name, waited_ms, _remaining_ms(deadline)
+            )
+            if wait_ms <= 0:
+                break
             await asyncio.sleep(wait_ms / 1000)
+            waited_ms += wait_ms
+            fresh = await self._refreshed(topic, fresh, deadline)
         return fresh, fresh.write_queues() or queues
+
+    async def _refreshed(self, topic: str, route: TopicRoute, deadline: float) -> TopicRoute:
+        """``topic``'s route from the nameserver (at most every REFRESH_MIN_INTERVAL_MS per
+        topic; else the instance's cached one); ``route`` if the nameserver cannot answer."""
+        if not self._refresh_gate.try_acquire(topic):
+            return self.instance.cached_route(topic) or route
+        try:
+            return await self._with_deadline(self._fresh_route(topic, route), deadline, topic)
+        except RocketQError as exc:
+            log.debug("route refresh of %s after a failed send failed: %s", topic, exc)
+            return route
 
     def _chooser(self, topic: str) -> QueueChooser:
         chooser = self._choosers.get(topic)
@@ -405,9 +413,7 @@ class ProducerCore:
                 log.debug("send to %s failed (attempt %d): %s", mq, attempt + 1, exc)
                 last_exc, last_broker = exc, mq.broker_name
                 if refresh_cause(exc) is not None and attempt + 1 < attempts:
-                    route, queues = await self._after_failure(
-                        topic, route, queues, mq, attempt, deadline
-                    )
+                    route, queues = await self._after_failure(topic, route, queues, mq, deadline)
                 continue
             if (
                 results[0].status is not SendStatus.SEND_OK

@@ -6,25 +6,28 @@ under its own address, and the old master (if alive) answers sends with UNAVAILA
 Waiting for the 30 s route poll would fail every send of those 30 s, so a send whose failure
 says "the master is not where the route says" refreshes the topic's route before its retry:
 
-| failure (SDK error)                                         | cause        | refresh |
-|-------------------------------------------------------------|--------------|---------|
-| BrokerUnavailableError, reason NOT_MASTER                   | not-master   | yes     |
-| BrokerUnavailableError, UNAVAILABLE/CANCELLED without reason | unreachable  | yes     |
-| BrokerUnavailableError, reason SERVICE_NOT_AVAILABLE        | unavailable  | yes     |
-| BrokerUnavailableError raised by the client (no live master) | no-master    | yes     |
-| RequestTimeoutError (a paused or partitioned master)        | timeout      | yes     |
-| anything else (bad message, flow control, permission, ...)  | -            | no      |
+| failure (SDK error)                                           | cause       | refresh |
+|---------------------------------------------------------------|-------------|---------|
+| BrokerUnavailableError, reason NOT_MASTER                     | not-master  | yes     |
+| BrokerUnavailableError, UNAVAILABLE/CANCELLED without reason  | unreachable | yes     |
+| BrokerUnavailableError, reason SERVICE_NOT_AVAILABLE          | unavailable | yes     |
+| BrokerUnavailableError raised by the client (no live master)  | no-master   | yes     |
+| RequestTimeoutError (a paused or partitioned master)          | timeout     | yes     |
+| anything else (bad message, flow control, permission, ...)    | -           | no      |
 
 Refreshes of one topic are at least ``REFRESH_MIN_INTERVAL_MS`` apart (:class:`RefreshGate`),
 so a burst of failing sends asks the nameserver a few times, not once per send; concurrent
 misses already share one request in the client instance.
 
-**Retry pacing.** During an election the route still names the dead master; retrying at once
-would spend every attempt within milliseconds. When the refreshed route offers nothing new
-(the failed group's master address is unchanged and no other group is writable) the retry
-waits ``RETRY_BACKOFF_BASE_MS`` doubling per retry, capped at ``RETRY_BACKOFF_MAX_MS`` and at
-half the time left, so the attempts spread over the budget. A moved master or another
-writable group is tried at once.
+**Riding out an election.** While a group elects its new master the route still names the dead
+one (or none); retrying at once would spend every attempt within milliseconds. So when the
+refreshed route offers nothing new - the failed group's master address is unchanged and no
+other group is writable - the retry waits, asking the nameserver again every
+``RETRY_POLL_MS``, until the route changes or half of the send's remaining time is spent
+(``wait_before_retry_ms``). A send whose timeout outlasts the election (a few seconds: the
+lease TTL plus the ranking delay) then succeeds on the new master; one with a shorter timeout
+fails no later than it would have anyway. A moved master or another writable group is tried
+at once.
 
 Everything here is pure (time is injected) so the unit tests walk it without sockets.
 """
@@ -39,10 +42,8 @@ from rocketq.client.errors import BrokerUnavailableError, RequestTimeoutError
 
 REFRESH_MIN_INTERVAL_MS = 100
 """Least time between two failure-driven route refreshes of one topic."""
-RETRY_BACKOFF_BASE_MS = 100
-"""Wait before the first retry whose route offers nothing new; doubles per retry."""
-RETRY_BACKOFF_MAX_MS = 1_000
-"""Cap of that wait."""
+RETRY_POLL_MS = 250
+"""While a retry waits for a new master, the route is asked for again this often."""
 TOPICS_TRACKED_MAX = 4096
 """Topics whose last refresh time is remembered; beyond this the oldest are forgotten."""
 
@@ -107,28 +108,31 @@ class RefreshGate:
         return topic in self._stale
 
 
-def retry_backoff_ms(
-    before: TopicRoute,
-    after: TopicRoute,
-    failed_broker: str,
-    retry_index: int,
-    remaining_ms: int,
-) -> int:
-    """How long to wait before retry number ``retry_index`` (0 = the first retry) after a send
-    to ``failed_broker`` failed, given the route before and after the refresh (see above)."""
+def route_offers_something_new(before: TopicRoute, after: TopicRoute, failed_broker: str) -> bool:
+    """Whether a retry after a failure at ``failed_broker`` can go somewhere new: that group's
+    master moved (or appeared, or vanished), or another group has a writable queue."""
     if after.master_addr(failed_broker) != before.master_addr(failed_broker):
+        return True
+    return any(mq.broker_name != failed_broker for mq in after.write_queues())
+
+
+def wait_before_retry_ms(
+    before: TopicRoute, after: TopicRoute, failed_broker: str, waited_ms: int, remaining_ms: int
+) -> int:
+    """How much longer to wait (then refresh the route again) before retrying a send that
+    failed at ``failed_broker``: 0 once ``after`` offers something new, or once ``waited_ms``
+    reaches half of the time left when the wait began (``waited_ms + remaining_ms``)."""
+    if route_offers_something_new(before, after, failed_broker):
         return 0
-    if any(mq.broker_name != failed_broker for mq in after.write_queues()):
-        return 0
-    wait_ms = min(RETRY_BACKOFF_BASE_MS << min(retry_index, 16), RETRY_BACKOFF_MAX_MS)
-    return max(0, min(wait_ms, remaining_ms // 2))
+    budget_ms = (waited_ms + remaining_ms) // 2
+    return max(0, min(RETRY_POLL_MS, budget_ms - waited_ms))
 
 
 __all__ = [
     "REFRESH_MIN_INTERVAL_MS",
-    "RETRY_BACKOFF_BASE_MS",
-    "RETRY_BACKOFF_MAX_MS",
+    "RETRY_POLL_MS",
     "RefreshGate",
     "refresh_cause",
-    "retry_backoff_ms",
+    "route_offers_something_new",
+    "wait_before_retry_ms",
 ]
