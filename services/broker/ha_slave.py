@@ -52,7 +52,7 @@ from services.broker.config import BrokerConfig
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
 from services.store.epoch_file import EpochEntry
-from services.store.message_store import MessageStore, StoreError
+from services.store.message_store import MessageStore, StoreError, StoreFullError
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,9 @@ class ReplicationClient:
         self._channel: grpc.aio.Channel | None = None
         self._written = asyncio.Event()
         self._last_problem = ""
+        self._store_full = False
+        """The last stream ended on a full store: reconnects keep backing off and log nothing
+        new (the store logged it) until a chunk is stored again."""
         self._closing = False
         self._call: Any = None
         self._call_addr = ""
@@ -291,12 +294,17 @@ class ReplicationClient:
             problem = f"{exc.code().name}: {exc.details()}"
         except TimeoutError:
             problem = f"no message from the master for {self.config.ha_housekeeping_interval_ms} ms"
-        except (ProtocolError, StoreError, ValueError, OSError) as exc:
+        except StoreFullError as exc:
+            problem = f"this slave's store is full, replication paused: {exc}"
+            self._store_full = True
+        except (ProtocolError, StoreError, ValueError, OSError, asyncio.InvalidStateError) as exc:
+            # InvalidStateError: the ack writer hit a call the master had just ended.
             problem = f"{type(exc).__name__}: {exc}"
         finally:
             if self.connected:
                 self.connected = False
-                log.warning("replication from master %s lost", addr)
+                if not self._store_full:
+                    log.warning("replication from master %s lost", addr)
         self._problem(f"replication from master {addr}: {problem}")
         return self._backoff.next_delay_ms()
 
@@ -355,6 +363,11 @@ class ReplicationClient:
         if kind == "chunk":
             pacer.note_written(self.replica.apply_chunk(msg.chunk))
             self._written.set()
+            if self._store_full:
+                self._store_full = False
+                self._backoff.reset()
+                self._last_problem = ""
+                log.info("replication resumed: the store has room again")
         elif kind == "confirm":
             self.replica.apply_confirm(msg.confirm)
         else:
@@ -363,9 +376,12 @@ class ReplicationClient:
     def _on_connected(self, addr: str) -> None:
         self.connected = True
         self.connections += 1
-        self._backoff.reset()
-        self._last_problem = ""
-        log.info("replicating from master %s at commitlog offset %d", addr, self.store_max)
+        if self._store_full:  # a retry while the disk is full: keep the backoff, stay quiet
+            log.debug("retrying replication from %s at %d (store full)", addr, self.store_max)
+        else:
+            self._backoff.reset()
+            self._last_problem = ""
+            log.info("replicating from master %s at commitlog offset %d", addr, self.store_max)
         for callback in list(self.on_connected):
             try:
                 callback()

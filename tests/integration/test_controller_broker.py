@@ -1,0 +1,272 @@
+"""Brokers in controller mode (issue 8): real etcd, nameserver and three replicas of broker-a.
+
+* A fresh group elects replica 1 (the lowest eligible id); it registers as brokerId 0, serves
+  SYNC_MASTER sends once a slave is in sync, and the others follow it and refuse writes.
+* The master is SIGKILLed right after appending messages its slaves never got (they were
+  SIGSTOPped): replica 2 is elected in the next epoch, the route's brokerId 0 moves to it and
+  sends succeed there. The old master restarted rejoins as a slave: its divergent tail is cut
+  (TruncateTo from the epoch histories) and its commitlog becomes a copy of the new master's.
+* Switchover to a chosen replica: it leads the next epoch and takes sends; the old master
+  follows it.
+* Static mode (no etcdEndpoints) is untouched: no controller fields, Switchover refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rocketq._api.rocketq.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    messaging_pb2,
+    messaging_pb2_grpc,
+    nameserver_pb2,
+    nameserver_pb2_grpc,
+)
+from services.store.inspect import detect_layout, verify
+from tests.integration.cluster import (
+    ServiceProcess,
+    restart,
+    start_etcd,
+    start_nameserver,
+    start_slave,
+)
+from tests.integration.replication_support import (
+    HA_KEYS,
+    create_topics,
+    queue_ends,
+    refused,
+    runtime_stats,
+    send_batch,
+    until,
+)
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "CtlTopic"
+GROUP = "broker-a"
+
+
+def start_replica(
+    tmp_path: Path, namesrv: list[str], etcd: str, replica_id: int, **keys: object
+) -> ServiceProcess:
+    merged: dict[str, object] = {
+        **HA_KEYS,
+        "brokerRole": "SYNC_MASTER",
+        "etcdEndpoints": etcd,
+        "controllerLeaseTtlSec": 2,
+        "syncFlushTimeout": 2000,
+        **keys,
+    }
+    return start_slave(tmp_path, namesrv, GROUP, replica_id, None, **merged)
+
+
+async def stats_or_none(sp: ServiceProcess) -> admin_pb2.GetRuntimeStatsResponse | None:
+    try:
+        return await runtime_stats(sp.addr)
+    except grpc.aio.AioRpcError:
+        return None
+
+
+async def wait_master(
+    replicas: dict[int, ServiceProcess], after_epoch: int, timeout_s: float = 20
+) -> tuple[int, admin_pb2.GetRuntimeStatsResponse]:
+    """Until exactly one live replica reports brokerId 0 in an epoch above ``after_epoch``."""
+    found: list[tuple[int, admin_pb2.GetRuntimeStatsResponse]] = []
+
+    async def one() -> bool:
+        found.clear()
+        for rid, sp in replicas.items():
+            if not sp.alive():
+                continue
+            s = await stats_or_none(sp)
+            if s is not None and s.broker_id == 0 and s.epoch > after_epoch:
+                found.append((rid, s))
+        return len(found) == 1
+
+    await until(one, timeout_s, f"one master in an epoch above {after_epoch}", 0.1)
+    return found[0]
+
+
+async def wait_in_sync(addr: str, slaves: int, timeout_s: float = 20) -> None:
+    async def ok() -> bool:
+        s = await runtime_stats(addr)
+        return sum(1 for x in s.slaves if x.in_sync) >= slaves
+
+    await until(ok, timeout_s, f"{slaves} in-sync slave(s) on {addr}")
+
+
+async def send(addr: str, tag: str, n: int, timeout_s: float = 15) -> list[int]:
+    """``n`` single sends to queue 0; their statuses."""
+    async with grpc.aio.insecure_channel(addr) as ch:
+        stub = messaging_pb2_grpc.MessagingStub(ch)
+        out = []
+        for i in range(n):
+            sent = await asyncio.wait_for(
+                send_batch(stub, TOPIC, 0, [f"{tag}-{i}".encode()]), timeout_s
+            )
+            out.append(sent[0].status)
+        return out
+
+
+async def master_in_route(namesrv: str) -> str:
+    async with grpc.aio.insecure_channel(namesrv) as ch:
+        try:
+            resp = await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
+                nameserver_pb2.GetRouteInfoByTopicRequest(topic=TOPIC), timeout=5
+            )
+        except grpc.aio.AioRpcError:  # not registered yet
+            return ""
+    for b in resp.route.brokers:
+        if b.broker_name == GROUP:
+            return str(b.broker_addrs.get(0, ""))
+    return ""
+
+
+def commitlog_bytes(store: Path, end: int) -> bytes:
+    files = sorted((store / "commitlog").glob("[0-9]" * 20))
+    data = b"".join(f.read_bytes() for f in files)
+    assert int(files[0].name) == 0 and len(data) >= end
+    return data[:end]
+
+
+def test_election_failover_truncation_and_switchover(tmp_path: Path) -> None:
+    asyncio.run(_failover(tmp_path))
+
+
+async def _failover(tmp_path: Path) -> None:
+    etcd = start_etcd(tmp_path)
+    ns = start_nameserver(tmp_path)
+    namesrv = [ns.addr]
+    replicas = {rid: start_replica(tmp_path, namesrv, etcd.addr, rid) for rid in (1, 2, 3)}
+    stores = {rid: tmp_path / f"{GROUP}-s{rid}" / "store" for rid in replicas}
+
+    # -- a fresh group elects replica 1 -----------------------------------------------------
+    rid, st = await wait_master(replicas, 0)
+    assert rid == 1 and st.controller_mode and st.replica_id == 1
+    assert st.role == admin_pb2.SYNC_MASTER
+    first_epoch = st.epoch
+    master = replicas[1]
+    await create_topics(master.addr, GROUP, [TOPIC], 1)
+    await wait_in_sync(master.addr, 2)
+    for sp in (replicas[2], replicas[3]):  # config sync copied the topic (slaveSyncConfigInterval)
+        await until(lambda sp=sp: _has_topic(sp.addr), 10, f"{TOPIC} on {sp.name}")
+    assert await send(master.addr, "e1", 20) == [messaging_pb2.SEND_OK] * 20
+    st = await runtime_stats(master.addr)
+    assert sorted(st.in_sync_replica_ids) == [1, 2, 3] and st.lease_remaining_ms > 0
+    slave_stats = await runtime_stats(replicas[2].addr)
+    assert slave_stats.broker_id == 2 and slave_stats.role == admin_pb2.SLAVE
+    assert slave_stats.leader_addr == master.addr
+    code, reason, _ = await refused(send(replicas[2].addr, "no", 1))
+    assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, common_pb2.NOT_MASTER)
+    await until(
+        lambda: _eq(master_in_route(ns.addr), master.addr), 10, "route lists replica 1 as 0"
+    )
+
+    # -- a tail only the master has, then SIGKILL ---------------------------------------------
+    before = st.commitlog_max_offset
+    for sp in (replicas[2], replicas[3]):
+        sp.pause()
+    try:
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            stub = messaging_pb2_grpc.MessagingStub(ch)
+            pending = [
+                asyncio.create_task(send_batch(stub, TOPIC, 0, [b"lost-%d-" % i + b"x" * 2000]))
+                for i in range(10)
+            ]
+            await until(
+                lambda: _gt(runtime_stats(master.addr), before + 10 * 2000),
+                5,
+                "the unreplicated tail",
+            )
+            master.kill()
+            await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        for sp in (replicas[2], replicas[3]):
+            sp.resume()
+    master.wait_exit()
+
+    # -- replica 2 is elected; sends succeed there -----------------------------------------------
+    rid, st = await wait_master(replicas, first_epoch)
+    assert rid == 2, rid
+    second_epoch = st.epoch
+    new_master = replicas[2]
+    await until(
+        lambda: _eq(master_in_route(ns.addr), new_master.addr), 15, "route moved to replica 2"
+    )
+    await wait_in_sync(new_master.addr, 1)
+    assert await send(new_master.addr, "e2", 20) == [messaging_pb2.SEND_OK] * 20
+
+    # -- the old master rejoins as a slave, its tail truncated -------------------------------------
+    replicas[1] = old = restart(master)
+    await wait_in_sync(new_master.addr, 2)
+    st1 = await runtime_stats(old.addr)
+    assert st1.broker_id == 1 and st1.role == admin_pb2.SLAVE and st1.epoch == second_epoch
+    assert "truncating the commitlog" in old.log_tail(400)
+
+    # -- switchover to replica 3 -------------------------------------------------------------------
+    async with grpc.aio.insecure_channel(new_master.addr) as ch:
+        resp = await admin_pb2_grpc.AdminStub(ch).Switchover(
+            admin_pb2.SwitchoverRequest(target_replica_id=3, timeout_ms=15_000), timeout=20
+        )
+    assert resp.new_master_replica_id == 3 and resp.epoch > second_epoch
+    assert resp.new_master_addr == replicas[3].addr
+    rid, st = await wait_master(replicas, second_epoch)
+    assert rid == 3
+    await wait_in_sync(replicas[3].addr, 2)
+    assert await send(replicas[3].addr, "e3", 10) == [messaging_pb2.SEND_OK] * 10
+    end = (await runtime_stats(replicas[3].addr)).commitlog_max_offset
+
+    async def all_at_end() -> bool:
+        got = [await runtime_stats(sp.addr) for sp in replicas.values()]
+        return all(s.commitlog_max_offset == end for s in got)
+
+    await until(all_at_end, 15, "every replica at the master's end")
+    for sp in replicas.values():
+        assert sp.stop() == 0
+    reference = commitlog_bytes(stores[3], end)
+    for r, store in stores.items():
+        assert commitlog_bytes(store, end) == reference, f"replica {r} differs"
+        report = verify(detect_layout(store))
+        assert report.ok and report.commitlog_end == end, (r, report.problems[:5])
+    etcd.stop()
+    ns.stop()
+
+
+async def _has_topic(addr: str) -> bool:
+    return (await queue_ends(addr, [TOPIC], 1))[(TOPIC, 0)] >= 0
+
+
+async def _eq(value: object, want: str) -> bool:
+    assert asyncio.iscoroutine(value)
+    return bool(await value == want)
+
+
+async def _gt(stats: object, before: int) -> bool:
+    assert asyncio.iscoroutine(stats)
+    got: admin_pb2.GetRuntimeStatsResponse = await stats
+    return bool(got.commitlog_max_offset > before)
+
+
+def test_static_mode_has_no_controller(tmp_path: Path) -> None:
+    asyncio.run(_static(tmp_path))
+
+
+async def _static(tmp_path: Path) -> None:
+    ns = start_nameserver(tmp_path)
+    slave = start_slave(tmp_path, [ns.addr], GROUP, 1, None, **HA_KEYS)
+    st = await runtime_stats(slave.addr)
+    assert not st.controller_mode and st.replica_id == 1 and st.broker_id == 1
+    assert not st.in_sync_replica_ids and st.leader_addr == ""
+    async with grpc.aio.insecure_channel(slave.addr) as ch:
+        code, _, msg = await refused(
+            admin_pb2_grpc.AdminStub(ch).Switchover(admin_pb2.SwitchoverRequest(), timeout=5)
+        )
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "controller mode" in msg
+    assert slave.stop() == 0
+    ns.stop()
