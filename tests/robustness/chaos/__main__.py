@@ -2,7 +2,7 @@
 
     python -m tests.robustness.chaos --seed 42 --duration-s 600 \\
         --faults kill,pause,kill-slave,namesrv,timer,etcd,partition,etcd-partition,disk \\
-        [--shuffle] [--rate 30] [--keep DIR]
+        [--shuffle] [--rate 30] [--netns auto|on|off] [--keep DIR]
     python -m tests.robustness.chaos --check DIR      # validate a kept run's journals again
 
 Without ``--keep`` the run lives in a temporary directory that is copied to
@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.robustness.chaos import netns
 from tests.robustness.chaos.faults import FAULTS
 from tests.robustness.chaos.model import History
 from tests.robustness.chaos.nodes import ClusterConfig
@@ -48,6 +49,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--lease-ttl-s", type=int, default=2)
     p.add_argument("--no-static-group", action="store_true")
     p.add_argument("--no-timer", action="store_true")
+    p.add_argument(
+        "--netns",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="nodes in network namespaces (partitions); auto = when running as root",
+    )
     p.add_argument("--keep", help="run (and keep) everything in this directory")
     p.add_argument("--check", help="only validate the journals of a kept run directory")
     return p.parse_args(argv)
@@ -77,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lease_ttl_s=args.lease_ttl_s,
             static_group=not args.no_static_group,
             timer=not args.no_timer,
+            netns=args.netns == "on" or (args.netns == "auto" and netns.available() is None),
         ),
     )
     if args.keep:

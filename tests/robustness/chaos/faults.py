@@ -117,7 +117,7 @@ def _partition(run: Run, kind: str, a: Node, b: Node, hold_s: float) -> FaultRes
     if lab is None:
         raise FaultSkipped("network partitions need network namespaces (root)")
     t0 = time.monotonic_ns()
-    lab.partition(a.name, b.name)
+    lab.partition(a.lab_name, b.lab_name)
     time.sleep(hold_s)
     lab.heal()
     return FaultResult(kind, f"{a.name}|{b.name}", GROUP, t0, time.monotonic_ns(), f"{hold_s:.1f}s")

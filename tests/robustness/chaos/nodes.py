@@ -6,6 +6,13 @@ controller mode - replicas ``1..N`` (``brokerId`` = replica id, ``SYNC_MASTER``,
 of the run) - optionally a static single-master group ``broker-b``, and a timer-wheel. Each is
 a :class:`Node` named ``etcd``, ``namesrv0``, ``broker-a-r1``, ``broker-b``, ``timer``.
 
+With ``netns=True`` every node runs in a network namespace of its own
+(:class:`~tests.robustness.chaos.netns.NetLab` ``chaos``; node ``broker-a-r1`` is lab node
+``broker_a_r1``), the traffic processes in node ``clients``, and the driver reaches the lab
+through a :class:`~tests.robustness.chaos.gateway.Gateway` dialing from node ``driver``
+(:meth:`ChaosCluster.dial` maps a lab address to the loopback one to use). Partitions then
+cut nodes apart; without namespaces everything is on loopback and partitions are skipped.
+
 The driver learns roles with GetRuntimeStats (sync gRPC, short deadlines): a replica is the
 master when it says brokerId 0 and a master role. :meth:`ChaosCluster.wait_healthy` waits until
 the group has exactly one master, every replica runs, and (controller mode) the in-sync set
@@ -16,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import subprocess
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +34,20 @@ import grpc
 
 from rocketq._api.rocketq.v1 import admin_pb2, admin_pb2_grpc
 from tests.integration.cluster import (
+    READY_TIMEOUT_S,
     ServiceProcess,
+    etcd_binary,
     free_port,
     restart,
+    spawn,
     start_broker,
+    start_broker_in,
     start_etcd,
     start_nameserver,
     start_timer_wheel,
 )
+from tests.robustness.chaos.gateway import Gateway
+from tests.robustness.chaos.netns import NetLab
 
 log = logging.getLogger("chaos.nodes")
 
@@ -42,6 +57,10 @@ STATIC_GROUP = "broker-b"
 COMMITLOG_FILE_BYTES = 1 << 20
 """Small commitlog files: a run rolls several and the prefix check reads few bytes."""
 PROBE_TIMEOUT_S = 1.5
+LAB_NAME = "chaos"
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+NAMESRV_PORT = 9876
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,8 @@ class ClusterConfig:
     timer: bool = True
     broker_keys: dict[str, object] = field(default_factory=dict)
     """Extra broker keys for every replica of the controller group (they win)."""
+    netns: bool = False
+    """Every node in a network namespace of its own (needs root), so partitions can run."""
 
 
 @dataclass
@@ -75,6 +96,15 @@ class Node:
 
     def alive(self) -> bool:
         return self.sp.alive()
+
+    @property
+    def lab_name(self) -> str:
+        return lab_name(self.name)
+
+
+def lab_name(name: str) -> str:
+    """A node's name in the lab (namespace names take no '-')."""
+    return name.replace("-", "_")
 
 
 def replica_keys(cfg: ClusterConfig, etcd_addr: str, rid: int) -> dict[str, object]:
@@ -101,31 +131,102 @@ class ChaosCluster:
         self.run_dir = run_dir
         self.cfg = cfg
         self.nodes: dict[str, Node] = {}
+        self.lab: NetLab | None = None
+        self.gateway: Gateway | None = None
+        self._own: list[ServiceProcess] = []
+        """Processes started outside tests.integration.cluster (etcd in a namespace)."""
 
     # ---- start / stop ----------------------------------------------------------------------
 
     def start(self) -> None:
         d = self.run_dir / "nodes"
-        etcd = start_etcd(d, name="etcd")
+        if self.cfg.netns:
+            self.lab = NetLab(LAB_NAME).__enter__()
+            self.lab.add_node("driver")
+            self.lab.add_node("clients")
+            self.gateway = Gateway(self.lab.namespace("driver"))
+        etcd = self._start_etcd(d)
         self.nodes["etcd"] = Node("etcd", "etcd", etcd)
         for i in range(self.cfg.nameservers):
-            port = free_port()
-            ns = start_nameserver(d, "--listen", f"127.0.0.1:{port}", name=f"namesrv{i}")
-            self.nodes[ns.name] = Node(ns.name, "namesrv", ns)
-        addrs = self.namesrv_addrs
+            name = f"namesrv{i}"
+            host, prefix = self._place(name)
+            port = NAMESRV_PORT if self.lab is not None else free_port()
+            ns = start_nameserver(d, "--listen", f"{host}:{port}", name=name, prefix=prefix)
+            self.nodes[name] = Node(name, "namesrv", ns)
         for rid in range(1, self.cfg.replicas + 1):
             name = f"{GROUP}-r{rid}"
             keys = replica_keys(self.cfg, etcd.addr, rid)
-            sp = start_broker(d, addrs, name, None, **keys)
-            self.nodes[name] = Node(name, "broker", sp, GROUP, rid)
+            self.nodes[name] = Node(name, "broker", self._broker(d, name, keys), GROUP, rid)
         if self.cfg.static_group:
-            sp = start_broker(
-                d, addrs, STATIC_GROUP, None, mappedFileSizeCommitLog=COMMITLOG_FILE_BYTES
-            )
+            keys = {"mappedFileSizeCommitLog": COMMITLOG_FILE_BYTES}
+            sp = self._broker(d, STATIC_GROUP, keys)
             self.nodes[STATIC_GROUP] = Node(STATIC_GROUP, "broker", sp, STATIC_GROUP)
         if self.cfg.timer:
-            sp = start_timer_wheel(d, addrs, name="timer")
-            self.nodes["timer"] = Node("timer", "timer", sp)
+            self.nodes["timer"] = Node("timer", "timer", self._timer(d))
+
+    def _place(self, name: str) -> tuple[str, list[str] | None]:
+        """(address to listen on, argv prefix) of a new node."""
+        if self.lab is None:
+            return "127.0.0.1", None
+        ip = self.lab.add_node(lab_name(name))
+        return ip, self.lab.prefix(lab_name(name))
+
+    def _broker(self, d: Path, name: str, keys: dict[str, object]) -> ServiceProcess:
+        if self.lab is None:
+            return start_broker(d, self.namesrv_addrs, name, None, **keys)
+        host, prefix = self._place(name)
+        assert prefix is not None
+        return start_broker_in(prefix, host, d, self.namesrv_addrs, name, None, **keys)
+
+    def _timer(self, d: Path) -> ServiceProcess:
+        if self.lab is None:
+            return start_timer_wheel(d, self.namesrv_addrs, name="timer")
+        host, prefix = self._place("timer")
+        workdir = d / "timer"
+        args = ["--namesrv", ";".join(self.namesrv_addrs), "--data-dir", str(workdir / "data")]
+        return spawn("timer", "services.timer_wheel", [*args, "--listen", f"{host}:0"], workdir,
+                     None, prefix)  # fmt: skip
+
+    def _start_etcd(self, d: Path) -> ServiceProcess:
+        if self.lab is None:
+            return start_etcd(d, name="etcd")
+        host, prefix = self._place("etcd")
+        assert prefix is not None
+        workdir = d / "etcd"
+        workdir.mkdir(parents=True, exist_ok=True)
+        client = f"http://{host}:{ETCD_CLIENT_PORT}"
+        peer = f"http://{host}:{ETCD_PEER_PORT}"
+        argv = [etcd_binary(), "--name", "etcd", "--data-dir", str(workdir / "data"),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"etcd={peer}"]  # fmt: skip
+        return self._spawn_etcd(argv, prefix, workdir, f"{host}:{ETCD_CLIENT_PORT}")
+
+    def _spawn_etcd(
+        self, argv: list[str], prefix: list[str], workdir: Path, addr: str
+    ) -> ServiceProcess:
+        log_path = workdir / "etcd.log"
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [*prefix, *argv], stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir)
+            )
+        sp = ServiceProcess("etcd", proc, addr, workdir, log_path, argv, None, prefix)
+        self._own.append(sp)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        health = f"http://{self.dial(addr)}/health"
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {proc.returncode}\n{sp.log_tail()}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(health, timeout=1) as resp:
+                if b"true" in resp.read():
+                    return sp
+            time.sleep(0.1)
+        proc.kill()
+        raise RuntimeError(f"etcd not healthy within {READY_TIMEOUT_S}s\n{sp.log_tail()}")
+
+    def dial(self, addr: str) -> str:
+        """The address the driver connects to for a node's ``addr``."""
+        return addr if self.gateway is None else self.gateway.local(addr)
 
     @property
     def namesrv_addrs(self) -> list[str]:
@@ -143,7 +244,11 @@ class ChaosCluster:
         self.resume(node)
         if node.alive():
             node.sp.kill()
-        node.sp = restart(node.sp)
+        if node.kind == "etcd" and node.sp.prefix:
+            sp = node.sp
+            node.sp = self._spawn_etcd(sp.argv, sp.prefix, sp.workdir, sp.addr)
+        else:
+            node.sp = restart(node.sp)
 
     def pause(self, node: Node) -> None:
         node.sp.pause()
@@ -175,8 +280,17 @@ class ChaosCluster:
 
     def close(self) -> None:
         order = ["timer", "broker", "namesrv", "etcd"]
-        for kind in order:
-            self.stop([n for n in self.nodes.values() if n.kind == kind])
+        try:
+            for kind in order:
+                self.stop([n for n in self.nodes.values() if n.kind == kind])
+        finally:
+            for sp in self._own:
+                if sp.alive():
+                    sp.kill()
+            if self.gateway is not None:
+                self.gateway.close()
+            if self.lab is not None:
+                self.lab.close()
 
     # ---- roles -----------------------------------------------------------------------------
 
@@ -184,7 +298,7 @@ class ChaosCluster:
         if not node.alive() or node.paused:
             return None
         try:
-            with grpc.insecure_channel(node.addr) as ch:
+            with grpc.insecure_channel(self.dial(node.addr)) as ch:
                 resp: admin_pb2.GetRuntimeStatsResponse = admin_pb2_grpc.AdminStub(
                     ch
                 ).GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest(), timeout=PROBE_TIMEOUT_S)

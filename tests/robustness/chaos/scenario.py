@@ -154,16 +154,17 @@ def run_scenario(cfg: ScenarioConfig, run_dir: Path, keep_dir: Path | None) -> O
 def _setup(run: Run) -> None:
     c = run.cluster
     c.start()
+    run.lab = c.lab
     problem = c.wait_healthy(60)
     if problem:
         raise RuntimeError(f"the cluster never became healthy: {problem}")
     master = c.master_of(GROUP)
     assert master is not None
-    asyncio.run(create_topics(master.addr, GROUP, [TOPIC, ORDERLY_TOPIC], QUEUES))
+    asyncio.run(create_topics(c.dial(master.addr), GROUP, [TOPIC, ORDERLY_TOPIC], QUEUES))
     if run.cfg.cluster.static_group:
         static = c.master_of("broker-b")
         assert static is not None
-        asyncio.run(create_topics(static.addr, "broker-b", [TOPIC], QUEUES))
+        asyncio.run(create_topics(c.dial(static.addr), "broker-b", [TOPIC], QUEUES))
     _wait_topics_known(run, 30)
     cfg = run.cfg
     ns = ";".join(c.namesrv_addrs)
@@ -197,7 +198,7 @@ def _wait_topics_known(run: Run, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for node in [n for g in run.cluster.groups for n in run.cluster.replicas(g)]:
         topics = [TOPIC, ORDERLY_TOPIC] if node.group == GROUP else [TOPIC]
-        with grpc.insecure_channel(node.addr) as ch:
+        with grpc.insecure_channel(run.cluster.dial(node.addr)) as ch:
             stub = messaging_pb2_grpc.MessagingStub(ch)
             for topic in topics:
                 while True:
@@ -299,7 +300,8 @@ def _read_back(run: Run) -> list[str]:
                 problems.append(f"no master of {group} to read back from")
                 continue
             topics = {TOPIC: QUEUES, **({ORDERLY_TOPIC: QUEUES} if group == GROUP else {})}
-            n, errs = readback.read_queues(master.addr, group, topics, rec)
+            addr = run.cluster.dial(master.addr)
+            n, errs = readback.read_queues(addr, group, topics, rec)
             problems += errs
             run.note(f"read back {n} messages from {master.name}")
     return problems
