@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -155,7 +156,7 @@ async def _failover(tmp_path: Path) -> None:
     await create_topics(master.addr, GROUP, [TOPIC], 1)
     await wait_in_sync(master.addr, 2)
     for sp in (replicas[2], replicas[3]):  # config sync copied the topic (slaveSyncConfigInterval)
-        await until(lambda sp=sp: _has_topic(sp.addr), 10, f"{TOPIC} on {sp.name}")
+        await until(partial(_has_topic, sp.addr), 10, f"{TOPIC} on {sp.name}")
     assert await send(master.addr, "e1", 20) == [messaging_pb2.SEND_OK] * 20
     st = await runtime_stats(master.addr)
     assert sorted(st.in_sync_replica_ids) == [1, 2, 3] and st.lease_remaining_ms > 0
