@@ -261,6 +261,7 @@ def test_recovery_time_is_fault_start_to_the_first_ack_after_it() -> None:
     v = b.check(check_stored=False, groups={})
     (r,) = v.recoveries
     assert r.first_ok_ms == pytest.approx(2955)
+    assert r.longest_gap_ms == pytest.approx(2955)  # from the fault to the first ack after it
 
 
 def test_duplicate_bound_grows_with_disruptions_and_rate() -> None:

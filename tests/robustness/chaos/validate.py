@@ -10,6 +10,7 @@ histories.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ class Recovery:
     first_ok_ms: float | None
     """Fault start -> end of the first acknowledged send begun after it (to the fault's broker
     group when it names one); None = none followed."""
+    longest_gap_ms: float | None = None
+    """The longest time without an acknowledged send (to that group) from the fault's start
+    until the next fault (or the end): how long writes were really unavailable."""
 
 
 @dataclass
@@ -56,7 +60,10 @@ class Verdict:
         lines = [" ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))]
         for r in self.recoveries:
             took = "never" if r.first_ok_ms is None else f"{r.first_ok_ms / 1000:.2f} s"
-            lines.append(f"recovery after {r.fault.kind} {r.fault.target}: {took}")
+            gap = (
+                "" if r.longest_gap_ms is None else f", longest gap {r.longest_gap_ms / 1000:.2f} s"
+            )
+            lines.append(f"recovery after {r.fault.kind} {r.fault.target}: {took}{gap}")
         for check, msgs in sorted(self.failures.items()):
             if not msgs:
                 continue
@@ -326,11 +333,16 @@ def _check_timers(h: History, exp: Expectations, rel: _Rel, v: Verdict) -> None:
 
 def _recoveries(h: History, acked: list[Send], v: Verdict) -> None:
     by_end = sorted(acked, key=lambda s: s.t1)
-    for f in sorted(h.faults, key=lambda f: f.t0):
-        first = next(
-            (s for s in by_end if s.t0 >= f.t0 and (not f.group or s.broker == f.group)), None
+    faults = sorted(h.faults, key=lambda f: f.t0)
+    for i, f in enumerate(faults):
+        mine = [s for s in by_end if not f.group or s.broker == f.group]
+        first = next((s for s in mine if s.t0 >= f.t0), None)
+        until = faults[i + 1].t0 if i + 1 < len(faults) else (mine[-1].t1 if mine else f.t1)
+        ends = [f.t0] + [s.t1 for s in mine if f.t0 <= s.t1 <= until] + [until]
+        gap = max((b - a for a, b in itertools.pairwise(ends)), default=0)
+        v.recoveries.append(
+            Recovery(f, None if first is None else (first.t1 - f.t0) / 1e6, gap / 1e6)
         )
-        v.recoveries.append(Recovery(f, None if first is None else (first.t1 - f.t0) / 1e6))
 
 
 def _where(d: Delivery) -> str:
