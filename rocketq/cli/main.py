@@ -6,6 +6,7 @@ import click
 
 from rocketq.cli.admin_cmd import ADMIN_COMMANDS
 from rocketq.cli.bench_cmd import BENCH_COMMANDS
+from rocketq.cli.ha_cmd import HA_COMMANDS
 from rocketq.cli.io_cmd import IO_COMMANDS
 from rocketq.cli.server_cmd import SERVER_COMMANDS
 from rocketq.cli.store_cmd import store
@@ -27,6 +28,7 @@ for _command in (
     *TIMER_COMMANDS,
     *TRANSACTION_COMMANDS,
     *BENCH_COMMANDS,
+    *HA_COMMANDS,
 ):
     cli.add_command(_command)
 

@@ -271,6 +271,7 @@ class ReplicationClient:
             if self._channel is not None:
                 await self._channel.close()
                 self._channel = None
+            self.master_addr_in_use = ""  # a later run must open a channel again, even to it
 
     async def _connect_once(self) -> int:
         """One connection attempt and its stream; returns the delay before the next, in ms."""
