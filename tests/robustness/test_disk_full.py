@@ -1,10 +1,11 @@
 """A slave whose disk fills up (issue 8's "a slave's disk filling up"; chaos/disk.py).
 
-The slave's store directory is a small tmpfs (:class:`DiskFiller`); it is filled with a ballast
-file while the master takes writes. What must happen:
+The slave's store directory is a small volume (:class:`DiskFiller`, a loop-mounted ext4
+image); it is filled with a ballast file while the master takes writes. What must happen:
 
-* the slave does not crash (a store through a mapped page of a full tmpfs is a SIGBUS: the
-  store reserves space with fallocate first, and undoes a write that finds no room), logs the
+* the slave does not crash (a store through a mapped page the full volume has no block for is a
+  SIGBUS: the store reserves space with fallocate first, and undoes a write that finds no room;
+  recovery no longer writes zeros over the sparse tail of the last file), logs the
   problem clearly (one ERROR from the store, one WARNING from replication, no flood), and keeps
   serving what it has;
 * ASYNC_MASTER: the master keeps answering SEND_OK; SYNC_MASTER: sends are answered
@@ -191,3 +192,67 @@ def test_sync_master_answers_slave_timeout_while_the_slave_disk_is_full(tmp_path
             assert_same_commitlogs(master.workdir / "store", disk.path, end)
         finally:
             _stop(procs)
+
+
+def test_store_refuses_a_write_without_room_and_stays_consistent(tmp_path: Path) -> None:
+    """The master's path, in-process: appends until the volume is full, each refused one
+    undone (queue offsets too); after freeing, appends continue densely; reopened, the store
+    holds exactly the acknowledged messages and passes the verifier."""
+    from rocketq import codec
+    from services.common.clock import ManualClock
+    from services.store.commitlog import MessageToStore
+    from services.store.config import StoreConfig
+    from services.store.inspect import detect_layout, verify
+    from services.store.message_store import MessageStore, StoreFullError
+    from tests.integration.replication_support import stored_uniq_keys
+
+    def msg(n: int) -> MessageToStore:
+        uniq = f"m{n:06d}"
+        props = codec.encode_properties({codec.Prop.UNIQ_KEY: uniq, codec.Prop.KEYS: f"k{n}"})
+        return MessageToStore(
+            topic="Full", queue_id=n % 2, body=b"x" * 3000, properties=props,
+            tags_code=0, keys=f"k{n}", uniq_key=uniq,
+        )  # fmt: skip
+
+    with DiskFiller(tmp_path / "store", 2 * 1024 * 1024) as disk:
+        config = StoreConfig(
+            store_dir=disk.path, commitlog_file_bytes=4 * 1024 * 1024,
+            consume_queue_units_per_file=1000, index_slot_num=2048, index_num=8192,
+        )  # fmt: skip
+        clock = ManualClock(1_700_000_000_000)
+        store = MessageStore(config, clock=clock, disk_usage=lambda _p: 0.1)
+        store.open()
+        acked: list[str] = []
+
+        def append(first: int) -> bool:
+            batch = [msg(first + i) for i in range(3)]
+            try:
+                store.append(batch)
+            except StoreFullError:
+                queued = store.max_offset("Full", 0) + store.max_offset("Full", 1)
+                assert queued == len(acked), "a refused append left queue offsets behind"
+                return False
+            acked.extend(m.uniq_key for m in batch)
+            return True
+
+        n = 0
+        for _ in range(10):
+            assert append(n)
+            n += 3
+        disk.fill(leave_bytes=256 * 1024)
+        while n < 3000 and append(n):  # 256 KiB left: full after ~80 messages
+            n += 3
+        assert 30 < len(acked) < 3000, "the volume never filled up"
+        assert not append(n)  # still full: refused again, still undone
+        disk.free()
+        for _ in range(20):
+            assert append(n)
+            n += 3
+        asyncio.run(store.shutdown())
+        reopened = MessageStore(config, clock=clock, disk_usage=lambda _p: 0.1)
+        reopened.open()
+        assert reopened.max_offset("Full", 0) + reopened.max_offset("Full", 1) == len(acked)
+        asyncio.run(reopened.shutdown())
+        report = verify(detect_layout(disk.path))
+        assert report.ok, report.problems[:10]
+        assert stored_uniq_keys(disk.path) == set(acked)

@@ -1,14 +1,22 @@
 """A disk that fills up on demand: a small file system mounted at a store directory.
 
-``DiskFiller(path, size_bytes)`` mounts a tmpfs of ``size_bytes`` at ``path`` (created if
+``DiskFiller(path, size_bytes)`` mounts a volume of ``size_bytes`` at ``path`` (created if
 missing), so a broker whose ``storePathRootDir`` is ``path`` runs on a volume of that size and
 nothing else on the machine is affected. :meth:`DiskFiller.fill` writes a ballast file until
 only ``leave_bytes`` stay free; :meth:`DiskFiller.free` deletes it; :meth:`DiskFiller.close`
 unmounts (always; a lazy unmount if a process still holds files there). Everything under
 ``path`` is gone after ``close``: read what you need from the store first.
 
-If mounting a tmpfs is impossible here (no privilege for it), a small ext4 image file is made
-with ``mkfs.ext4`` and loop-mounted instead (``kind`` says which; the log says so too).
+Two kinds of volume (``kind``):
+
+* ``"ext4"`` (the default): an image file (``mkfs.ext4``) loop-mounted - a real disk's
+  semantics. Falls back to tmpfs, saying so, if loop devices are unavailable.
+* ``"tmpfs"``: quicker, but not a disk: in a *shared mapping* of a tmpfs file even a read
+  fault on a hole allocates a page, so reading the sparse, never-written tail of a mapped file
+  (recovery scans the last commitlog file to its end; an index query touches random slot
+  pages) consumes space and, on a full or small tmpfs, kills the reader with SIGBUS. A store
+  whose files are larger than the tmpfs cannot even be reopened. Use it only for a process
+  that is not restarted and whose files fit. Falls back to ext4 if it cannot be mounted.
 
     with DiskFiller(tmp_path / "slave-store", 8 << 20) as disk:
         ... start a broker on disk.path ...
@@ -43,53 +51,59 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 class DiskFiller:
     """A ``size_bytes`` volume mounted at ``path`` that :meth:`fill` fills up (module doc)."""
 
-    def __init__(self, path: Path, size_bytes: int) -> None:
+    def __init__(self, path: Path, size_bytes: int, kind: str = "ext4") -> None:
         if size_bytes < SIZE_MIN_BYTES:
             raise ValueError(f"size_bytes {size_bytes}: at least {SIZE_MIN_BYTES}")
+        if kind not in ("ext4", "tmpfs"):
+            raise ValueError(f"kind {kind!r}: 'ext4' or 'tmpfs'")
         self.path = Path(path)
         self.size_bytes = size_bytes
         self.kind = ""
-        """"tmpfs" or "ext4-loop" once mounted."""
+        """"tmpfs" or "ext4" once mounted (the one asked for, unless it could not be)."""
         self._image: Path | None = None
         self._mounted = False
         self.path.mkdir(parents=True, exist_ok=True)
         if any(self.path.iterdir()):
             raise ValueError(f"{self.path} is not empty: mounting over it would hide files")
         try:
-            self._mount()
+            first, second = (
+                (self._ext4, self._tmpfs) if kind == "ext4" else (self._tmpfs, self._ext4)
+            )
+            problem = first()
+            if problem:
+                log.warning("%s; trying the other kind of volume", problem)
+                other = second()
+                if other:
+                    raise RuntimeError(f"cannot mount a volume at {self.path}: {problem}; {other}")
         except BaseException:
             self.close()
             raise
 
-    def _mount(self) -> None:
+    def _tmpfs(self) -> str:
         tmpfs = _run(
             ["mount", "-t", "tmpfs", "-o", f"size={self.size_bytes},mode=0755", "tmpfs",
              str(self.path)]
         )  # fmt: skip
-        if tmpfs.returncode == 0:
-            self.kind = "tmpfs"
-            self._mounted = True
-            return
-        log.warning(
-            "cannot mount a tmpfs at %s (%s); using a loop-mounted ext4 image instead",
-            self.path,
-            tmpfs.stderr.strip(),
-        )
+        if tmpfs.returncode != 0:
+            return f"cannot mount a tmpfs at {self.path}: {tmpfs.stderr.strip()}"
+        self.kind = "tmpfs"
+        self._mounted = True
+        return ""
+
+    def _ext4(self) -> str:
         self._image = self.path.with_name(self.path.name + ".img")
         with open(self._image, "wb") as f:
             f.truncate(self.size_bytes)
         mkfs = _run(["mkfs.ext4", "-q", "-F", "-m", "0", str(self._image)])
         if mkfs.returncode != 0:
-            raise RuntimeError(f"mkfs.ext4 failed: {mkfs.stderr.strip()}")
+            return f"mkfs.ext4 failed: {mkfs.stderr.strip()}"
         loop = _run(["mount", "-o", "loop", str(self._image), str(self.path)])
         if loop.returncode != 0:
-            raise RuntimeError(
-                f"cannot mount a tmpfs ({tmpfs.stderr.strip()}) nor a loop image "
-                f"({loop.stderr.strip()}) at {self.path}"
-            )
-        self.kind = "ext4-loop"
+            return f"cannot loop-mount an ext4 image at {self.path}: {loop.stderr.strip()}"
+        self.kind = "ext4"
         self._mounted = True
         (self.path / "lost+found").rmdir()
+        return ""
 
     # -- filling ---------------------------------------------------------------------------
     @property
