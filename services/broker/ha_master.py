@@ -24,6 +24,13 @@ after merging the slave's offsets that are ahead of the master's.
 
 Bookkeeping (in-sync set, confirm offset, waiters, lag) is ``ha_tracker``; this module is the
 wire around it.
+
+**Role switches** (controller mode, ``services.broker.roles``): :meth:`ReplicationService.promote`
+starts the master side on a promoted slave (empty in-sync set, ISR publishing task);
+:meth:`ReplicationService.demote_now` (synchronous, on losing the lease) fails SYNC_MASTER
+waiters with NOT_MASTER and ends every stream, :meth:`ReplicationService.demote` also stops the
+tasks. The ISR publisher publishes ``tracker.wanted_isr()`` whenever it differs from what etcd
+holds, retrying every ``ISR_RETRY_S`` after a failure.
 """
 
 # ruff: noqa: N802  (servicer methods carry the proto's RPC names)
