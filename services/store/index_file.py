@@ -58,6 +58,7 @@ must sort in creation order, and local time runs backwards once a year at the en
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -69,6 +70,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rocketq.java_hash import index_key_hash
+from services.store.mapped_file import RESERVE_AHEAD_BYTES, DiskFullError
 from services.store.types import PhysicalOffset
 
 _log = logging.getLogger(__name__)
@@ -116,6 +118,9 @@ assert HEADER.size == INDEX_COUNT_AT + 4
 
 DEFAULT_SLOT_NUM = 5_000_000
 DEFAULT_INDEX_NUM = 20_000_000
+_PAGE_BYTES = 4096
+"""Granularity of slot-table space reservations (module doc of mapped_file: a store into a
+sparse page the volume has no room for is a SIGBUS, so space is reserved before each put)."""
 _INT32_MAX = 2**31 - 1
 _SECOND_MS = 1000
 
@@ -180,6 +185,8 @@ class IndexFile:
         self._entries_at = HEADER.size + slot_num * SLOT.size
         self._dirty = False
         self._closed = False
+        self._slot_pages_reserved = np.zeros(self._entries_at // _PAGE_BYTES + 1, dtype=bool)
+        self._entries_reserved_to = 0
         if self._path.exists():
             self._fd = self._open_existing()
         else:
@@ -376,6 +383,7 @@ class IndexFile:
         first = n == 1
         begin_ts = store_timestamp_ms if first else self._begin_ts
         slot_at = HEADER.size + (key_hash % self._slot_num) * SLOT.size
+        self._reserve(np.array([slot_at]), self._entries_at + (n + 1) * ENTRY.size)
         (slot_value,) = SLOT.unpack_from(self._mm, slot_at)
         prev = slot_value if 0 <= slot_value < n else self._committed_head(slot_value, n)
         diff = _time_diff_s(store_timestamp_ms, begin_ts)
@@ -422,6 +430,11 @@ class IndexFile:
         run_start[1:] = sorted_slots[1:] != sorted_slots[:-1]
         run_end = np.ones(m, dtype=bool)
         run_end[:-1] = run_start[1:]
+        # Before the slots are even read: on tmpfs a read fault on a hole allocates a page too.
+        self._reserve(
+            HEADER.size + sorted_slots[run_end] * SLOT.size,
+            self._entries_at + (n0 + m) * ENTRY.size,
+        )
         heads = self._slots[sorted_slots[run_start]].astype(np.int64)
         torn = (heads < 0) | (heads >= n0)
         if torn.any():  # rare (see _committed_head); flatnonzero costs more than this test
@@ -449,6 +462,37 @@ class IndexFile:
         self._write_counts(self._hash_slot_count + int(np.count_nonzero(heads == 0)), n0 + m)
         self._dirty = True
         return m
+
+    def _reserve(self, slot_positions: np.ndarray, entries_end: int) -> None:
+        """Reserve disk space for the slots at ``slot_positions`` (bytes) and the entries
+        below ``entries_end`` before a put writes them; :class:`DiskFullError` if the volume
+        has no room (nothing written yet)."""
+        pages = slot_positions // _PAGE_BYTES
+        reserved = self._slot_pages_reserved[pages]
+        if not reserved.all():  # the common case is a fast "all reserved already"
+            for page in np.unique(pages[~reserved]).tolist():
+                end = min((page + 1) * _PAGE_BYTES, self._entries_at)
+                self._fallocate(page * _PAGE_BYTES, end)
+                self._slot_pages_reserved[page] = True
+        if entries_end > self._entries_reserved_to:
+            start = self._entries_at + self._next_no * ENTRY.size
+            ahead = min(self._size, entries_end + RESERVE_AHEAD_BYTES)
+            try:
+                self._fallocate(start, ahead)
+            except DiskFullError:
+                self._fallocate(start, entries_end)  # no room for the look-ahead: what we need
+                ahead = entries_end
+            self._entries_reserved_to = ahead
+
+    def _fallocate(self, start: int, end: int) -> None:
+        try:
+            os.posix_fallocate(self._fd, start, end - start)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise DiskFullError(
+                exc.errno, f"{exc.strerror}: cannot reserve {end - start} bytes in {self._path}"
+            ) from exc
 
     def _write_begin(self, timestamp_ms: int, phy_offset: int) -> None:
         self._begin_ts = timestamp_ms

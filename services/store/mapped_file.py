@@ -14,11 +14,16 @@ Design notes
   AllocateMappedFileService does the same from a thread; creation here costs microseconds).
 * ``fdatasync`` on the descriptor writes back pages dirtied through a shared mapping on Linux,
   so durability does not depend on ``mmap.flush`` (which holds the GIL while it syncs).
+* Disk space is reserved (``posix_fallocate``) ahead of the write position, ``RESERVE_AHEAD_BYTES``
+  at a time, before bytes are stored through the map: a store through a map into a sparse page
+  that the volume has no room for is a SIGBUS that kills the process, while a failed reservation
+  is a :class:`DiskFullError` that the store handles (nothing of the write is stored).
 * A mapped file never knows what its bytes mean; commitlog and consume queue give them meaning.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from collections.abc import Iterator
@@ -28,6 +33,14 @@ from services.store.types import FileStartOffset
 
 FILE_NAME_DIGITS = 20
 _ZERO_CHUNK_BYTES = 4 * 1024 * 1024
+_ZERO_CHUNK = bytes(_ZERO_CHUNK_BYTES)
+RESERVE_AHEAD_BYTES = 64 * 1024
+"""Space reserved past a write that needs more: one fallocate per 64 KiB written, and at most
+this much reserved but unused per file (consume queues are many)."""
+
+
+class DiskFullError(OSError):
+    """The volume has no room for bytes about to be written; nothing of them was written."""
 
 
 def file_name(start: int) -> str:
@@ -82,6 +95,8 @@ class MappedFile:
         """Bytes of this file that hold data (relative to the file's start)."""
         self.flushed_position = 0
         """Bytes known to be on disk."""
+        self.reserved_position = 0
+        """Disk space is reserved below max(this, wrote_position) (see the module doc)."""
         self.closed = False
 
     # -- writing ---------------------------------------------------------------------------
@@ -99,13 +114,38 @@ class MappedFile:
         end = pos + len(data)
         if end > self.file_size_bytes:
             raise ValueError(f"{self.path.name}: {len(data)} bytes do not fit at {pos}")
+        if end > self.reserved_position:
+            self.reserve(end)
         self._map[pos:end] = data
         self.wrote_position = end
         return pos
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` at ``pos`` without moving the write position (recovery, replication)."""
-        self._map[pos : pos + len(data)] = data
+        end = pos + len(data)
+        if end > self.reserved_position and end > self.wrote_position:
+            self.reserve(end)
+        self._map[pos:end] = data
+
+    def reserve(self, end: int) -> None:
+        """Make sure the volume has room for every byte below ``end`` (and some ahead);
+        :class:`DiskFullError` when it has not."""
+        start = min(self.wrote_position, self.reserved_position)
+        ahead = min(self.file_size_bytes, end + RESERVE_AHEAD_BYTES)
+        for target in (ahead, end) if ahead > end else (end,):
+            try:
+                os.posix_fallocate(self._fd, start, target - start)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                if target == end:  # not even the bytes needed now: give up
+                    raise DiskFullError(
+                        exc.errno,
+                        f"{exc.strerror}: cannot reserve {end - start} bytes in {self.path}",
+                    ) from exc
+                continue  # no room for the look-ahead: try the bytes needed now
+            self.reserved_position = target
+            return
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, pos: int, size: int) -> memoryview:
@@ -129,12 +169,18 @@ class MappedFile:
     # -- lifecycle -------------------------------------------------------------------------
     def zero_from(self, pos: int, end: int | None = None) -> None:
         """Zero the bytes from ``pos`` to ``end`` (default: the file's end) and set the write
-        position to ``pos``. Zeroes a chunk at a time: a 1 GiB file never costs 1 GiB of RAM."""
+        position to ``pos``. Zeroes a chunk at a time: a 1 GiB file never costs 1 GiB of RAM.
+
+        Chunks already all zero are only read, never written: recovery zeroes from the end of
+        the data to the file's end at every open, and writing zeros into the sparse tail would
+        allocate it all - on a full disk, a SIGBUS at startup."""
         stop = self.file_size_bytes if end is None else min(end, self.file_size_bytes)
         at = pos
         while at < stop:
             n = min(stop - at, _ZERO_CHUNK_BYTES)
-            self._map[at : at + n] = bytes(n)
+            zeros = _ZERO_CHUNK[:n]
+            if self._map[at : at + n] != zeros:
+                self._map[at : at + n] = zeros
             at += n
         self.wrote_position = pos
         self.flushed_position = min(self.flushed_position, pos)

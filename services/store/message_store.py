@@ -33,6 +33,7 @@ from services.store.errors import ReplicaRangeError as ReplicaRangeError  # noqa
 from services.store.errors import StoreError as StoreError  # noqa: PLC0414 (re-export)
 from services.store.flush import FlushDiskType, FlushService
 from services.store.index_service import IndexService
+from services.store.mapped_file import DiskFullError
 from services.store.recovery import RecoveryReport, recover_commitlog, recover_logics
 from services.store.replica import ReplicaWriter, read_replica
 from services.store.retention import DiskUsage, RetentionService, disk_used_ratio
@@ -49,7 +50,8 @@ class PutStatus(enum.Enum):
 
 
 class StoreFullError(StoreError):
-    """Disk use is at or above diskSpaceWarningLevelRatio; appends are refused."""
+    """Disk use is at or above diskSpaceWarningLevelRatio, or the volume had no room for a
+    write (which was then undone: the store is as before it); appends are refused."""
 
 
 class StoreClosedError(StoreError):
@@ -156,6 +158,8 @@ class MessageStore:
         self._lock_fd: int | None = None
         self._open = False
         self._retention_task: asyncio.Task[None] | None = None
+        self._disk_full = False
+        """The last write found the volume full (logged once per episode, not per retry)."""
 
     @property
     def memory_limit_bytes(self) -> int:
@@ -279,8 +283,21 @@ class MessageStore:
                 f"{self.config.store_dir}; writes are refused until retention frees space "
                 "(lower fileReservedTime or add disk)"
             )
-        results, requests = self.commitlog.append_batch(messages)
-        self.dispatcher.dispatch(requests)
+        start = self.commitlog.max_offset
+        offsets = self.commitlog.queue_offsets
+        before = {(m.topic, m.queue_id): offsets.get((m.topic, m.queue_id)) for m in messages}
+        try:
+            results, requests = self.commitlog.append_batch(messages)
+            self.dispatcher.dispatch(requests)
+        except DiskFullError as exc:
+            self.replica.truncate(start, self.queues)  # bytes, units and index entries
+            for key, offset in before.items():
+                if offset is None:
+                    offsets.pop(key, None)
+                else:
+                    offsets[key] = offset
+            raise self._full(exc, f"{len(messages)} message(s) not stored") from exc
+        self._disk_has_room()
         return results
 
     async def put(self, messages: Sequence[MessageToStore]) -> PutResult:
@@ -313,7 +330,33 @@ class MessageStore:
                 f"disk use is at or above {self.config.disk_space_warning_level_ratio}% on "
                 f"{self.config.store_dir}; replication pauses until retention frees space"
             )
-        return self.replica.append(physical_offset, data)
+        whole_end = self.replica.dispatched_offset
+        try:
+            new_max = self.replica.append(physical_offset, data)
+        except DiskFullError as exc:
+            # Undo the chunk (and any partial record before it): the stream restarts at the
+            # last whole record, exactly as after a reconnect.
+            self.truncate_replica(whole_end)
+            raise self._full(exc, f"replicated bytes from {physical_offset} not stored") from exc
+        self._disk_has_room()
+        return new_max
+
+    def _full(self, exc: DiskFullError, what: str) -> StoreFullError:
+        if not self._disk_full:
+            self._disk_full = True
+            log.error(
+                "the store's volume is full (%s): %s; the write was undone and the store is "
+                "unchanged. Writes fail until space is freed on %s",
+                exc.strerror,
+                what,
+                self.config.store_dir,
+            )
+        return StoreFullError(f"no space left on the store's volume ({exc}); {what}")
+
+    def _disk_has_room(self) -> None:
+        if self._disk_full:
+            self._disk_full = False
+            log.info("the store's volume has room again: writes resumed")
 
     def truncate_replica(self, physical_offset: int) -> None:
         """Slave: drop commitlog bytes at/after ``physical_offset`` with the consume-queue units

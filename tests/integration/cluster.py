@@ -41,6 +41,8 @@ class ServiceProcess:
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] | None = None
     """Extra environment it was started with (kept by :func:`restart`)."""
+    prefix: list[str] = field(default_factory=list)
+    """argv run before ``argv`` (e.g. ``ip netns exec NS``; kept by :func:`restart`)."""
 
     @property
     def pid(self) -> int:
@@ -122,8 +124,10 @@ def spawn(
     args: list[str],
     workdir: Path,
     env: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
 ) -> ServiceProcess:
-    """Start ``python -m module args --ready-file F`` and wait for its ready file."""
+    """Start ``python -m module args --ready-file F`` and wait for its ready file; ``prefix``
+    goes before the command (``["ip", "netns", "exec", NS]`` runs it in a network namespace)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ready = workdir / f"{name}.ready"
     ready.unlink(missing_ok=True)
@@ -134,9 +138,13 @@ def spawn(
         full_env.update(env)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=str(workdir)
+            [*(prefix or []), *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=str(workdir),
         )
-    sp = ServiceProcess(name, proc, "", workdir, log_path, argv, env)
+    sp = ServiceProcess(name, proc, "", workdir, log_path, argv, env, list(prefix or []))
     _SPAWNED.append(sp)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -151,12 +159,20 @@ def spawn(
     raise AssertionError(f"{name} not ready within {READY_TIMEOUT_S}s\n{sp.log_tail()}")
 
 
-def start_nameserver(tmp_path: Path, *args: str, name: str = "namesrv") -> ServiceProcess:
+def start_nameserver(
+    tmp_path: Path,
+    *args: str,
+    name: str = "namesrv",
+    host: str = "127.0.0.1",
+    prefix: list[str] | None = None,
+) -> ServiceProcess:
+    """Start a nameserver listening on ``host`` (port 0); ``prefix``: see :func:`spawn`."""
     return spawn(
         name,
         "services.nameserver",
-        ["--listen", "127.0.0.1:0", *args],
+        ["--listen", f"{host}:0", *args],
         tmp_path / name,
+        prefix=prefix,
     )
 
 
@@ -195,6 +211,25 @@ def start_broker(
     store_dir = Path(str(config_keys.pop("storePathRootDir", workdir / "store")))
     args = broker_args(store_dir, namesrv_addrs, name, config_keys)
     return spawn(name, "services.broker", args, workdir, env)
+
+
+def start_broker_in(
+    prefix: list[str],
+    host: str,
+    tmp_path: Path,
+    namesrv_addrs: list[str],
+    name: str = "broker-a",
+    env: dict[str, str] | None = None,
+    **config_keys: object,
+) -> ServiceProcess:
+    """:func:`start_broker` run under ``prefix`` (``ip netns exec NS``), listening on and
+    advertising ``host`` (a separate function: new parameters on start_broker would clash,
+    for mypy, with callers passing ``**config_keys`` dicts)."""
+    workdir = tmp_path / name
+    store_dir = Path(str(config_keys.pop("storePathRootDir", workdir / "store")))
+    keys: dict[str, object] = {"listenAddress": host, "brokerIP1": host, **config_keys}
+    args = broker_args(store_dir, namesrv_addrs, name, keys)
+    return spawn(name, "services.broker", args, workdir, env, prefix)
 
 
 def start_slave(
@@ -316,7 +351,7 @@ def restart(sp: ServiceProcess) -> ServiceProcess:
     ready_idx = args.index("--ready-file")
     args = args[:ready_idx] + args[ready_idx + 2 :]
     module = sp.argv[2]
-    return spawn(sp.name, module, args, sp.workdir, sp.env)
+    return spawn(sp.name, module, args, sp.workdir, sp.env, sp.prefix)
 
 
 @dataclass
