@@ -75,6 +75,7 @@ from services.broker.subscription_group_manager import (
     SubscriptionGroupManager,
     check_group_config,
 )
+from services.broker.switchover import switchover
 from services.broker.topic_config_manager import TopicConfigManager
 from services.broker.transaction_admin import list_half_messages
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -95,6 +96,7 @@ if TYPE_CHECKING:
     from services.broker.ha_master import ReplicationService
     from services.broker.pull_hold import PullHoldService
     from services.broker.rebalance_lock import RebalanceLockManager
+    from services.broker.roles import RoleManager
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +198,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         """On a master: its slaves and confirm offset for GetRuntimeStats (set by server.py)."""
         self.extra_stats: list[Callable[[], dict[str, str]]] = []
         """More named values for GetRuntimeStats ``extra`` (transactions, a slave's stream)."""
+        self.roles: RoleManager | None = None
+        """Controller mode: role switches, Switchover and the controller stats (server.py)."""
 
     # -- common checks ---------------------------------------------------------------------
     def _require_master(self) -> None:
@@ -686,11 +690,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def Switchover(
         self, request: admin_pb2.SwitchoverRequest, context: Context
     ) -> admin_pb2.SwitchoverResponse:
-        raise ServiceError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            common_pb2.ERROR_REASON_UNSPECIFIED,
-            "switchover needs controller mode (etcdEndpoints), which this broker does not run yet",
-        )
+        if self.roles is None:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                common_pb2.ERROR_REASON_UNSPECIFIED,
+                "switchover needs controller mode (etcdEndpoints set on every replica)",
+            )
+        return await switchover(request, self.roles)
 
     @rpc
     async def ResetOffset(
@@ -862,4 +868,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         )
         for provider in self.extra_stats:
             resp.extra.update(provider())
+        resp.replica_id = cfg.replica_id
+        if self.roles is not None:
+            self.roles.fill_stats(resp)
         return resp

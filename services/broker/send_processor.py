@@ -68,7 +68,7 @@ from rocketq.validation import (
     is_writeable,
 )
 from services.broker.config import BrokerConfig
-from services.broker.ha_tracker import HaWaiter
+from services.broker.ha_tracker import HaWaiter, leadership_lost_error
 from services.broker.model import TopicConfig
 from services.broker.timer_put import (
     DELAY_PROPERTIES,
@@ -280,12 +280,18 @@ class SendProcessor:
         if results:
             end = max(end, results[-1].physical_offset + results[-1].size_bytes)
         sync = self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        if end and plan.wait and sync and not await self.store.flusher.wait_flushed(end):
-            status = FLUSH_DISK_TIMEOUT
+        waited = False
+        if end and plan.wait and sync:
+            waited = True
+            if not await self.store.flusher.wait_flushed(end):
+                status = FLUSH_DISK_TIMEOUT
         waiter = self.ha_waiter
         if end and plan.wait and status == SEND_OK and waiter is not None and self._sync_master:
             # SYNC_MASTER (DESIGN.md §6): SEND_OK only once an in-sync slave has the bytes.
+            waited = True
             status = await waiter.wait_replicated(end)
+        if waited and not self.config.is_master:
+            raise leadership_lost_error()  # the lease fence dropped during the wait
         prefix = self._id_prefix
         qid = request.queue_id
         response = messaging_pb2.SendResponse()

@@ -44,6 +44,7 @@ from services.broker.client_manager import ClientManager
 from services.broker.config import BrokerConfig
 from services.broker.config_overrides import load_persisted_overrides
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.controller import EtcdController
 from services.broker.ha_config_sync import ConfigSync, SlaveOffsetCommits
 from services.broker.ha_master import ReplicationService
 from services.broker.ha_slave import ReplicationClient
@@ -52,6 +53,7 @@ from services.broker.model import TopicConfig
 from services.broker.pull_hold import PullHoldService
 from services.broker.rebalance_lock import RebalanceLockManager
 from services.broker.registration import BrokerRegistrar
+from services.broker.roles import RoleManager, SlaveSide
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
 from services.broker.transaction_check import TransactionCheckService
@@ -86,6 +88,9 @@ class Broker:
         self.ha_slave: ReplicationClient | None = None
         """On a slave: the replication stream to its master (``runtime_extra()`` for stats)."""
         self.config_sync: ConfigSync | None = None
+        self.roles: RoleManager | None = None
+        """Controller mode (etcdEndpoints): switches roles as the etcd election decides."""
+        self.controller: EtcdController | None = None
 
     async def start(self) -> str:
         cfg = self.config
@@ -148,6 +153,8 @@ class Broker:
             clock=self.clock,
         )
         self._wire_replication(messaging, admin)
+        if cfg.controller_mode:
+            self._wire_controller(admin)
         messaging_pb2_grpc.add_MessagingServicer_to_server(messaging, self.server)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, self.server)
         await self.store.start()
@@ -170,12 +177,17 @@ class Broker:
         admin.extra_stats.append(self.transactions.stats)
         if self.ha_slave is not None:
             admin.extra_stats.append(self.ha_slave.runtime_extra)
-        if self.ha_slave is not None and self.config_sync is not None:
+        if self.ha_slave is not None and self.config_sync is not None and self.roles is None:
             self._spawn(self.ha_slave.run())
             self._spawn(self.config_sync.run())
         await grpc_server.set_serving(health, SERVICE_NAMES)
         if cfg.namesrv_addrs:
             await self.registrar.start()
+        if self.roles is not None:
+            # A candidate slave until the election says otherwise (serves reads meanwhile).
+            self.controller = EtcdController(cfg, self.roles, self.advertised_addr)
+            self.roles.attach(self.controller)
+            await self.controller.start()
         log.info(
             "broker %s (cluster %s, id %d) serving at %s, store %s",
             cfg.broker_name,
@@ -198,11 +210,38 @@ class Broker:
             clock=self.clock,
         )
         replication_pb2_grpc.add_ReplicationServicer_to_server(self.replication, self.server)
-        if self.config.is_master:
+        if self.config.is_master or self.config.controller_mode:
             messaging.sender.ha_waiter = self.replication.waiter
             admin.replication = self.replication
         # Pulls held on bytes beyond the confirm offset are answered once it covers them.
         self.store.confirm_listeners.append(self._confirm_advanced)
+
+    def _wire_controller(self, admin: AdminService) -> None:
+        """Controller mode: roles come from the etcd election (services.broker.roles); the
+        slave side is started and stopped by the RoleManager, not here."""
+        assert self.ha_slave is not None and self.config_sync is not None
+        self.roles = RoleManager(
+            config=self.config,
+            store=self.store,
+            replication=self.replication,
+            slave=SlaveSide(self.ha_slave, self.config_sync, self.config_sync.commits),
+            addr=self.advertised_addr,
+            transactions=self.transactions,
+            offsets=self.offsets,
+            reregister=self._reregister,
+        )
+        admin.roles = self.roles
+
+    async def _reregister(self, old_broker_id: int) -> None:
+        cfg = self.config
+        await self.registrar.reregister(
+            nameserver_pb2.UnregisterBrokerRequest(
+                cluster_name=cfg.cluster_name,
+                broker_addr=self.advertised_addr,
+                broker_name=cfg.broker_name,
+                broker_id=old_broker_id,
+            )
+        )
 
     def _confirm_advanced(self, _offset: int) -> None:
         self.hold.check_once()
@@ -213,6 +252,8 @@ class Broker:
         cfg = self.config
 
         def master_addr() -> str:
+            if self.roles is not None:  # controller mode: the elected leader
+                return self.roles.master_addr()
             return cfg.ha_master_address or self.registrar.last_ha_server_addr
 
         self.ha_slave = ReplicationClient(
@@ -260,6 +301,7 @@ class Broker:
             topic_configs=[self._registered_topic(t).to_pb() for t in self.topics.all()],
             data_version=common_pb2.DataVersion(timestamp_ms=ts, counter=counter),
             heartbeat_timeout_ms=cfg.broker_heartbeat_timeout_ms,
+            epoch=self.roles.epoch if self.roles is not None else 0,
         )
 
     def _registered_topic(self, topic: TopicConfig) -> TopicConfig:
@@ -275,6 +317,10 @@ class Broker:
         with contextlib.suppress(Exception):
             await grpc_server.set_not_serving(self.health, SERVICE_NAMES)
         cfg = self.config
+        if self.controller is not None:
+            await self.controller.stop()  # revokes the lease: the group elects at once
+        if self.roles is not None:
+            await self.roles.stop()
         await self.registrar.stop(
             nameserver_pb2.UnregisterBrokerRequest(
                 cluster_name=cfg.cluster_name,

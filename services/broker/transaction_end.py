@@ -45,7 +45,7 @@ from rocketq.codec import Prop, SysFlag
 from rocketq.validation import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, check_group
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
-from services.broker.ha_tracker import HaWaiter
+from services.broker.ha_tracker import HaWaiter, leadership_lost_error
 from services.broker.topic_config_manager import TopicConfigManager
 from services.broker.transaction_half import (
     COMMIT,
@@ -166,7 +166,9 @@ class EndTransactionProcessor:
         else:
             self.index.rolled_back += 1
         log.debug("transaction %s %s by %s", txid, wanted, source)
-        await self._durable(results[-1].physical_offset + results[-1].size_bytes, txid)
+        waited = await self._durable(results[-1].physical_offset + results[-1].size_bytes, txid)
+        if waited and not self.config.is_master:  # the lease fence dropped during the wait
+            raise leadership_lost_error()
         return messaging_pb2.EndTransactionResponse()
 
     # -- checks ----------------------------------------------------------------------------
@@ -254,17 +256,18 @@ class EndTransactionProcessor:
                 grpc.StatusCode.UNAVAILABLE, common_pb2.SERVICE_NOT_AVAILABLE, str(exc)
             ) from None
 
-    async def _durable(self, end_offset: int, txid: str) -> None:
+    async def _durable(self, end_offset: int, txid: str) -> bool:
         """Wait for the flush policy and, on a SYNC_MASTER, an in-sync slave, like a Send; a
-        timeout is logged, not an error (the records are stored)."""
+        timeout is logged, not an error (the records are stored). True if it waited."""
         if self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH and not (
             await self.store.flusher.wait_flushed(end_offset)
         ):
             log.warning("transaction %s: stored, but the flush timed out", txid)
-            return
+            return True
+        waited = self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         waiter = self.ha_waiter()
         if waiter is None or self.config.broker_role != "SYNC_MASTER":
-            return
+            return waited
         status = await waiter.wait_replicated(end_offset)
         if status != messaging_pb2.SEND_OK:
             log.warning(
@@ -272,3 +275,4 @@ class EndTransactionProcessor:
                 txid,
                 messaging_pb2.SendStatus.Name(status),
             )
+        return True
