@@ -55,6 +55,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="auto",
         help="nodes in network namespaces (partitions); auto = when running as root",
     )
+    p.add_argument(
+        "--disk-slave-mib",
+        type=int,
+        default=0,
+        help="replica 3's store on a volume of this size (default 256 with the disk fault)",
+    )
     p.add_argument("--keep", help="run (and keep) everything in this directory")
     p.add_argument("--check", help="only validate the journals of a kept run directory")
     return p.parse_args(argv)
@@ -85,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             static_group=not args.no_static_group,
             timer=not args.no_timer,
             netns=args.netns == "on" or (args.netns == "auto" and netns.available() is None),
+            disk_slave_bytes=(args.disk_slave_mib or (256 if "disk" in faults else 0)) << 20,
         ),
     )
     if args.keep:

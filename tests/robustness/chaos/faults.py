@@ -16,7 +16,7 @@ with every process running again; the cluster then settles (``wait_healthy``) be
 | ``etcd``          | SIGKILL the etcd member, restart it (every lease stalls meanwhile)    |
 | ``partition``     | cut the master from one slave (network namespaces only)               |
 | ``etcd-partition``| cut the master from etcd (network namespaces only)                    |
-| ``disk``          | fill a slave's store volume, then free it (tmpfs store only)          |
+| ``disk``          | fill a slave's store volume, then free it (disk_slave_bytes > 0)   |
 
 The journal kinds (``fault`` events, see :mod:`~tests.robustness.chaos.model`):
 ``kill-master``, ``pause-master``, ``kill-slave``, ``kill-namesrv``, ``kill-timer``,
@@ -139,15 +139,18 @@ def partition_master_etcd(run: Run, rng: random.Random) -> FaultResult:
 
 
 def disk_full_slave(run: Run, rng: random.Random) -> FaultResult:
-    disk = run.disks.get(run.cluster.slaves_of(GROUP)[0].name) if run.disks else None
-    if disk is None:
-        raise FaultSkipped("no slave runs on a fillable volume")
-    node, filler = disk
+    disks = run.cluster.disks
+    slaves = [n for n in run.cluster.slaves_of(GROUP) if n.name in disks]
+    if not slaves:
+        raise FaultSkipped("no slave runs on a fillable volume (ClusterConfig.disk_slave_bytes)")
+    node = slaves[0]
     t0 = time.monotonic_ns()
-    filler.fill()
+    left = disks[node.name].fill()
     time.sleep(rng.uniform(3, 6))
-    filler.free()
-    return FaultResult("disk-full-slave", node, GROUP, t0, time.monotonic_ns())
+    disks[node.name].free()
+    return FaultResult(
+        "disk-full-slave", node.name, GROUP, t0, time.monotonic_ns(), f"{left} bytes left"
+    )
 
 
 FAULTS: dict[str, Fault] = {

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -46,6 +47,7 @@ from tests.integration.cluster import (
     start_nameserver,
     start_timer_wheel,
 )
+from tests.robustness.chaos.disk import DiskFiller
 from tests.robustness.chaos.gateway import Gateway
 from tests.robustness.chaos.netns import NetLab
 
@@ -74,6 +76,9 @@ class ClusterConfig:
     """Extra broker keys for every replica of the controller group (they win)."""
     netns: bool = False
     """Every node in a network namespace of its own (needs root), so partitions can run."""
+    disk_slave_bytes: int = 0
+    """When > 0, the last replica's store is a volume of this size that the ``disk`` fault
+    fills (:class:`~tests.robustness.chaos.disk.DiskFiller`, needs root)."""
 
 
 @dataclass
@@ -133,6 +138,8 @@ class ChaosCluster:
         self.nodes: dict[str, Node] = {}
         self.lab: NetLab | None = None
         self.gateway: Gateway | None = None
+        self.disks: dict[str, DiskFiller] = {}
+        """Node name -> the volume its store lives on."""
         self._own: list[ServiceProcess] = []
         """Processes started outside tests.integration.cluster (etcd in a namespace)."""
 
@@ -156,6 +163,8 @@ class ChaosCluster:
         for rid in range(1, self.cfg.replicas + 1):
             name = f"{GROUP}-r{rid}"
             keys = replica_keys(self.cfg, etcd.addr, rid)
+            if rid == self.cfg.replicas and self.cfg.disk_slave_bytes:
+                self.disks[name] = DiskFiller(d / name / "store", self.cfg.disk_slave_bytes)
             self.nodes[name] = Node(name, "broker", self._broker(d, name, keys), GROUP, rid)
         if self.cfg.static_group:
             keys = {"mappedFileSizeCommitLog": COMMITLOG_FILE_BYTES}
@@ -287,6 +296,12 @@ class ChaosCluster:
             for sp in self._own:
                 if sp.alive():
                     sp.kill()
+            for filler in self.disks.values():
+                # the volume's files vanish at unmount: keep a copy for the report
+                with contextlib.suppress(OSError):
+                    filler.free()
+                    shutil.copytree(filler.path, filler.path.with_name("store-copy"))
+                filler.close()
             if self.gateway is not None:
                 self.gateway.close()
             if self.lab is not None:

@@ -95,8 +95,6 @@ class Run:
     rec: Recorder
     lab: Any = None
     """A :class:`~tests.robustness.chaos.netns.NetLab` when nodes run in namespaces."""
-    disks: dict[str, Any] = field(default_factory=dict)
-    """Node name -> (node name, DiskFiller) for slaves on a fillable volume."""
     producers: list[ServiceProcess] = field(default_factory=list)
     consumers: list[ServiceProcess] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
