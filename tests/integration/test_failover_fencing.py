@@ -179,9 +179,18 @@ def test_paused_master_fenced_on_waking_rejoins_as_slave(tmp_path: Path) -> None
                 )
                 assert {a.outcome for a in asleep} <= {"UNAVAILABLE/NOT_MASTER"}, asleep
                 assert await wait_master(g, 20) == m2  # m1 rejoined as m2's slave
-                st1, st2 = await stats_of(old_addr), await stats_of(g.addr(m2))
-                assert st1 is not None and st2 is not None
-                assert st1.epoch == st2.epoch > 0 and st1.leader_addr == g.addr(m2)
+                seen: list[object] = []
+
+                async def same_epoch() -> bool:
+                    st1, st2 = await stats_of(old_addr), await stats_of(g.addr(m2))
+                    assert st1 is not None and st2 is not None
+                    seen[:] = [(st1.epoch, st1.leader_addr), (st2.epoch, st2.replica_id)]
+                    return st1.epoch == st2.epoch > 0 and st1.leader_addr == g.addr(m2)
+
+                try:
+                    await until(same_epoch, 10, "the old master following the new epoch")
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; old, new master: {seen}") from None
                 await traffic.wait_ok_after(time.monotonic(), 20, g.addr(m2))
             finally:
                 stop_raw.set()
