@@ -26,7 +26,7 @@ import pytest
 from services.broker.config import BrokerConfig
 from services.broker.controller import EtcdController, LeaderInfo, MemberState
 from services.common.errors import ServiceError
-from tests.integration.cluster import ServiceProcess, restart, start_etcd
+from tests.integration.cluster import ServiceProcess, free_port, restart, start_etcd
 
 pytestmark = pytest.mark.integration
 
@@ -74,11 +74,13 @@ class Group:
         self.controllers: dict[int, EtcdController] = {}
         self.listeners: dict[int, Recorder] = {}
 
-    def add(self, replica_id: int, **state: Any) -> EtcdController:
+    def add(
+        self, replica_id: int, endpoints: list[str] | None = None, **state: Any
+    ) -> EtcdController:
         config = BrokerConfig(
             broker_name="broker-a",
             broker_id=replica_id,
-            etcd_endpoints=[self.etcd_addr],
+            etcd_endpoints=endpoints or [self.etcd_addr],
             controller_lease_ttl_sec=TTL_S,
             controller_key_prefix=self.prefix,
         )
@@ -284,6 +286,17 @@ def test_handover(etcd: ServiceProcess) -> None:
         assert await g.controllers[3].publish_isr({1})
         await wait_until(lambda: len(g.controllers[3].handover_candidates()) == 1, 5, "members")
         assert (await g.controllers[3].handover(0)).replica_id == 1
+
+    run(etcd.addr, body)
+
+
+def test_unreachable_endpoint_skipped(etcd: ServiceProcess) -> None:
+    async def body(g: Group) -> None:
+        g.add(1, endpoints=[f"127.0.0.1:{free_port()}", etcd.addr])
+        g.add(2, endpoints=[etcd.addr, f"127.0.0.1:{free_port()}"])
+        await g.start(1, 2)
+        await wait_until(lambda: g.leaders() == [1], 10, "replica 1 leads")
+        await wait_until(lambda: g.controllers[2].leader is not None, 5, "2 follows")
 
     run(etcd.addr, body)
 

@@ -222,8 +222,9 @@ class EtcdController:
     def handover_candidates(self) -> list[MemberState]:
         """Eligible live members of P/isr other than this replica, best first (switchover
         targets; the first is the one ``handover(0)`` picks)."""
-        snap = self._snapshot
-        ranked = election.candidates(snap.members, snap.isr)
+        # the leader's own record, not the last read: that may predate its election txn
+        isr = IsrRecord(self.epoch, frozenset(self._isr)) if self.is_leader else self._snapshot.isr
+        ranked = election.candidates(self._snapshot.members, isr)
         return [m for m in ranked if m.replica_id != self.replica_id]
 
     async def handover(self, target_replica_id: int) -> LeaderInfo:

@@ -37,6 +37,14 @@ CHANNEL_OPTIONS: dict[str, int] = {
 }
 
 
+_UNREACHABLE = (
+    aetcd.exceptions.ConnectionFailedError,
+    aetcd.exceptions.ConnectionTimeoutError,
+    aetcd.exceptions.WatchTimeoutError,
+)
+"""Failures that say the endpoint is unreachable (others, like "lease not found", are answers)."""
+
+
 class EtcdUnavailable(Exception):
     """An etcd request failed or timed out; ``problem`` names the kind (for log-once)."""
 
@@ -114,13 +122,15 @@ class EtcdSession:
             self._failed(client)
             raise EtcdUnavailable(f"{what} timed out", f"no answer from {self.endpoint}") from exc
         except Exception as exc:
-            self._failed(client)
+            if isinstance(exc, _UNREACHABLE):
+                self._failed(client)
             raise EtcdUnavailable(
                 f"{what} {type(exc).__name__}", f"{self.endpoint}: {exc}"
             ) from exc
 
     def _failed(self, client: Any) -> None:
-        # With one endpoint the channel reconnects by itself; with several, try the next one.
+        """The endpoint did not answer: with one endpoint the channel reconnects by itself;
+        with several, the next call goes to the next one."""
         if len(self.endpoints) > 1 and client is self._client:
             self._index = (self._index + 1) % len(self.endpoints)
             self._client = None
