@@ -44,7 +44,12 @@ from rocketq.client.errors import (
     RocketQError,
     TopicNotFoundError,
 )
-from rocketq.client.producer._failover import RefreshGate, refresh_cause, wait_before_retry_ms
+from rocketq.client.producer._failover import (
+    RETRY_POLL_MS,
+    RefreshGate,
+    refresh_cause,
+    wait_before_retry_ms,
+)
 from rocketq.client.producer._fault import LatencyFaultTolerance, QueueChooser
 from rocketq.client.producer._sender import (
     PreparedMessage,
@@ -240,6 +245,28 @@ class ProducerCore:
             fresh = await self._refreshed(topic, fresh, deadline)
         return fresh, fresh.write_queues() or queues
 
+    async def _writable_route(
+        self, topic: str, route: TopicRoute, deadline: float
+    ) -> tuple[TopicRoute, list[MessageQueue]]:
+        """``route`` and its writable queues. With none - a group electing its master, or a
+        route cached while it had none - the nameserver is asked again at once and then every
+        RETRY_POLL_MS, for up to half the time left; only then BrokerUnavailableError. (Raising
+        at once left such a route in use until the 30 s poll: every send failed meanwhile.)"""
+        queues = route.write_queues()
+        waited_ms = 0
+        while not queues:
+            budget_ms = (waited_ms + _remaining_ms(deadline)) // 2
+            if waited_ms >= budget_ms:
+                self._refresh_gate.mark_stale(topic)
+                break
+            route = await self._refreshed(topic, route, deadline)
+            queues = route.write_queues()
+            if not queues:
+                wait_ms = min(RETRY_POLL_MS, budget_ms - waited_ms)
+                await asyncio.sleep(wait_ms / 1000)
+                waited_ms += wait_ms
+        return route, self.writable(route)
+
     async def _refreshed(self, topic: str, route: TopicRoute, deadline: float) -> TopicRoute:
         """``topic``'s route from the nameserver (at most every REFRESH_MIN_INTERVAL_MS per
         topic; else the instance's cached one); ``route`` if the nameserver cannot answer."""
@@ -290,7 +317,10 @@ class ProducerCore:
         if selector is None and sharding_key is None:
             return None
         check_send_topic(msg.topic, self.config.create_topic_key)
-        queues = self.writable(await self.route_for_send(msg.topic))
+        route = await self.route_for_send(msg.topic)
+        if not route.write_queues():
+            self._refresh_gate.mark_stale(msg.topic)  # the next send asks the nameserver
+        queues = self.writable(route)
         if sharding_key is not None:
             return _HASH_SELECTOR.select(queues, msg, sharding_key)
         assert selector is not None
@@ -392,7 +422,7 @@ class ProducerCore:
         """A normal send: round-robin queue, up to ``1 + retries`` attempts in ``timeout_ms``."""
         deadline = time.monotonic() + timeout_ms / 1000
         route = await self._with_deadline(self.route_for_send(topic), deadline, topic)
-        queues = self.writable(route)
+        route, queues = await self._writable_route(topic, route, deadline)
         chooser = self._chooser(topic)
         attempts = 1 + retries
         last_broker: str | None = None
