@@ -319,13 +319,15 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         context: Context,
     ) -> AsyncIterator[replication_pb2.ReplicationStreamResponse]:
         cfg = self.config
-        if not cfg.is_master:
-            raise _not_master(cfg)
         requests = request_iterator.__aiter__()
         try:
             first = await requests.__anext__()
         except StopAsyncIteration:
             return
+        # Checked after the hello is read, not before: ending the call before the caller's
+        # first write lands made that write fail with INTERNAL instead of this status.
+        if not cfg.is_master:
+            raise _not_master(cfg)
         if first.WhichOneof("command") != "hello":
             invalid(common_pb2.ILLEGAL_ARGUMENT, "the first message on Stream must be a SlaveHello")
         hello = first.hello
