@@ -36,7 +36,6 @@ an update survives a restart.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +43,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 
-from rocketq import __version__
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -61,13 +59,12 @@ from rocketq.validation import (
     is_system_topic,
     retry_topic,
 )
+from services.broker.admin_runtime import apply_config, runtime_stats
 from services.broker.config import (
-    KEYS,
     STARTUP_ONLY_KEYS,
     BrokerConfig,
     canonical_key,
 )
-from services.broker.config_overrides import load_persisted_overrides, save_persisted_overrides
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.dead_letters import DeadLetters
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
@@ -108,37 +105,6 @@ FANOUT_TIMEOUT_MS = 5000
 NAMESRV_TIMEOUT_MS = 3000
 #: Members one GetConsumerConnection answer lists (each with up to 1024 subscriptions).
 CONNECTIONS_LISTED_MAX = 1000
-
-_ROLES = {
-    "SYNC_MASTER": admin_pb2.SYNC_MASTER,
-    "ASYNC_MASTER": admin_pb2.ASYNC_MASTER,
-    "SLAVE": admin_pb2.SLAVE,
-}
-
-#: Runtime keys with bounds beyond BrokerConfig.validate(): key -> (min, max) inclusive.
-_RANGES: dict[str, tuple[float, float]] = {
-    "shortPollingTimeMills": (0, 3_600_000),
-    "pullHoldCheckIntervalMs": (1, 3_600_000),
-    "flushConsumerOffsetInterval": (1, 3_600_000),
-    "registerNameServerPeriod": (1, 3_600_000),
-    "brokerHeartbeatTimeoutMs": (1, 86_400_000),
-    "channelExpiredTimeout": (1, 86_400_000),
-    "clientScanIntervalMs": (1, 3_600_000),
-    "fileReservedTime": (0, 24 * 365 * 10),
-    "diskMaxUsedSpaceRatio": (10, 95),
-    "syncFlushTimeout": (1, 3_600_000),
-    "flushIntervalCommitLog": (1, 3_600_000),
-}
-
-#: BrokerConfig fields that the store copied at startup; an update is pushed into the store.
-_STORE_FIELDS = (
-    "file_reserved_time_hours",
-    "delete_when",
-    "disk_max_used_space_ratio",
-    "sync_flush_timeout_ms",
-    "flush_interval_commitlog_ms",
-    "access_message_in_memory_max_ratio",
-)
 
 
 def _invalid_arg(exc: ValueError, **meta: object) -> ServiceError:
@@ -778,97 +744,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             )
         self._require_master()
         if changes:
-            self._apply_config(changes)
+            apply_config(self.config, self.store, self.config_dir, changes)
         return admin_pb2.UpdateBrokerConfigResponse(config=self.config.as_properties())
-
-    def _apply_config(self, changes: dict[str, str]) -> None:
-        """Check every change, persist, then apply in place; nothing applies if one is bad."""
-        try:
-            new = self.config.updated(changes)
-            for key, text in changes.items():
-                low, high = _RANGES.get(key, (float("-inf"), float("inf")))
-                value = getattr(new, KEYS[key][0])
-                if isinstance(value, int | float) and not low <= value <= high:
-                    raise ValueError(f"{key}={text!r}: must be in [{low:g}, {high:g}]")
-            new_store_config = dataclasses.replace(
-                self.store.config,
-                file_reserved_time_hours=new.file_reserved_time_hours,
-                delete_when=new.delete_when,
-                disk_max_used_space_ratio=new.disk_max_used_space_ratio,
-                disk_space_clean_forcibly_ratio=max(85, new.disk_max_used_space_ratio),
-                disk_space_warning_level_ratio=max(90, new.disk_max_used_space_ratio),
-                sync_flush_timeout_ms=new.sync_flush_timeout_ms,
-                flush_interval_commitlog_ms=new.flush_interval_commitlog_ms,
-                access_message_in_memory_max_ratio=new.access_message_in_memory_max_ratio,
-            )
-        except ValueError as exc:
-            raise _invalid_arg(exc) from None
-        effective = new.as_properties()
-        persisted = load_persisted_overrides(self.config_dir)
-        persisted.update({key: effective[key] for key in changes})
-        save_persisted_overrides(self.config_dir, persisted)
-        for key in changes:
-            name = KEYS[key][0]
-            setattr(self.config, name, getattr(new, name))
-        if any(KEYS[key][0] in _STORE_FIELDS for key in changes):
-            self.store.config = new_store_config
-            self.store.retention.config = new_store_config
-            self.store.flusher.sync_flush_timeout_ms = new.sync_flush_timeout_ms
-            self.store.flusher.flush_interval_commitlog_ms = new.flush_interval_commitlog_ms
-        log.info("broker config updated: %s", {k: effective[k] for k in changes})
 
     # -- runtime statistics ----------------------------------------------------------------
     @rpc
     async def GetRuntimeStats(
         self, request: admin_pb2.GetRuntimeStatsRequest, context: Context
     ) -> admin_pb2.GetRuntimeStatsResponse:
-        cfg = self.config
-        commitlog = self.store.commitlog
-        max_offset = commitlog.max_offset
-        flushed = self.store.flusher.flushed_offset if self.store.flusher.running else max_offset
-        role = admin_pb2.SLAVE if not cfg.is_master else _ROLES[cfg.broker_role]
-        ha = self.replication if cfg.is_master else None
-        bound = self.store.confirm_offset
-        confirm = (
-            ha.confirm_offset()
-            if ha is not None
-            else min(max_offset, bound if bound is not None else max_offset)
-        )
-        try:
-            disk_ratio = self.store.retention.disk_usage(cfg.store_dir)
-        except OSError:
-            disk_ratio = 0.0
-        resp = admin_pb2.GetRuntimeStatsResponse(
-            cluster_name=cfg.cluster_name,
-            broker_name=cfg.broker_name,
-            broker_id=cfg.broker_id,
-            role=role,
-            epoch=self.store.epochs.last_epoch or 0,
-            version=__version__,
-            start_timestamp_ms=self.started_ms,
-            commitlog_min_offset=commitlog.min_offset,
-            commitlog_max_offset=max_offset,
-            commitlog_flushed_offset=min(flushed, max_offset),
-            confirm_offset=confirm,
-            slaves=ha.slave_stats() if ha is not None else [],
-            dispatch_behind_bytes=max(0, max_offset - self.store.dispatcher.dispatched_offset),
-            put_messages_per_second=self.put_rate() if self.put_rate else 0.0,
-            get_messages_per_second=self.get_rate() if self.get_rate else 0.0,
-            held_pull_requests=self.hold.held_count(),
-            disk_used_ratio=disk_ratio,
-            commitlog_disk_bytes=sum(mf.file_size_bytes for mf in commitlog.files),
-            connected_clients=self.clients.connected_count(),
-            extra={
-                "topics": str(len(self.topics.all())),
-                "subscription_groups": str(len(self.groups.all())),
-                "consume_queues": str(len(self.store.queues.queues)),
-                "uptime_ms": str(max(0, self.clock.now_ms() - self.started_ms)),
-                "advertised_addr": self.advertised_addr,
-            },
-        )
-        for provider in self.extra_stats:
-            resp.extra.update(provider())
-        resp.replica_id = cfg.replica_id
-        if self.roles is not None:
-            self.roles.fill_stats(resp)
-        return resp
+        return runtime_stats(self)
