@@ -195,6 +195,14 @@ def test_revoked_leader_replaced_by_best_isr_member(etcd: ServiceProcess) -> Non
         # 3 has more data by the time the leader goes: it must win although 2 has the lower id
         g.listeners[3].state = dataclasses.replace(g.listeners[3].state, max_offset=250)
         await wait_until(lambda: g.controllers[2].isr() == {1, 2, 3}, 5, "isr read back")
+        # Elections rank the published member keys (about once a second): wait for 3's.
+        for _ in range(100):
+            member = await g.get("members/3")
+            if member is not None and member.get("max_offset") == 250:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("replica 3's new max offset was never published")
         await g.controllers[1].stop()  # revokes the lease: no TTL to wait for
         assert not await g.controllers[1].publish_isr({1})
         await wait_until(lambda: bool(g.leaders()), 10, "a new leader")
