@@ -24,7 +24,7 @@ from rocketq import codec
 from rocketq.codec import BLANK_MAGIC, END_FILE_MIN_BLANK_BYTES, MESSAGE_MAGIC, HostAddress
 from services.common import failpoints
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.store.mapped_file import MappedFile, MappedFileQueue
+from services.store.mapped_file import DiskFullError, MappedFile, MappedFileQueue
 from services.store.page_warmer import PageWarmer
 from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
 
@@ -103,7 +103,9 @@ class CommitLog:
         """Append ``messages`` in order; return where each landed and what to dispatch.
 
         The caller (the store) dispatches and flushes; this only writes bytes into the page
-        cache. Raises :class:`MessageTooLarge` (nothing written) if a record cannot fit a file.
+        cache. Raises :class:`MessageTooLarge` (nothing written) if a record cannot fit a file,
+        and :class:`DiskFullError` (queue offsets given back; bytes of an earlier file of the
+        batch may remain for the caller to cut) if the volume has no room.
         """
         encoded_topics = [self._encode_topic(m.topic) for m in messages]
         limit = self.file_size_bytes - END_FILE_MIN_BLANK_BYTES
@@ -137,7 +139,11 @@ class CommitLog:
             st = record_struct(born_v6, store_v6, len(body), len(tb), len(props))
             size = st.size
             if size + END_FILE_MIN_BLANK_BYTES > mf.free_bytes - pending_bytes:
-                self._seal(mf, pending, pending_bytes)
+                try:
+                    self._seal(mf, pending, pending_bytes)
+                except DiskFullError:
+                    self.unassign_queue_offsets(requests)
+                    raise
                 mf = self.files.writable_file()
                 pending, pending_bytes = [], 0
             phys = mf.file_from_offset + mf.wrote_position + pending_bytes
@@ -194,10 +200,26 @@ class CommitLog:
                 )
             )
         if pending:
-            mf.append(b"".join(pending))
+            try:
+                mf.append(b"".join(pending))
+            except DiskFullError:
+                self.unassign_queue_offsets(requests)
+                raise
         self.warmer.advise(mf)
         failpoints.inject("commitlog_after_append")
         return results, requests
+
+    def unassign_queue_offsets(self, requests: Sequence[DispatchRequest]) -> None:
+        """Give back the queue offsets ``requests`` took: their batch was refused (the volume
+        had no room), so the next message of each queue must take the first one again."""
+        offsets = self.queue_offsets
+        for r in reversed(requests):  # reversed: a queue's first offset in the batch wins
+            if r.sys_flag & TRANSACTION_MASK in NOT_QUEUED:
+                continue
+            if r.queue_offset:
+                offsets[(r.topic, r.queue_id)] = r.queue_offset
+            else:
+                offsets.pop((r.topic, r.queue_id), None)
 
     def _seal(self, mf: MappedFile, pending: list[bytes], pending_bytes: int) -> None:
         """Write what is pending, then fill the file's tail with a BLANK record."""

@@ -37,7 +37,7 @@ from services.store.mapped_file import DiskFullError
 from services.store.recovery import RecoveryReport, recover_commitlog, recover_logics
 from services.store.replica import ReplicaWriter, read_replica
 from services.store.retention import DiskUsage, RetentionService, disk_used_ratio
-from services.store.types import QueueOffset
+from services.store.types import DispatchRequest, QueueOffset
 
 log = logging.getLogger(__name__)
 
@@ -284,18 +284,13 @@ class MessageStore:
                 "(lower fileReservedTime or add disk)"
             )
         start = self.commitlog.max_offset
-        offsets = self.commitlog.queue_offsets
-        before = {(m.topic, m.queue_id): offsets.get((m.topic, m.queue_id)) for m in messages}
+        requests: list[DispatchRequest] = []
         try:
-            results, requests = self.commitlog.append_batch(messages)
+            results, requests = self.commitlog.append_batch(messages)  # undoes its own offsets
             self.dispatcher.dispatch(requests)
         except DiskFullError as exc:
             self.replica.truncate(start, self.queues)  # bytes, units and index entries
-            for key, offset in before.items():
-                if offset is None:
-                    offsets.pop(key, None)
-                else:
-                    offsets[key] = offset
+            self.commitlog.unassign_queue_offsets(requests)  # refused by dispatch: give back
             raise self._full(exc, f"{len(messages)} message(s) not stored") from exc
         self._disk_has_room()
         return results
