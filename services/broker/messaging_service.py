@@ -155,7 +155,12 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         """On a slave: takes offset commits while its master is unreachable (server.py sets
         it, and the pull processor's, on slaves)."""
         self.send_backs = SendBackProcessor(
-            config=config, store=store, topics=topics, groups=groups, clock=clock
+            config=config,
+            store=store,
+            topics=topics,
+            groups=groups,
+            clock=clock,
+            ha_waiter=lambda: self.sender.ha_waiter,
         )
 
     # -- produce / consume -----------------------------------------------------------------

@@ -42,13 +42,15 @@ auto-created (NOT_FOUND SUBSCRIPTION_GROUP_NOT_EXIST); a group with ``retryQueue
 gets no retry at all, as in RocketMQ (acknowledged, nothing stored); a consumable record at the
 offset (NOT_FOUND MESSAGE_NOT_FOUND). Unlike RocketMQ, which answers before the flush
 (``waitStoreMsgOK=false``), a SYNC_FLUSH broker waits for the fsync before acknowledging: the
-consumer moves its offset past the message once this call succeeds.
+consumer moves its offset past the message once this call succeeds; for the same reason a
+SYNC_MASTER waits for an in-sync slave to hold the copy, as for a Send (DESIGN.md §6).
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 
 import grpc
 
@@ -68,6 +70,7 @@ from rocketq.validation import (
     retry_topic,
 )
 from services.broker.config import BrokerConfig
+from services.broker.ha_tracker import HaWaiter, leadership_lost_error
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.timer_put import (
@@ -191,12 +194,15 @@ class SendBackProcessor:
         topics: TopicConfigManager,
         groups: SubscriptionGroupManager,
         clock: Clock = SYSTEM_CLOCK,
+        ha_waiter: Callable[[], HaWaiter | None] = lambda: None,
     ) -> None:
         self.config = config
         self.store = store
         self.topics = topics
         self.groups = groups
         self.clock = clock
+        self.ha_waiter = ha_waiter
+        """The master's replication waiter (None on a slave or without replication)."""
         self._levels_ms = config.delay_levels_ms()
 
     async def send_back(
@@ -401,10 +407,31 @@ class SendBackProcessor:
             raise ServiceError(
                 grpc.StatusCode.UNAVAILABLE, common_pb2.SERVICE_NOT_AVAILABLE, str(exc)
             ) from None
+        stored = result.results[0]
         if result.status is not PutStatus.PUT_OK:
             # Stored, but the fsync was late: the copy survives anything but a power loss.
             log.warning(
                 "send-back to %s stored at %d but the flush timed out",
                 message.topic,
-                result.results[0].physical_offset,
+                stored.physical_offset,
+            )
+        await self._replicated(message.topic, stored.physical_offset + stored.size_bytes)
+
+    async def _replicated(self, topic: str, end_offset: int) -> None:
+        """On a SYNC_MASTER, wait for an in-sync slave to hold the copy, as a Send does: the
+        consumer moves its offset past the original once this call succeeds, so a copy only
+        the master held would be lost with it. A replication timeout is logged (the copy is
+        stored); leadership lost during the wait is NOT_MASTER, so the consumer sends it back
+        again to the new master (a duplicate retry rather than a lost one)."""
+        waiter = self.ha_waiter()
+        if waiter is None or self.config.broker_role != "SYNC_MASTER":
+            return
+        status = await waiter.wait_replicated(end_offset)
+        if not self.config.is_master:
+            raise leadership_lost_error()
+        if status != messaging_pb2.SEND_OK:
+            log.warning(
+                "send-back to %s stored, but not replicated (%s)",
+                topic,
+                messaging_pb2.SendStatus.Name(status),
             )

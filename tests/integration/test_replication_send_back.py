@@ -1,0 +1,79 @@
+"""A SYNC_MASTER acknowledges a ConsumerSendBack only once an in-sync slave holds the copy.
+
+The consumer moves its offset past a message once its send-back succeeds, so a retry copy that
+only the master held would be lost with the master. The slave is paused (SIGSTOP) while the
+send-back is in flight: the call must still be waiting a second later (an unreplicated copy is
+not acknowledged), and once the slave runs again the call succeeds and the slave's commitlog
+already ends past the copy when the answer arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from tests.integration.cluster import start_nameserver
+from tests.integration.replication_support import (
+    create_group,
+    create_topics,
+    runtime_stats,
+    start_ha_slave,
+    start_master,
+    wait_in_sync,
+)
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "HaSendBack"
+GROUP = "ha-send-back"
+
+
+def test_sync_master_send_back_waits_for_the_slave(tmp_path: Path) -> None:
+    ns = start_nameserver(tmp_path)
+    master = start_master(tmp_path, [ns.addr], brokerRole="SYNC_MASTER", syncFlushTimeout=20000)
+    slave = start_ha_slave(tmp_path, [ns.addr])
+
+    async def main() -> None:
+        await create_topics(master.addr, "broker-a", [TOPIC], 1)
+        await create_group(master.addr, "broker-a", GROUP)
+        await wait_in_sync(master.addr)
+        async with grpc.aio.insecure_channel(master.addr) as ch:
+            stub = messaging_pb2_grpc.MessagingStub(ch)
+            sent = await stub.Send(
+                messaging_pb2.SendRequest(
+                    producer_group="p",
+                    queue_id=0,
+                    messages=[common_pb2.Message(topic=TOPIC, body=b"fails once")],
+                ),
+                timeout=10,
+            )
+            assert sent.results[0].status == messaging_pb2.SEND_OK
+            offset = int(sent.results[0].offset_msg_id[-16:], 16)
+            slave.pause()
+            try:
+                call = asyncio.ensure_future(
+                    stub.ConsumerSendBack(
+                        messaging_pb2.ConsumerSendBackRequest(
+                            consumer_group=GROUP, commitlog_offset=offset, delay_level=1
+                        ),
+                        timeout=30,
+                    )
+                )
+                done, _ = await asyncio.wait({call}, timeout=1.5)
+                assert not done, "send-back acknowledged while the only slave was paused"
+            finally:
+                slave.resume()
+            await asyncio.wait_for(call, 25)
+        master_end = (await runtime_stats(master.addr)).commitlog_max_offset
+        slave_end = (await runtime_stats(slave.addr)).commitlog_max_offset
+        assert slave_end >= master_end > offset, (master_end, slave_end)
+
+    try:
+        asyncio.run(main())
+    finally:
+        for sp in (slave, master, ns):
+            sp.kill()
