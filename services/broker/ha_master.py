@@ -12,7 +12,8 @@ UNAVAILABLE NOT_MASTER, so a slave pointed at another slave learns why at once.
                                                       resolve SYNC_MASTER waiters
     ──▶ CommitLogChunk: store.read_replica(sent, n), n = min(haTransferBatchSize,
         haMaxInFlightBytes - (sent - acked)); nothing is read while the window is full
-    ──▶ ConfirmOffset: whenever it changes, and every CONFIRM_HEARTBEAT_S
+    ──▶ ConfirmOffset: whenever it (or the topic/group tables) changes, and every
+        CONFIRM_HEARTBEAT_S
 
 The sender sleeps on its link's ``wake`` event, set by a store arrival listener (new bytes),
 by acks (window opened) and by confirm changes; it never polls. The arrival listener costs the
@@ -176,6 +177,10 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             record_time_ms=self._record_time_ms,
         )
         self.tables = SyncTables(topics=topics, groups=groups, offsets=offsets, clock=clock)
+        self.config_version = 0
+        """Bumped on every topic or group table change; sent in ConfirmOffset."""
+        topics.on_change.append(self._config_changed)
+        groups.on_change.append(self._config_changed)
         self._task: asyncio.Task[None] | None = None
         self._isr_task: asyncio.Task[None] | None = None
         self._started = False
@@ -276,6 +281,13 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 problem = why
             await asyncio.sleep(ISR_RETRY_S)
             tracker.isr_wake.set()
+
+    def _config_changed(self) -> None:
+        """A table changed: every stream sends a ConfirmOffset carrying the new version, and
+        its slave syncs at once (replication.proto, ConfirmOffset.config_version)."""
+        self.config_version += 1
+        for link in list(self.tracker.links.values()):
+            link.wake.set()
 
     def _on_arrival(self, _requests: object) -> None:
         self.tracker.on_append()
@@ -409,14 +421,22 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         tracker = self.tracker
         confirm_sent = -1
         confirm_sent_s = float("-inf")
+        version_sent = self.config_version
         while not link.closed:
             link.wake.clear()  # cleared before looking, so nothing set meanwhile is lost
             confirm = tracker.confirm_offset()
+            version = self.config_version
             now_s = self.clock.monotonic_s()
-            if confirm != confirm_sent or now_s - confirm_sent_s >= CONFIRM_HEARTBEAT_S:
-                confirm_sent, confirm_sent_s = confirm, now_s
+            if (
+                confirm != confirm_sent
+                or version != version_sent
+                or now_s - confirm_sent_s >= CONFIRM_HEARTBEAT_S
+            ):
+                confirm_sent, confirm_sent_s, version_sent = confirm, now_s, version
                 yield replication_pb2.ReplicationStreamResponse(
-                    confirm=replication_pb2.ConfirmOffset(confirm_offset=confirm)
+                    confirm=replication_pb2.ConfirmOffset(
+                        confirm_offset=confirm, config_version=version
+                    )
                 )
                 tracker.on_confirm_sent(link, confirm)
                 continue

@@ -218,6 +218,9 @@ class ReplicationClient:
         """Streams that reached TruncateTo (stats, tests)."""
         self.on_connected: list[Callable[[], None]] = []
         """Called each time a stream connects (config sync hooks in here)."""
+        self.on_config_changed: list[Callable[[], None]] = []
+        """Called when the master's ConfirmOffset.config_version changes within a stream."""
+        self._config_version: int | None = None
         self._backoff = Backoff()
         self._channel: grpc.aio.Channel | None = None
         self._written = asyncio.Event()
@@ -371,10 +374,23 @@ class ReplicationClient:
                 log.info("replication resumed: the store has room again")
         elif kind == "confirm":
             self.replica.apply_confirm(msg.confirm)
+            self._note_config_version(msg.confirm.config_version)
         else:
             raise ProtocolError(f"unexpected {kind} after the stream started")
 
+    def _note_config_version(self, version: int) -> None:
+        """The first version of a stream only sets the baseline (connecting syncs anyway)."""
+        seen, self._config_version = self._config_version, version
+        if seen is None or seen == version:
+            return
+        for callback in list(self.on_config_changed):
+            try:
+                callback()
+            except Exception:
+                log.exception("replication on_config_changed callback failed")
+
     def _on_connected(self, addr: str) -> None:
+        self._config_version = None
         self.connected = True
         self.connections += 1
         if self._store_full:  # a retry while the disk is full: keep the backoff, stay quiet

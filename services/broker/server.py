@@ -277,6 +277,7 @@ class Broker:
             master_addr=master_addr,
         )
         self.ha_slave.on_connected.append(self.config_sync.wake)
+        self.ha_slave.on_config_changed.append(self.config_sync.wake)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         async def guarded() -> None:

@@ -231,16 +231,24 @@ class ConfirmOffset(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONFIRM_OFFSET_FIELD_NUMBER: _builtins.int
+    CONFIG_VERSION_FIELD_NUMBER: _builtins.int
     confirm_offset: _builtins.int
     """Commitlog offset below which every in-sync replica has the data."""
+    config_version: _builtins.int
+    """Changes whenever the master's topic or subscription group table changes (a counter of this
+    stream's master process; only a change means anything). A ConfirmOffset goes out at once on
+    a change, and the slave then calls SyncConfig without waiting for its next round, so a topic
+    created on the master is on its slaves within a round trip, before a failover can need it.
+    """
     def __init__(
         self,
         *,
         confirm_offset: _builtins.int = ...,
+        config_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirm_offset", b"confirm_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_version", b"config_version", "confirm_offset", b"confirm_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
