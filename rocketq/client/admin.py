@@ -27,29 +27,46 @@ Fan-out calls run concurrently. A broker that fails in a fan-out read is reporte
 result's ``errors`` (broker name -> message) rather than failing the whole call, because an
 operator looking at a half-broken cluster wants to see the half that works; the call raises
 only when no broker answered.
+
+Where the code lives: this module has the plumbing (channels, nameserver failover, fan-out,
+target resolution), the cluster, topic and group calls, and every public method with its
+docstring and argument checks, so it reads as the list of what the admin can do. The longer
+fan-out-and-merge bodies live next to it, one module per subject, each a function of the
+``Admin`` it is given: ``_admin_consumers.py`` (consume stats, members, offset reset),
+``_admin_messages.py`` (queries, view, dead letters), ``_admin_tx.py`` (half messages) and
+``_admin_ha.py`` (failover state, switchover); the result types are in ``_admin_types.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
 
-from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
     admin_pb2_grpc,
-    messaging_pb2,
     messaging_pb2_grpc,
     nameserver_pb2,
     nameserver_pb2_grpc,
 )
+from rocketq.client._admin_consumers import (
+    consume_stats,
+    consumer_connection,
+    consumer_ids,
+    reset_offset,
+)
 from rocketq.client._admin_ha import HaGroup, HaReplica, SwitchoverResult, ha_status, switchover
+from rocketq.client._admin_messages import (
+    dead_letters,
+    query_by_id,
+    query_by_key,
+    resend_dead_letter,
+    view_message,
+)
 from rocketq.client._admin_tx import HalfMessage, HalfMessages, half_messages
 from rocketq.client._admin_types import (
     ApplyResult,
@@ -80,15 +97,11 @@ from rocketq.client._admin_types import (
     TopicRouteInfo,
     apply_results,
     broker_group,
-    consumer_connection,
-    dead_letter_page,
-    received_message,
     runtime_stats,
 )
 from rocketq.client._channels import open_channel
 from rocketq.client.errors import (
     InvalidArgumentError,
-    MessageNotFoundError,
     NameServerUnavailableError,
     NotFoundError,
     RocketQError,
@@ -584,7 +597,7 @@ class Admin:
             raise _first_error(failures)
         return answers
 
-    # ---- consumer progress ---------------------------------------------------------------------
+    # ---- consumer groups (_admin_consumers.py) -------------------------------------------------
     async def consume_stats(self, group: str, topic: str = "") -> ConsumeStats:
         """A group's offsets and lag on every queue, summed over brokers.
 
@@ -594,58 +607,12 @@ class Admin:
         _checked(check_group, group)
         if topic:
             _checked(check_topic, topic)
-            targets = await self._route_addrs(topic)
-        else:
-            targets = await self._masters_or(None)
-        request = admin_pb2.GetConsumeStatsRequest(consumer_group=group, topic=topic)
-
-        async def ask(name: str, addr: str) -> list[QueueProgress]:
-            try:
-                pb = await self._guard(addr, self._admin(addr).GetConsumeStats(request, **self._kw))
-            except NotFoundError:
-                return []
-            return [
-                QueueProgress(
-                    q.topic,
-                    q.broker_name or name,
-                    q.queue_id,
-                    q.broker_offset,
-                    q.consumer_offset,
-                    q.lag,
-                    q.last_consumed_timestamp_ms,
-                )
-                for q in pb.queues
-            ]
-
-        answers, failures = await self._fan_out(targets, ask)
-        if failures and not answers:
-            raise _first_error(failures)
-        queues = sorted(
-            (q for qs in answers.values() for q in qs),
-            key=lambda q: (q.topic, q.broker_name, q.queue_id),
-        )
-        return ConsumeStats(
-            group=group,
-            queues=tuple(queues),
-            total_lag=sum(q.lag for q in queues),
-            errors={n: e.message for n, e in sorted(failures.items())},
-        )
+        return await consume_stats(self, group, topic)
 
     async def consumer_ids(self, group: str) -> list[str]:
         """Client ids of the group's live members, as the brokers know them from heartbeats."""
         _checked(check_group, group)
-        targets = await self._masters_or(None)
-        request = messaging_pb2.GetConsumerIdListRequest(consumer_group=group)
-
-        async def ask(name: str, addr: str) -> list[str]:
-            stub = self._messaging(addr)
-            pb = await self._guard(addr, stub.GetConsumerIdList(request, **self._kw))
-            return list(pb.consumer_ids)
-
-        answers, failures = await self._fan_out(targets, ask)
-        if failures and not answers:
-            raise _first_error(failures)
-        return sorted({cid for ids in answers.values() for cid in ids})
+        return await consumer_ids(self, group)
 
     async def consumer_connection(self, group: str) -> ConsumerConnectionInfo:
         """The group's live members (address, subscriptions), the topics they subscribe to
@@ -654,32 +621,7 @@ class Admin:
         NotFoundError if no broker has a live member of the group.
         """
         _checked(check_group, group)
-        targets = await self._masters_or(None)
-        request = admin_pb2.GetConsumerConnectionRequest(consumer_group=group)
-
-        async def ask(name: str, addr: str) -> admin_pb2.GetConsumerConnectionResponse | None:
-            stub = self._admin(addr)
-            try:
-                pb: admin_pb2.GetConsumerConnectionResponse = await self._guard(
-                    addr, stub.GetConsumerConnection(request, **self._kw)
-                )
-            except NotFoundError:
-                return None
-            return pb
-
-        answers, failures = await self._fan_out(targets, ask)
-        if failures and not answers:
-            raise _first_error(failures)
-        found = {name: pb for name, pb in answers.items() if pb is not None}
-        if not found:
-            raise NotFoundError(
-                f"consumer group {group} has no live member on any broker "
-                f"({', '.join(sorted(targets))})",
-                code="NOT_FOUND",
-            )
-        info = consumer_connection(group, found)
-        errors = {n: e.message for n, e in sorted(failures.items())}
-        return dataclasses.replace(info, errors=errors) if errors else info
+        return await consumer_connection(self, group)
 
     async def reset_offset(
         self,
@@ -697,36 +639,9 @@ class Admin:
         _checked(check_topic, topic)
         if (timestamp_ms is None) == (queue_offset is None):
             raise InvalidArgumentError("give exactly one of timestamp_ms and queue_offset")
-        request = admin_pb2.ResetOffsetRequest(consumer_group=group, topic=topic)
-        if timestamp_ms is not None:
-            request.timestamp_ms = timestamp_ms
-        else:
-            assert queue_offset is not None
-            request.queue_offset = queue_offset
-        if queue_id is not None:
-            request.queue_id = queue_id
-        targets = await self._route_addrs(topic, broker)
-        # A reset is a write: it must go to masters, never to a slave standing in for one.
-        info = await self.cluster_info()
-        targets = {n: info.brokers[n].master_addr or a for n, a in targets.items()}
+        return await reset_offset(self, group, topic, timestamp_ms, queue_offset, queue_id, broker)
 
-        async def ask(name: str, addr: str) -> admin_pb2.ResetOffsetResponse:
-            return await self._guard(addr, self._admin(addr).ResetOffset(request, **self._kw))
-
-        answers, failures = await self._fan_out(targets, ask)
-        if failures and not answers:
-            raise _first_error(failures)
-        return ResetResult(
-            queues=tuple(
-                OffsetReset(name, q.queue_id, q.old_offset, q.new_offset)
-                for name in sorted(answers)
-                for q in answers[name].queues
-            ),
-            notified_clients=sum(a.notified_clients for a in answers.values()),
-            errors={n: e.message for n, e in sorted(failures.items())},
-        )
-
-    # ---- messages ------------------------------------------------------------------------------
+    # ---- messages (_admin_messages.py) ---------------------------------------------------------
     async def query_by_key(
         self,
         topic: str,
@@ -742,67 +657,20 @@ class Admin:
             raise InvalidArgumentError("the key is empty; give one word of the message's KEYS")
         if not 1 <= max_num <= QUERY_MAX_NUM_MAX:
             raise InvalidArgumentError(f"max_num is {max_num}; use 1..{QUERY_MAX_NUM_MAX}")
-        request = messaging_pb2.QueryMessageByKeyRequest(
-            topic=topic, key=key, begin_timestamp_ms=begin_timestamp_ms, max_num=max_num
-        )
-        if end_timestamp_ms is not None:
-            request.end_timestamp_ms = end_timestamp_ms
-        targets = await self._route_addrs(topic)
-
-        async def ask(name: str, addr: str) -> list[ReceivedMessage]:
-            stub = self._messaging(addr)
-            pb = await self._guard(addr, stub.QueryMessageByKey(request, **self._kw))
-            return [received_message(m, name) for m in pb.messages]
-
-        answers, failures = await self._fan_out(targets, ask)
-        if failures and not answers:
-            raise _first_error(failures)
-        found = [m for ms in answers.values() for m in ms]
-        found.sort(key=lambda m: m.store_timestamp_ms, reverse=True)
-        return found[:max_num]
+        return await query_by_key(self, topic, key, begin_timestamp_ms, end_timestamp_ms, max_num)
 
     async def query_by_id(self, topic: str, msg_id: str) -> list[ReceivedMessage]:
         """Messages with unique id ``msg_id`` (SendResult.msg_id); several if a producer retry
         stored it twice. MessageNotFoundError if no broker has it."""
         _checked(check_topic, topic)
-        request = messaging_pb2.QueryMessageByIdRequest(topic=topic, msg_id=msg_id)
-        targets = await self._route_addrs(topic)
-
-        async def ask(name: str, addr: str) -> list[ReceivedMessage]:
-            stub = self._messaging(addr)
-            try:
-                pb = await self._guard(addr, stub.QueryMessageById(request, **self._kw))
-            except MessageNotFoundError:
-                return []
-            return [received_message(m, name) for m in pb.messages]
-
-        answers, failures = await self._fan_out(targets, ask)
-        if failures and not answers:
-            raise _first_error(failures)
-        found = [m for ms in answers.values() for m in ms]
-        if not found:
-            raise MessageNotFoundError(
-                f"no message with id {msg_id} in topic {topic!r}", code="NOT_FOUND"
-            )
-        found.sort(key=lambda m: m.store_timestamp_ms, reverse=True)
-        return found
+        return await query_by_id(self, topic, msg_id)
 
     async def view_message(self, offset_msg_id: str) -> ReceivedMessage:
         """The message an offset message id (SendResult.offset_msg_id) points at, read from the
         broker whose address the id encodes."""
-        try:
-            host, _ = codec.decode_offset_msg_id(offset_msg_id)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc), code="INVALID_ARGUMENT") from None
-        addr = str(host)
-        request = messaging_pb2.ViewMessageRequest(offset_msg_id=offset_msg_id)
-        pb = await self._guard(addr, self._messaging(addr).ViewMessage(request, **self._kw))
-        broker_name = ""
-        with contextlib.suppress(RocketQError):  # the name is a nicety; the message was found
-            broker_name = (await self.cluster_info()).broker_name_of(addr)
-        return received_message(pb.message, broker_name)
+        return await view_message(self, offset_msg_id)
 
-    # ---- dead letters --------------------------------------------------------------------------
+    # ---- dead letters (_admin_messages.py) -----------------------------------------------------
     async def dead_letters(
         self,
         group: str,
@@ -821,43 +689,14 @@ class Admin:
             raise InvalidArgumentError(f"max_num is {max_num}; use 1..{DEAD_LETTERS_MAX_NUM_MAX}")
         if offset is not None and offset < 0:
             raise InvalidArgumentError(f"offset is {offset}; DLQ offsets start at 0")
-        request = admin_pb2.ListDeadLettersRequest(consumer_group=group, max_num=max_num)
-        if offset is not None:
-            request.offset = offset
-        targets = await self._masters_or(broker)
-
-        async def ask(name: str, addr: str) -> DeadLetterPage:
-            stub = self._admin(addr)
-            pb = await self._guard(addr, stub.ListDeadLetters(request, **self._kw))
-            return dead_letter_page(pb, name)
-
-        answers, failures = await self._fan_out(targets, ask)
-        if failures and not answers:
-            raise _first_error(failures)
-        return DeadLetters(
-            group=group,
-            pages=tuple(answers[n] for n in sorted(answers)),
-            errors={n: e.message for n, e in sorted(failures.items())},
-        )
+        return await dead_letters(self, group, broker, offset, max_num)
 
     async def resend_dead_letter(self, group: str, offset_msg_id: str) -> ResentDeadLetter:
         """Send the dead letter ``offset_msg_id`` (from :meth:`dead_letters`) of ``group`` back to
         the topic it was first sent to, as a new message with its reconsume times reset; asks the
         broker whose address the id encodes. The dead letter stays in the DLQ."""
         _checked(check_group, group)
-        try:
-            host, _ = codec.decode_offset_msg_id(offset_msg_id)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc), code="INVALID_ARGUMENT") from None
-        addr = str(host)
-        request = admin_pb2.ResendDeadLetterRequest(
-            consumer_group=group, offset_msg_id=offset_msg_id
-        )
-        pb = await self._guard(addr, self._admin(addr).ResendDeadLetter(request, **self._kw))
-        broker_name = ""
-        with contextlib.suppress(RocketQError):  # the name is a nicety; the resend happened
-            broker_name = (await self.cluster_info()).broker_name_of(addr)
-        return ResentDeadLetter(pb.topic, pb.msg_id, broker_name, pb.queue_id, pb.queue_offset)
+        return await resend_dead_letter(self, group, offset_msg_id)
 
     # ---- transactions --------------------------------------------------------------------------
     async def half_messages(
