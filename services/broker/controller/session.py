@@ -114,10 +114,17 @@ class EtcdSession:
     ) -> T:
         """``await fn(client)`` within ``timeout_s``; any failure → :class:`EtcdUnavailable`."""
         client = self.client()
+        endpoint = self.endpoint
         try:
             return await asyncio.wait_for(fn(client), timeout_s or self.call_timeout_s)
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the caller itself is being cancelled (stop)
+            # The request was cancelled, not us: another task's failure on this client made
+            # _failed close it (several endpoints). Letting CancelledError out would end the
+            # controller loop that made the call, which catches only ordinary exceptions.
+            raise EtcdUnavailable(f"{what} cancelled", f"{endpoint}: client closed") from None
         except TimeoutError as exc:
             self._failed(client)
             raise EtcdUnavailable(f"{what} timed out", f"no answer from {self.endpoint}") from exc
