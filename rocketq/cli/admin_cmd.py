@@ -13,6 +13,12 @@ any broker refused it, so scripts can trust the exit code.
 | group list/describe/create/delete   | consumerProgress, consumerConnection, ... |
 | offset reset                        | resetOffsetByTime                         |
 | message query --key / --id, view    | queryMsgByKey, queryMsgById, viewMessage  |
+
+Split by subject: this module has the cluster and topic commands (how brokers and topics are
+laid out) and collects every admin command in ``ADMIN_COMMANDS``; ``group_cmd.py`` has the
+consumer side (groups and offsets), ``message_cmd.py`` the message queries, and
+``_admin_common.py`` what they share (the admin client, target options, the change table).
+Their commands are re-exported here, so ``rocketq.cli.admin_cmd`` still names them all.
 """
 
 from __future__ import annotations
@@ -25,59 +31,53 @@ from typing import Any
 import click
 from rich.table import Table
 
+from rocketq.cli._admin_common import admin_for, print_apply, target_options
 from rocketq.cli._common import (
-    body_preview,
     console,
     echo_json,
     fmt_time,
     json_option,
-    namesrv_list,
     namesrv_option,
-    parse_time_ms,
     run,
 )
-from rocketq.client.admin import (
-    Admin,
-    ApplyResult,
-    ConsumerConnectionInfo,
-    ConsumeStats,
-    GroupConfig,
-    RuntimeStats,
-    TopicConfig,
+from rocketq.cli.group_cmd import (
+    group,
+    group_create,
+    group_delete,
+    group_describe,
+    group_list,
+    offset,
+    offset_reset,
 )
-from rocketq.client.errors import NotFoundError, RocketQError
-from rocketq.message import ReceivedMessage
+from rocketq.cli.message_cmd import message, message_query, message_view
+from rocketq.client.admin import ApplyResult, RuntimeStats, TopicConfig
+from rocketq.client.errors import RocketQError
+
+__all__ = [
+    "ADMIN_COMMANDS",
+    "cluster",
+    "cluster_config",
+    "cluster_list",
+    "cluster_stats",
+    "group",
+    "group_create",
+    "group_delete",
+    "group_describe",
+    "group_list",
+    "message",
+    "message_query",
+    "message_view",
+    "offset",
+    "offset_reset",
+    "topic",
+    "topic_create",
+    "topic_delete",
+    "topic_describe",
+    "topic_list",
+    "topic_update",
+]
 
 _PERMS = {2: "W", 4: "R", 6: "RW"}
-
-
-def _admin(namesrv: str) -> Admin:
-    return Admin(namesrv_list(namesrv))
-
-
-def _print_apply(what: str, results: list[ApplyResult], as_json: bool) -> None:
-    """One row per broker; exit 1 if any broker did not apply the change."""
-    if as_json:
-        echo_json([dataclasses.asdict(r) | {"ok": r.ok} for r in results])
-    else:
-        table = Table(title=what, title_justify="left")
-        for col in ("broker", "address", "result", "message"):
-            table.add_column(col, overflow="fold")
-        for r in results:
-            status = "[green]OK[/]" if r.ok else f"[red]{r.code}[/]"
-            table.add_row(r.broker_name, r.broker_addr, status, r.error_message)
-        console().print(table)
-    if not results or not all(r.ok for r in results):
-        raise SystemExit(1)
-
-
-def _target_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("-b", "--broker", help="Broker mode: only this broker name.")(f)
-    return click.option(
-        "-c",
-        "--cluster",
-        help="Cluster mode: every master of this cluster (default: the only one).",
-    )(f)
 
 
 # ---- cluster ----------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ def cluster_list(namesrv: str, as_json: bool) -> None:
     master's slaves with their acknowledged offset and replication lag (bytes and seconds)."""
 
     async def fetch() -> list[dict[str, Any]]:
-        async with _admin(namesrv) as admin:
+        async with admin_for(namesrv) as admin:
             info = await admin.cluster_info()
             cluster_of = {name: g.cluster for name, g in info.brokers.items()}
 
@@ -189,7 +189,7 @@ def cluster_stats(broker: str, namesrv: str, as_json: bool) -> None:
     """Runtime statistics of BROKER (a broker name, meaning its master, or host:port)."""
 
     async def fetch() -> RuntimeStats:
-        async with _admin(namesrv) as admin:
+        async with admin_for(namesrv) as admin:
             return await admin.runtime_stats(broker)
 
     stats = run(fetch())
@@ -224,7 +224,7 @@ def cluster_config(broker: str, updates: tuple[str, ...], namesrv: str, as_json:
         changes[key.strip()] = value.strip()
 
     async def go() -> dict[str, str]:
-        async with _admin(namesrv) as admin:
+        async with admin_for(namesrv) as admin:
             if changes:
                 return await admin.update_broker_config(broker, changes)
             return await admin.broker_config(broker)
@@ -257,7 +257,7 @@ def _queue_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @topic.command("create")
 @click.argument("name")
 @_queue_options
-@_target_options
+@target_options
 @namesrv_option
 @json_option
 def topic_create(
@@ -283,16 +283,16 @@ def topic_create(
     )
 
     async def go() -> list[ApplyResult]:
-        async with _admin(namesrv) as admin:
+        async with admin_for(namesrv) as admin:
             return await admin.create_topic(config, cluster=cluster, broker=broker)
 
-    _print_apply(f"create topic {name}", run(go()), as_json)
+    print_apply(f"create topic {name}", run(go()), as_json)
 
 
 @topic.command("update")
 @click.argument("name")
 @_queue_options
-@_target_options
+@target_options
 @namesrv_option
 @json_option
 def topic_update(
@@ -313,7 +313,7 @@ def topic_update(
     """
 
     async def go() -> list[ApplyResult]:
-        async with _admin(namesrv) as admin:
+        async with admin_for(namesrv) as admin:
             desc = await admin.describe_topic(name)
             current = next(
                 (b.config for b in desc.brokers if not broker or b.broker_name == broker), None
@@ -329,12 +329,12 @@ def topic_update(
             )
             return await admin.update_topic(config, cluster=cluster, broker=broker)
 
-    _print_apply(f"update topic {name}", run(go()), as_json)
+    print_apply(f"update topic {name}", run(go()), as_json)
 
 
 @topic.command("delete")
 @click.argument("name")
-@_target_options
+@target_options
 @namesrv_option
 @json_option
 def topic_delete(
@@ -343,10 +343,10 @@ def topic_delete(
     """Delete topic NAME with its queues and consumer offsets."""
 
     async def go() -> list[ApplyResult]:
-        async with _admin(namesrv) as admin:
+        async with admin_for(namesrv) as admin:
             return await admin.delete_topic(name, cluster=cluster, broker=broker)
 
-    _print_apply(f"delete topic {name}", run(go()), as_json)
+    print_apply(f"delete topic {name}", run(go()), as_json)
 
 
 @topic.command("list")
@@ -358,7 +358,7 @@ def topic_list(cluster: str, system: bool, namesrv: str, as_json: bool) -> None:
     """Topics with their queue counts and permissions on each broker."""
 
     async def fetch() -> tuple[list[str], dict[str, list[TopicConfig]]]:
-        async with _admin(namesrv) as admin:
+        async with admin_for(namesrv) as admin:
             names = await admin.list_topics(cluster, include_system=system)
             try:
                 per_broker = await admin.broker_topics(include_system=system)
@@ -400,7 +400,7 @@ def topic_describe(name: str, namesrv: str, as_json: bool) -> None:
     """Route of topic NAME and min/max offsets of every queue on every broker."""
 
     async def fetch() -> Any:
-        async with _admin(namesrv) as admin:
+        async with admin_for(namesrv) as admin:
             return await admin.describe_topic(name)
 
     desc = run(fetch())
@@ -438,368 +438,6 @@ def topic_describe(name: str, namesrv: str, as_json: bool) -> None:
     out.print(queues)
     for broker, error in desc.errors.items():
         click.echo(f"{broker}: {error}", err=True)
-
-
-# ---- groups -----------------------------------------------------------------------------------
-@click.group()
-def group() -> None:
-    """Consumer groups: configs, members, progress and lag."""
-
-
-@group.command("list")
-@click.option("-b", "--broker", help="Only this broker.")
-@namesrv_option
-@json_option
-def group_list(broker: str | None, namesrv: str, as_json: bool) -> None:
-    """Subscription groups known to the brokers."""
-
-    async def fetch() -> dict[str, list[GroupConfig]]:
-        async with _admin(namesrv) as admin:
-            return await admin.list_groups(broker)
-
-    per_broker = run(fetch())
-    merged: dict[str, tuple[GroupConfig, list[str]]] = {}
-    for b, configs in sorted(per_broker.items()):
-        for c in configs:
-            merged.setdefault(c.group_name, (c, []))[1].append(b)
-    if as_json:
-        echo_json(
-            [dataclasses.asdict(c) | {"brokers": bs} for _, (c, bs) in sorted(merged.items())]
-        )
-        return
-    table = Table(title="groups", title_justify="left")
-    for col in ("group", "brokers", "consume", "broadcast", "orderly", "retry max", "retry queues"):
-        table.add_column(col)
-    for name, (c, bs) in sorted(merged.items()):
-        table.add_row(
-            name,
-            ", ".join(bs),
-            "yes" if c.consume_enable else "no",
-            "yes" if c.consume_broadcast_enable else "no",
-            "yes" if c.consume_message_orderly else "no",
-            str(c.retry_max_times),
-            str(c.retry_queue_nums),
-        )
-    console().print(table)
-
-
-@group.command("describe")
-@click.argument("name")
-@click.option("-t", "--topic", default="", help="Only this topic.")
-@namesrv_option
-@json_option
-def group_describe(name: str, topic: str, namesrv: str, as_json: bool) -> None:
-    """Group NAME: offset and lag on every queue, live members and their subscriptions, any
-    subscription conflict among them, and orderly queue locks."""
-
-    async def fetch() -> tuple[ConsumeStats, ConsumerConnectionInfo | None]:
-        async with _admin(namesrv) as admin:
-            stats = await admin.consume_stats(name, topic)
-            try:
-                conn = await admin.consumer_connection(name)
-            except NotFoundError:
-                conn = None  # no member online: offsets and lag are still worth showing
-            return stats, conn
-
-    stats, conn = run(fetch())
-    ids = [m.client_id for m in conn.members] if conn else []
-    if as_json:
-        echo_json(
-            dataclasses.asdict(stats)
-            | {"consumer_ids": ids, "connection": dataclasses.asdict(conn) if conn else None}
-        )
-        return
-    out = console()
-    table = Table(title=f"group {name}", title_justify="left")
-    for col in ("topic", "broker", "queue", "broker offset", "consumer offset", "lag"):
-        table.add_column(col)
-    table.add_column("last consumed")
-    for q in stats.queues:
-        table.add_row(
-            q.topic,
-            q.broker_name,
-            str(q.queue_id),
-            str(q.broker_offset),
-            str(q.consumer_offset),
-            str(q.lag),
-            fmt_time(q.last_consumed_timestamp_ms),
-        )
-    out.print(table)
-    out.print(f"total lag: {stats.total_lag}")
-    if not stats.queues:
-        out.print("the group has no committed offsets yet")
-    if conn is None:
-        out.print("members (0): none online")
-    else:
-        _print_connection(conn)
-    for broker, error in {**stats.errors, **(conn.errors if conn else {})}.items():
-        click.echo(f"{broker}: {error}", err=True)
-
-
-def _print_connection(conn: ConsumerConnectionInfo) -> None:
-    """Members with their subscriptions, conflicts in red, and queue locks."""
-    out = console()
-    model = conn.message_model + (", orderly" if conn.consume_orderly else "")
-    members = Table(
-        title=f"members ({len(conn.members)}): {conn.consume_type}, {model}", title_justify="left"
-    )
-    for col in ("client id", "address", "subscriptions", "last heartbeat"):
-        members.add_column(col, overflow="fold")
-    for m in conn.members:
-        subs = "\n".join(
-            f"{s.topic}: {s.expression}" + (" (SQL92)" if s.expression_type == "SQL92" else "")
-            for s in m.subscriptions
-        )
-        members.add_row(m.client_id, m.addr, subs, fmt_time(m.last_heartbeat_ms))
-    out.print(members)
-    for c in conn.conflicts:
-        views = "; ".join(
-            f"{m.client_id}: " + ("not subscribed" if m.expression is None else repr(m.expression))
-            for m in c.members
-        )
-        effect = (
-            "pulls of it are refused until every member subscribes the same way (nothing is lost)"
-            if c.pulls_refused
-            else "only reported (strictSubscriptionConsistency=false): messages can be lost"
-        )
-        out.print(
-            f"[bold red]SUBSCRIPTION CONFLICT[/] [red]on topic {c.topic}: members subscribe "
-            f"differently ({views}); {effect}[/]",
-            markup=True,
-            highlight=False,
-        )
-    if conn.locks:
-        locks = Table(title="queue locks", title_justify="left")
-        for col in ("topic", "broker", "queue", "holder", "last locked"):
-            locks.add_column(col)
-        for lk in conn.locks:
-            locks.add_row(
-                lk.topic, lk.broker_name, str(lk.queue_id), lk.client_id, fmt_time(lk.last_lock_ms)
-            )
-        out.print(locks)
-
-
-@group.command("create")
-@click.argument("name")
-@click.option("--retry-max-times", type=int, default=16, show_default=True)
-@click.option("--retry-queues", type=int, default=1, show_default=True)
-@click.option("--orderly", is_flag=True, help="The group consumes orderly.")
-@click.option("--no-broadcast", is_flag=True, help="Refuse BROADCASTING consumers.")
-@click.option("--disable", is_flag=True, help="Create the group with consumption disabled.")
-@_target_options
-@namesrv_option
-@json_option
-def group_create(
-    name: str,
-    retry_max_times: int,
-    retry_queues: int,
-    orderly: bool,
-    no_broadcast: bool,
-    disable: bool,
-    cluster: str | None,
-    broker: str | None,
-    namesrv: str,
-    as_json: bool,
-) -> None:
-    """Create subscription group NAME."""
-    config = GroupConfig(
-        name,
-        consume_enable=not disable,
-        consume_broadcast_enable=not no_broadcast,
-        retry_queue_nums=retry_queues,
-        retry_max_times=retry_max_times,
-        consume_message_orderly=orderly,
-    )
-
-    async def go() -> list[ApplyResult]:
-        async with _admin(namesrv) as admin:
-            return await admin.create_group(config, cluster=cluster, broker=broker)
-
-    _print_apply(f"create group {name}", run(go()), as_json)
-
-
-@group.command("delete")
-@click.argument("name")
-@click.option("--clean-offsets", is_flag=True, help="Also delete the group's consumer offsets.")
-@_target_options
-@namesrv_option
-@json_option
-def group_delete(
-    name: str,
-    clean_offsets: bool,
-    cluster: str | None,
-    broker: str | None,
-    namesrv: str,
-    as_json: bool,
-) -> None:
-    """Delete subscription group NAME."""
-
-    async def go() -> list[ApplyResult]:
-        async with _admin(namesrv) as admin:
-            return await admin.delete_group(
-                name, cluster=cluster, broker=broker, clean_offsets=clean_offsets
-            )
-
-    _print_apply(f"delete group {name}", run(go()), as_json)
-
-
-# ---- offsets ----------------------------------------------------------------------------------
-@click.group()
-def offset() -> None:
-    """Consumer offsets."""
-
-
-@offset.command("reset")
-@click.option("-g", "--group", "group_name", required=True, help="Consumer group.")
-@click.option("-t", "--topic", "topic_name", required=True, help="Topic.")
-@click.option(
-    "-s",
-    "--timestamp",
-    help="Move to the first message stored at or after this time: "
-    "ms since the epoch, an ISO date, 'now' (the end) or 'earliest'.",
-)
-@click.option("-o", "--offset", "queue_offset", type=int, help="Move to this queue offset.")
-@click.option("-q", "--queue", "queue_id", type=int, help="Only this queue id.")
-@click.option("-b", "--broker", help="Only this broker.")
-@namesrv_option
-@json_option
-def offset_reset(
-    group_name: str,
-    topic_name: str,
-    timestamp: str | None,
-    queue_offset: int | None,
-    queue_id: int | None,
-    broker: str | None,
-    namesrv: str,
-    as_json: bool,
-) -> None:
-    """Move GROUP's offsets on TOPIC to a time (-s) or a queue offset (-o)."""
-    if (timestamp is None) == (queue_offset is None):
-        raise click.UsageError("give exactly one of --timestamp and --offset")
-    ts = parse_time_ms(timestamp) if timestamp is not None else None
-
-    async def go() -> Any:
-        async with _admin(namesrv) as admin:
-            return await admin.reset_offset(
-                group_name,
-                topic_name,
-                timestamp_ms=ts,
-                queue_offset=queue_offset,
-                queue_id=queue_id,
-                broker=broker,
-            )
-
-    result = run(go())
-    if as_json:
-        echo_json(result)
-        return
-    table = Table(title=f"reset {group_name} on {topic_name}", title_justify="left")
-    for col in ("broker", "queue", "old offset", "new offset"):
-        table.add_column(col)
-    for q in result.queues:
-        table.add_row(q.broker_name, str(q.queue_id), str(q.old_offset), str(q.new_offset))
-    out = console()
-    out.print(table)
-    out.print(f"members notified: {result.notified_clients}")
-    for b, error in result.errors.items():
-        click.echo(f"{b}: {error}", err=True)
-
-
-# ---- messages ---------------------------------------------------------------------------------
-@click.group()
-def message() -> None:
-    """Find and read stored messages."""
-
-
-def _messages_table(title: str, msgs: list[ReceivedMessage]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("msg id", "offset msg id", "broker", "queue", "queue offset", "tags", "keys"):
-        table.add_column(col, overflow="fold")
-    table.add_column("stored")
-    table.add_column("body", overflow="fold")
-    for m in msgs:
-        table.add_row(
-            m.msg_id,
-            m.offset_msg_id,
-            m.broker_name,
-            str(m.queue_id),
-            str(m.queue_offset),
-            m.tags,
-            " ".join(m.keys),
-            fmt_time(m.store_timestamp_ms),
-            body_preview(m.body),
-        )
-    return table
-
-
-@message.command("query")
-@click.option("-t", "--topic", "topic_name", required=True, help="Topic.")
-@click.option("-k", "--key", help="Business key (one word of the message's keys).")
-@click.option("-i", "--id", "msg_id", help="Unique message id (SendResult.msg_id).")
-@click.option("--begin", default="earliest", show_default=True, help="Stored at or after.")
-@click.option("--end", default="now", show_default=True, help="Stored at or before.")
-@click.option("--max", "max_num", type=click.IntRange(1, 64), default=32, show_default=True)
-@namesrv_option
-@json_option
-def message_query(
-    topic_name: str,
-    key: str | None,
-    msg_id: str | None,
-    begin: str,
-    end: str,
-    max_num: int,
-    namesrv: str,
-    as_json: bool,
-) -> None:
-    """Find messages of a topic by key (index files) or by unique id."""
-    if (key is None) == (msg_id is None):
-        raise click.UsageError("give exactly one of --key and --id")
-    begin_ms, end_ms = parse_time_ms(begin), parse_time_ms(end)
-
-    async def go() -> list[ReceivedMessage]:
-        async with _admin(namesrv) as admin:
-            if key is not None:
-                return await admin.query_by_key(topic_name, key, begin_ms, end_ms, max_num)
-            assert msg_id is not None
-            return await admin.query_by_id(topic_name, msg_id)
-
-    msgs = run(go())
-    if as_json:
-        echo_json(msgs)
-        return
-    console().print(_messages_table(f"{len(msgs)} message(s)", msgs))
-
-
-@message.command("view")
-@click.argument("offset_msg_id")
-@namesrv_option
-@json_option
-def message_view(offset_msg_id: str, namesrv: str, as_json: bool) -> None:
-    """Show the message OFFSET_MSG_ID (SendResult.offset_msg_id) in full."""
-
-    async def go() -> ReceivedMessage:
-        async with _admin(namesrv) as admin:
-            return await admin.view_message(offset_msg_id)
-
-    m = run(go())
-    if as_json:
-        echo_json(m)
-        return
-    table = Table(title=f"message {m.offset_msg_id}", title_justify="left", show_header=False)
-    table.add_column("field")
-    table.add_column("value", overflow="fold")
-    for f in dataclasses.fields(m):
-        value = getattr(m, f.name)
-        if f.name == "body":
-            continue
-        if f.name == "properties":
-            for k, v in sorted(value.items()):
-                table.add_row(f"property {k}", v)
-            continue
-        shown = fmt_time(value) if f.name.endswith("timestamp_ms") else str(value)
-        table.add_row(f.name, shown)
-    table.add_row("body", body_preview(m.body, 4000))
-    console().print(table)
 
 
 ADMIN_COMMANDS = (cluster, topic, group, offset, message)
