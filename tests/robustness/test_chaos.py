@@ -1,14 +1,16 @@
 """The CI chaos run (issue 8): one fixed-seed scenario against a real controller-mode cluster.
 
-A broker group of 3 replicas (SYNC_MASTER, lease TTL 2 s) in controller mode through one etcd,
-a static second group, two nameservers and a timer-wheel, under traffic from 2 producers (round
-robin, sharding-key and delayed sends) and 3 consumers (a concurrent group, an orderly group),
-while the fault schedule :data:`~tests.robustness.chaos.scenario.CI_FAULTS` runs in order:
-master SIGKILL + restart, master SIGSTOP past two leases then SIGCONT, slave SIGKILL, nameserver
-restart, timer-wheel kill, etcd kill/restart, and - where network namespaces can be built
-(root) - a master<->slave and a master<->etcd partition. Then everything is healed, drained,
-read back, and the checker (:mod:`tests.robustness.chaos.validate`) runs. A failed run keeps
-its stores, logs and history under ``ROCKETQ_ROBUSTNESS_KEEP_DIR`` (else the test's tmp dir).
+A broker group of 3 replicas (SYNC_MASTER, lease TTL 2 s) in controller mode through a 3-member
+etcd cluster, a static second group, two nameservers and a timer-wheel, under traffic from 2
+producers (round robin, sharding-key and delayed sends) and 3 consumers (a concurrent group, an
+orderly group), while the fault schedule :data:`~tests.robustness.chaos.scenario.CI_FAULTS`
+runs in order: master SIGKILL + restart, master SIGSTOP past two leases then SIGCONT, slave
+SIGKILL, nameserver restart, timer-wheel kill, one etcd member killed/restarted, two etcd
+members killed together (quorum lost) then restarted, and - where network namespaces can be
+built (root) - a master<->slave and a master<->etcd (every member) partition. Then everything
+is healed, drained, read back, and the checker (:mod:`tests.robustness.chaos.validate`) runs. A
+failed run keeps its stores, logs and history under ``ROCKETQ_ROBUSTNESS_KEEP_DIR`` (else the
+test's tmp dir).
 
 About 2-3 minutes of wall time on 2 cores; the exploratory mode is
 ``python -m tests.robustness.chaos --help``.

@@ -1,8 +1,8 @@
 """The cluster-level robustness suite (issue 8), laid out like etcd's ``tests/robustness``.
 
-Real processes (etcd, nameservers, a controller-mode broker group of 3 replicas, a static
-group, a timer-wheel) under client traffic while faults are injected; every request and its
-outcome is journaled and checked afterwards against a model of a correct queue:
+Real processes (a 3-member etcd cluster, nameservers, a controller-mode broker group of 3
+replicas, a static group, a timer-wheel) under client traffic while faults are injected; every
+request and its outcome is journaled and checked afterwards against a model of a correct queue:
 
 * :mod:`~tests.robustness.chaos.traffic` - producer and consumer processes (the workload);
 * :mod:`~tests.robustness.chaos.recorder` - the recording client's JSON-lines journals;

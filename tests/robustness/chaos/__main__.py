@@ -1,8 +1,8 @@
 """Exploratory chaos runs, and re-checking a kept one.
 
     python -m tests.robustness.chaos --seed 42 --duration-s 600 \\
-        --faults kill,pause,kill-slave,namesrv,timer,etcd,partition,etcd-partition,disk \\
-        [--shuffle] [--rate 30] [--netns auto|on|off] [--keep DIR]
+      --faults kill,pause,kill-slave,namesrv,timer,etcd,etcd-quorum,partition,etcd-partition,disk \\
+      [--shuffle] [--rate 30] [--netns auto|on|off] [--etcd-members 3] [--keep DIR]
     python -m tests.robustness.chaos --check DIR      # validate a kept run's journals again
 
 Without ``--keep`` the run lives in a temporary directory that is copied to
@@ -47,6 +47,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=15.0, help="messages/s per producer")
     p.add_argument("--producers", type=int, default=2)
     p.add_argument("--lease-ttl-s", type=int, default=2)
+    p.add_argument(
+        "--etcd-members", type=int, default=3, help="etcd cluster size (1 = a single member)"
+    )
     p.add_argument("--no-static-group", action="store_true")
     p.add_argument("--no-timer", action="store_true")
     p.add_argument(
@@ -88,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         producers=args.producers,
         cluster=ClusterConfig(
             lease_ttl_s=args.lease_ttl_s,
+            etcd_members=args.etcd_members,
             static_group=not args.no_static_group,
             timer=not args.no_timer,
             netns=args.netns == "on" or (args.netns == "auto" and netns.available() is None),

@@ -13,14 +13,19 @@ with every process running again; the cluster then settles (``wait_healthy``) be
 | ``kill-slave``    | SIGKILL a slave of ``broker-a``, restart it                            |
 | ``namesrv``       | SIGKILL a nameserver, restart it on its port                          |
 | ``timer``         | SIGKILL the timer-wheel, restart it                                   |
-| ``etcd``          | SIGKILL the etcd member, restart it (every lease stalls meanwhile)    |
+| ``etcd``          | SIGKILL one etcd member (a random one of several), restart it; with   |
+|                   | one member every lease stalls meanwhile, with three the rest go on    |
+| ``etcd-quorum``   | SIGKILL a majority of the etcd members (2 of 3) for a few seconds,   |
+|                   | then restart them: no lease can be renewed, the master fences itself  |
+|                   | (skipped with a single member: that is ``etcd``)                      |
 | ``partition``     | cut the master from one slave (network namespaces only)               |
-| ``etcd-partition``| cut the master from etcd (network namespaces only)                    |
+| ``etcd-partition``| cut the master from every etcd member (network namespaces only)       |
 | ``disk``          | fill a slave's store volume, then free it (disk_slave_bytes > 0)   |
 
 The journal kinds (``fault`` events, see :mod:`~tests.robustness.chaos.model`):
 ``kill-master``, ``pause-master``, ``kill-slave``, ``kill-namesrv``, ``kill-timer``,
-``kill-etcd``, ``partition-master-slave``, ``partition-master-etcd``, ``disk-full-slave``.
+``kill-etcd``, ``kill-etcd-quorum``, ``partition-master-slave``, ``partition-master-etcd``,
+``disk-full-slave``.
 """
 
 from __future__ import annotations
@@ -108,19 +113,40 @@ def kill_timer(run: Run, rng: random.Random) -> FaultResult:
 
 
 def kill_etcd(run: Run, rng: random.Random) -> FaultResult:
-    node = run.cluster.nodes["etcd"]
+    node = rng.choice(run.cluster.etcd_members())
     return _down_then_up(run, node, "kill-etcd", rng.uniform(2, 4), GROUP)
 
 
-def _partition(run: Run, kind: str, a: Node, b: Node, hold_s: float) -> FaultResult:
+def kill_etcd_quorum(run: Run, rng: random.Random) -> FaultResult:
+    members = run.cluster.etcd_members()
+    if len(members) < 3:
+        raise FaultSkipped("losing the etcd quorum but not etcd needs 3 or more members")
+    victims = rng.sample(members, len(members) // 2 + 1)
+    down_s = rng.uniform(3, 6)
+    t0 = time.monotonic_ns()
+    for node in victims:
+        node.sp.kill()
+    time.sleep(down_s)
+    for node in victims:  # the first one back restores the quorum (restart waits for health)
+        run.cluster.restart(node)
+    target = ",".join(n.name for n in victims)
+    return FaultResult(
+        "kill-etcd-quorum", target, GROUP, t0, time.monotonic_ns(), f"down {down_s:.1f}s"
+    )
+
+
+def _partition(run: Run, kind: str, a: Node, others: list[Node], hold_s: float) -> FaultResult:
+    """Cut ``a`` from every node of ``others`` for ``hold_s``, then heal."""
     lab = run.lab
     if lab is None:
         raise FaultSkipped("network partitions need network namespaces (root)")
     t0 = time.monotonic_ns()
-    lab.partition(a.lab_name, b.lab_name)
+    for b in others:
+        lab.partition(a.lab_name, b.lab_name)
     time.sleep(hold_s)
     lab.heal()
-    return FaultResult(kind, f"{a.name}|{b.name}", GROUP, t0, time.monotonic_ns(), f"{hold_s:.1f}s")
+    target = f"{a.name}|{','.join(b.name for b in others)}"
+    return FaultResult(kind, target, GROUP, t0, time.monotonic_ns(), f"{hold_s:.1f}s")
 
 
 def partition_master_slave(run: Run, rng: random.Random) -> FaultResult:
@@ -128,14 +154,15 @@ def partition_master_slave(run: Run, rng: random.Random) -> FaultResult:
     slaves = run.cluster.slaves_of(GROUP)
     if not slaves:
         raise FaultSkipped("no slave")
-    return _partition(run, "partition-master-slave", master, rng.choice(slaves), rng.uniform(4, 8))
+    slave = rng.choice(slaves)
+    return _partition(run, "partition-master-slave", master, [slave], rng.uniform(4, 8))
 
 
 def partition_master_etcd(run: Run, rng: random.Random) -> FaultResult:
     master = _master(run)
-    etcd = run.cluster.nodes["etcd"]
     hold_s = 2 * run.cluster.cfg.lease_ttl_s + rng.uniform(1, 3)
-    return _partition(run, "partition-master-etcd", master, etcd, hold_s)
+    members = run.cluster.etcd_members()
+    return _partition(run, "partition-master-etcd", master, members, hold_s)
 
 
 def disk_full_slave(run: Run, rng: random.Random) -> FaultResult:
@@ -160,6 +187,7 @@ FAULTS: dict[str, Fault] = {
     "namesrv": kill_namesrv,
     "timer": kill_timer,
     "etcd": kill_etcd,
+    "etcd-quorum": kill_etcd_quorum,
     "partition": partition_master_slave,
     "etcd-partition": partition_master_etcd,
     "disk": disk_full_slave,

@@ -36,7 +36,14 @@ SEND_OK = "SEND_OK"
 ERROR = "ERROR"
 
 MASTER_FAULTS = frozenset(
-    {"kill-master", "pause-master", "kill-etcd", "partition-master-slave", "partition-master-etcd"}
+    {
+        "kill-master",
+        "pause-master",
+        "kill-etcd",
+        "kill-etcd-quorum",
+        "partition-master-slave",
+        "partition-master-etcd",
+    }
 )
 """Fault kinds that may change a group's master (or leave it without one for a while): the
 windows in which a consumer-offset regression down to the last config sync is allowed."""

@@ -1,10 +1,17 @@
 """The cluster under test: every process of a chaos run, by name, and what the driver asks them.
 
-A :class:`ChaosCluster` starts (through :mod:`tests.integration.cluster`) one etcd, nameservers
-on fixed ports (so a restarted one is found again at its address), broker group ``broker-a`` in
-controller mode - replicas ``1..N`` (``brokerId`` = replica id, ``SYNC_MASTER``, the lease TTL
-of the run) - optionally a static single-master group ``broker-b``, and a timer-wheel. Each is
-a :class:`Node` named ``etcd``, ``namesrv0``, ``broker-a-r1``, ``broker-b``, ``timer``.
+A :class:`ChaosCluster` starts (through :mod:`tests.integration.cluster`) an etcd cluster of
+``etcd_members`` members, nameservers on fixed ports (so a restarted one is found again at its
+address), broker group ``broker-a`` in controller mode - replicas ``1..N`` (``brokerId`` =
+replica id, ``SYNC_MASTER``, the lease TTL of the run, ``etcdEndpoints`` listing every member)
+- optionally a static single-master group ``broker-b``, and a timer-wheel. Each is a
+:class:`Node` named ``etcd0``..``etcd2`` (``etcd`` when there is one member, as before),
+``namesrv0``, ``broker-a-r1``, ``broker-b``, ``timer``.
+
+etcd members keep their ports across restarts (etcd cannot take port 0, and its peers and the
+brokers know it by address): loopback members get two free ports each once; in namespaces every
+member listens on 2379/2380 of its own address. A restarted member rejoins with its data dir
+(etcd then ignores the ``--initial-cluster*`` flags).
 
 With ``netns=True`` every node runs in a network namespace of its own
 (:class:`~tests.robustness.chaos.netns.NetLab` ``chaos``; node ``broker-a-r1`` is lab node
@@ -44,6 +51,7 @@ from tests.integration.cluster import (
     start_broker,
     start_broker_in,
     start_etcd,
+    start_etcd_cluster,
     start_nameserver,
     start_timer_wheel,
 )
@@ -76,6 +84,8 @@ class ClusterConfig:
     """Extra broker keys for every replica of the controller group (they win)."""
     netns: bool = False
     """Every node in a network namespace of its own (needs root), so partitions can run."""
+    etcd_members: int = 3
+    """Members of the etcd cluster (1 = the single ``etcd`` node of older runs)."""
     disk_slave_bytes: int = 0
     """When > 0, the last replica's store is a volume of this size that the ``disk`` fault
     fills (:class:`~tests.robustness.chaos.disk.DiskFiller`, needs root)."""
@@ -112,12 +122,17 @@ def lab_name(name: str) -> str:
     return name.replace("-", "_")
 
 
-def replica_keys(cfg: ClusterConfig, etcd_addr: str, rid: int) -> dict[str, object]:
+def etcd_names(members: int) -> list[str]:
+    """Node names of the etcd members: ``etcd`` alone, else ``etcd0``, ``etcd1``, ..."""
+    return ["etcd"] if members == 1 else [f"etcd{i}" for i in range(members)]
+
+
+def replica_keys(cfg: ClusterConfig, etcd_endpoints: str, rid: int) -> dict[str, object]:
     keys: dict[str, object] = {
         "brokerName": GROUP,
         "brokerId": rid,
         "brokerRole": "SYNC_MASTER",
-        "etcdEndpoints": etcd_addr,
+        "etcdEndpoints": etcd_endpoints,
         "controllerLeaseTtlSec": cfg.lease_ttl_s,
         "haMaxTimeSlaveNotCatchup": 5000,
         "haSendHeartbeatInterval": 1000,
@@ -152,8 +167,10 @@ class ChaosCluster:
             self.lab.add_node("driver")
             self.lab.add_node("clients")
             self.gateway = Gateway(self.lab.namespace("driver"))
-        etcd = self._start_etcd(d)
-        self.nodes["etcd"] = Node("etcd", "etcd", etcd)
+        members = self._start_etcd(d)
+        for sp in members:
+            self.nodes[sp.name] = Node(sp.name, "etcd", sp)
+        endpoints = ",".join(sp.addr for sp in members)
         for i in range(self.cfg.nameservers):
             name = f"namesrv{i}"
             host, prefix = self._place(name)
@@ -162,7 +179,7 @@ class ChaosCluster:
             self.nodes[name] = Node(name, "namesrv", ns)
         for rid in range(1, self.cfg.replicas + 1):
             name = f"{GROUP}-r{rid}"
-            keys = replica_keys(self.cfg, etcd.addr, rid)
+            keys = replica_keys(self.cfg, endpoints, rid)
             if rid == self.cfg.replicas and self.cfg.disk_slave_bytes:
                 self.disks[name] = DiskFiller(d / name / "store", self.cfg.disk_slave_bytes)
             self.nodes[name] = Node(name, "broker", self._broker(d, name, keys), GROUP, rid)
@@ -196,42 +213,69 @@ class ChaosCluster:
         return spawn("timer", "services.timer_wheel", [*args, "--listen", f"{host}:0"], workdir,
                      None, prefix)  # fmt: skip
 
-    def _start_etcd(self, d: Path) -> ServiceProcess:
+    def _start_etcd(self, d: Path) -> list[ServiceProcess]:
+        """Every etcd member, started before any is waited for (a lone member of a larger
+        cluster has no quorum and never says healthy)."""
+        names = etcd_names(self.cfg.etcd_members)
         if self.lab is None:
-            return start_etcd(d, name="etcd")
-        host, prefix = self._place("etcd")
-        assert prefix is not None
-        workdir = d / "etcd"
-        workdir.mkdir(parents=True, exist_ok=True)
-        client = f"http://{host}:{ETCD_CLIENT_PORT}"
-        peer = f"http://{host}:{ETCD_PEER_PORT}"
-        argv = [etcd_binary(), "--name", "etcd", "--data-dir", str(workdir / "data"),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"etcd={peer}"]  # fmt: skip
-        return self._spawn_etcd(argv, prefix, workdir, f"{host}:{ETCD_CLIENT_PORT}")
+            if len(names) == 1:
+                return [start_etcd(d, name="etcd")]
+            return start_etcd_cluster(d, len(names), name_prefix="etcd")
+        hosts = {n: self._place(n)[0] for n in names}
+        peer = {n: f"http://{hosts[n]}:{ETCD_PEER_PORT}" for n in names}
+        initial = ",".join(f"{n}={peer[n]}" for n in names)
+        started = []
+        for n in names:
+            workdir = d / n
+            workdir.mkdir(parents=True, exist_ok=True)
+            client = f"http://{hosts[n]}:{ETCD_CLIENT_PORT}"
+            argv = [etcd_binary(), "--name", n, "--data-dir", str(workdir / "data"),
+                    "--listen-client-urls", client, "--advertise-client-urls", client,
+                    "--listen-peer-urls", peer[n], "--initial-advertise-peer-urls", peer[n],
+                    "--initial-cluster", initial, "--initial-cluster-state", "new",
+                    "--initial-cluster-token", f"{LAB_NAME}-etcd"]  # fmt: skip
+            addr = f"{hosts[n]}:{ETCD_CLIENT_PORT}"
+            started.append(self._spawn_etcd(n, argv, self._prefix(n), workdir, addr, wait=False))
+        for sp in started:
+            self._wait_etcd(sp)
+        return started
+
+    def _prefix(self, name: str) -> list[str]:
+        assert self.lab is not None
+        return self.lab.prefix(lab_name(name))
 
     def _spawn_etcd(
-        self, argv: list[str], prefix: list[str], workdir: Path, addr: str
+        self,
+        name: str,
+        argv: list[str],
+        prefix: list[str],
+        workdir: Path,
+        addr: str,
+        wait: bool = True,
     ) -> ServiceProcess:
-        log_path = workdir / "etcd.log"
+        log_path = workdir / f"{name}.log"
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
                 [*prefix, *argv], stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir)
             )
-        sp = ServiceProcess("etcd", proc, addr, workdir, log_path, argv, None, prefix)
+        sp = ServiceProcess(name, proc, addr, workdir, log_path, argv, None, prefix)
         self._own.append(sp)
+        if wait:
+            self._wait_etcd(sp)
+        return sp
+
+    def _wait_etcd(self, sp: ServiceProcess) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        health = f"http://{self.dial(addr)}/health"
+        health = f"http://{self.dial(sp.addr)}/health"
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {proc.returncode}\n{sp.log_tail()}")
+            if sp.proc.poll() is not None:
+                raise RuntimeError(f"{sp.name} exited with {sp.proc.returncode}\n{sp.log_tail()}")
             with contextlib.suppress(OSError), urllib.request.urlopen(health, timeout=1) as resp:
                 if b"true" in resp.read():
-                    return sp
+                    return
             time.sleep(0.1)
-        proc.kill()
-        raise RuntimeError(f"etcd not healthy within {READY_TIMEOUT_S}s\n{sp.log_tail()}")
+        sp.proc.kill()
+        raise RuntimeError(f"{sp.name} not healthy within {READY_TIMEOUT_S}s\n{sp.log_tail()}")
 
     def dial(self, addr: str) -> str:
         """The address the driver connects to for a node's ``addr``."""
@@ -245,6 +289,9 @@ class ChaosCluster:
     def groups(self) -> list[str]:
         return [GROUP] + ([STATIC_GROUP] if self.cfg.static_group else [])
 
+    def etcd_members(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.kind == "etcd"]
+
     def replicas(self, group: str = GROUP) -> list[Node]:
         return [n for n in self.nodes.values() if n.kind == "broker" and n.group == group]
 
@@ -255,7 +302,7 @@ class ChaosCluster:
             node.sp.kill()
         if node.kind == "etcd" and node.sp.prefix:
             sp = node.sp
-            node.sp = self._spawn_etcd(sp.argv, sp.prefix, sp.workdir, sp.addr)
+            node.sp = self._spawn_etcd(sp.name, sp.argv, sp.prefix, sp.workdir, sp.addr)
         else:
             node.sp = restart(node.sp)
 

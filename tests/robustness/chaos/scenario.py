@@ -57,8 +57,8 @@ ORDERLY_TOPIC = "ChaosOrderly"
 QUEUES = 4
 GROUP_CONCURRENT = "chaos-concurrent"
 GROUP_ORDERLY = "chaos-orderly"
-CI_FAULTS = ("kill", "pause", "kill-slave", "namesrv", "timer", "etcd", "partition",
-             "etcd-partition")  # fmt: skip
+CI_FAULTS = ("kill", "pause", "kill-slave", "namesrv", "timer", "etcd", "etcd-quorum",
+             "partition", "etcd-partition")  # fmt: skip
 """The CI schedule, in this order (faults that cannot run here are skipped and said so)."""
 STALENESS_MS = 3000
 """A new master's consumer offsets: a config sync (1 s) old, plus the sync's round trip and
