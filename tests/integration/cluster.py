@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -321,25 +322,82 @@ def start_etcd(
     return _spawn_etcd(name, argv, workdir, client.removeprefix("http://"))
 
 
-def _spawn_etcd(name: str, argv: list[str], workdir: Path, addr: str) -> ServiceProcess:
+def _spawn_etcd(
+    name: str, argv: list[str], workdir: Path, addr: str, wait: bool = True
+) -> ServiceProcess:
     log_path = workdir / f"{name}.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir))
     sp = ServiceProcess(name, proc, addr, workdir, log_path, argv, None)
     _SPAWNED.append(sp)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{name} exited with {proc.returncode}\n{sp.log_tail()}")
-        try:
-            with urllib.request.urlopen(f"http://{addr}/health", timeout=1) as resp:
-                if b"true" in resp.read():
-                    return sp
-        except OSError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"{name} not healthy within {READY_TIMEOUT_S}s\n{sp.log_tail()}")
+    if wait:
+        wait_etcd_healthy([sp])
+    return sp
+
+
+def wait_etcd_healthy(members: list[ServiceProcess], timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Until every member's ``/health`` says true (etcd 3.4 answers true only when a leader
+    exists and a quorum read goes through); kills them all and fails otherwise."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(members)
+    while waiting and time.monotonic() < deadline:
+        for sp in list(waiting):
+            if sp.proc.poll() is not None:
+                for other in members:
+                    other.kill()
+                raise AssertionError(f"{sp.name} exited with {sp.proc.returncode}\n{sp.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://{sp.addr}/health", timeout=1) as resp:
+                    if b"true" in resp.read():
+                        waiting.remove(sp)
+            except OSError:
+                pass
+        if waiting:
+            time.sleep(0.05)
+    if waiting:
+        for sp in members:
+            sp.kill()
+        raise AssertionError(
+            f"{[sp.name for sp in waiting]} not healthy within {timeout_s}s\n"
+            + "\n".join(sp.log_tail(20) for sp in waiting)
+        )
+
+
+def start_etcd_cluster(
+    tmp_path: Path,
+    members: int = 3,
+    name_prefix: str = "etcd",
+    heartbeat_interval_ms: int = 100,
+    election_timeout_ms: int = 1000,
+) -> list[ServiceProcess]:
+    """Start an etcd cluster of ``members`` members ``{name_prefix}0..`` on loopback (each on
+    two free ports, data in ``tmp_path/NAME/data``) and wait until every member is healthy.
+
+    All members are started before any is waited for: a lone member has no quorum and would
+    never say healthy. Timing defaults are etcd's own (heartbeat 100 ms, election timeout
+    1000 ms). :func:`restart` brings a member back with the same argv: with its data dir
+    present etcd ignores the ``--initial-cluster*`` flags and rejoins as the member it was.
+    ``",".join(m.addr for m in result)`` is what brokers take as ``etcdEndpoints``."""
+    names = [f"{name_prefix}{i}" for i in range(members)]
+    clients = {n: f"http://127.0.0.1:{free_port()}" for n in names}
+    peers = {n: f"http://127.0.0.1:{free_port()}" for n in names}
+    initial = ",".join(f"{n}={peers[n]}" for n in names)
+    token = f"{name_prefix}-{uuid.uuid4().hex[:12]}"  # members of another cluster never join
+    started: list[ServiceProcess] = []
+    for n in names:
+        workdir = tmp_path / n
+        workdir.mkdir(parents=True, exist_ok=True)
+        argv = [etcd_binary(), "--name", n, "--data-dir", str(workdir / "data"),
+                "--listen-client-urls", clients[n], "--advertise-client-urls", clients[n],
+                "--listen-peer-urls", peers[n], "--initial-advertise-peer-urls", peers[n],
+                "--initial-cluster", initial, "--initial-cluster-state", "new",
+                "--initial-cluster-token", token,
+                "--heartbeat-interval", str(heartbeat_interval_ms),
+                "--election-timeout", str(election_timeout_ms)]  # fmt: skip
+        addr = clients[n].removeprefix("http://")
+        started.append(_spawn_etcd(n, argv, workdir, addr, wait=False))
+    wait_etcd_healthy(started)
+    return started
 
 
 def restart(sp: ServiceProcess) -> ServiceProcess:
