@@ -19,10 +19,10 @@ A table comes back only when its version differs from the one the slave last app
 quiet cluster costs one small call per ``slaveSyncConfigInterval`` (10 s); the slave also
 syncs right after its replication stream connects, and at once when the master's
 ConfirmOffset carries a new ``config_version`` (a topic or group changed there), so a new
-topic is on the slaves within a round trip rather than up to 10 s later. The versions the slave sends are the
-*master's* versions it last applied, not its own tables' versions (those move with local
-changes such as auto-created groups), and they live in memory: a restarted slave asks for
-everything once.
+topic is on the slaves within a round trip rather than up to 10 s later. The versions the
+slave sends are the *master's* versions it last applied, not its own tables' versions (those
+move with local changes such as auto-created groups), and they live in memory: a restarted
+slave asks for everything once.
 
 Tables are replaced by writing the file in the manager's own format and reloading it, not
 by one ``put`` per entry: every put is an fsynced write, and a first sync of a thousand
