@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 T = TypeVar("T")
 
@@ -77,6 +77,39 @@ class LoopThread:
             self._loop.close()
 
     def __enter__(self) -> LoopThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncLifecycle(Protocol):
+    """What a blocking wrapper drives: an async client with ``start`` and ``close``."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class BlockingLifecycle:
+    """``start`` / ``close`` / ``with`` of a blocking producer wrapper: its async twin
+    ``_producer`` runs on its own ``_loop``, and closing stops that loop even if the twin's
+    close fails. Subclasses set both attributes in ``__init__``."""
+
+    _loop: LoopThread
+    _producer: AsyncLifecycle
+
+    def start(self) -> None:
+        self._loop.run(self._producer.start())
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._producer.close())
+        finally:
+            self._loop.close()
+
+    def __enter__(self) -> Self:
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 from collections.abc import Sequence
 
-from rocketq.client._sync import LoopThread
+from rocketq.client._sync import BlockingLifecycle, LoopThread
 from rocketq.client.producer.accumulating import AccumulatingProducer
 from rocketq.client.producer.config import AccumulatingProducerConfig, ProducerConfig
 from rocketq.client.producer.producer import Producer, SendCallback
@@ -19,29 +19,15 @@ from rocketq.client.producer.selectors import MessageQueueSelector
 from rocketq.message import Message, MessageQueue, SendResult
 
 
-class SyncProducer:
+class SyncProducer(BlockingLifecycle):
     """:class:`Producer` with blocking methods; callbacks run on the producer's loop thread."""
+
+    _producer: Producer
 
     def __init__(self, config: ProducerConfig) -> None:
         self.config = config
         self._loop = LoopThread("rocketq-producer")
         self._producer = Producer(config)
-
-    def start(self) -> None:
-        self._loop.run(self._producer.start())
-
-    def close(self) -> None:
-        try:
-            self._loop.run(self._producer.close())
-        finally:
-            self._loop.close()
-
-    def __enter__(self) -> SyncProducer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def send(
         self,
@@ -94,29 +80,15 @@ async def _await(fut: asyncio.Future[SendResult]) -> SendResult:
     return await fut
 
 
-class SyncAccumulatingProducer:
+class SyncAccumulatingProducer(BlockingLifecycle):
     """:class:`AccumulatingProducer` with blocking methods."""
+
+    _producer: AccumulatingProducer
 
     def __init__(self, config: AccumulatingProducerConfig) -> None:
         self.config = config
         self._loop = LoopThread("rocketq-accumulating-producer")
         self._producer = AccumulatingProducer(config)
-
-    def start(self) -> None:
-        self._loop.run(self._producer.start())
-
-    def close(self) -> None:
-        try:
-            self._loop.run(self._producer.close())
-        finally:
-            self._loop.close()
-
-    def __enter__(self) -> SyncAccumulatingProducer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def send(self, msg: Message, *, sharding_key: object = None) -> SendResult:
         """Send in the next batch and block until its result (one thread sends one at a time;

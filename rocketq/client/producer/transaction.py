@@ -50,7 +50,7 @@ from rocketq import codec
 from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.client._admin_types import received_message
 from rocketq.client._instance import ClientInstance
-from rocketq.client._sync import LoopThread
+from rocketq.client._sync import BlockingLifecycle, LoopThread
 from rocketq.client.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -469,9 +469,11 @@ def result_of(half: SendResult, state: LocalTransactionState) -> TransactionSend
     )
 
 
-class SyncTransactionProducer:
+class SyncTransactionProducer(BlockingLifecycle):
     """:class:`TransactionProducer` with blocking methods; ``execute_local_transaction`` runs
     in the thread that calls :meth:`send_message_in_transaction`."""
+
+    _producer: TransactionProducer
 
     def __init__(self, config: ProducerConfig, listener: TransactionListener) -> None:
         self._producer = TransactionProducer(config, listener)
@@ -482,22 +484,6 @@ class SyncTransactionProducer:
     @property
     def checks(self) -> CheckDispatcher:
         return self._producer.checks
-
-    def start(self) -> None:
-        self._loop.run(self._producer.start())
-
-    def close(self) -> None:
-        try:
-            self._loop.run(self._producer.close())
-        finally:
-            self._loop.close()
-
-    def __enter__(self) -> SyncTransactionProducer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def send_message_in_transaction(
         self, message: Message, arg: object = None
