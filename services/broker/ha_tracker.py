@@ -104,6 +104,19 @@ def leadership_lost_error() -> ServiceError:
     )
 
 
+async def sync_master_wait(
+    waiter: HaWaiter | None, config: BrokerConfig, end_offset: int
+) -> SendStatus | None:
+    """The wait every acknowledged write makes on a SYNC_MASTER (Send, EndTransaction,
+    ConsumerSendBack): until an in-sync slave holds the bytes before ``end_offset``, and the
+    :meth:`HaWaiter.wait_replicated` status. None when there is nothing to wait for (no
+    waiter, i.e. not a replicating master; or not SYNC_MASTER). The caller re-checks
+    ``config.is_master`` afterwards: leadership can be lost during the wait."""
+    if waiter is None or config.broker_role != "SYNC_MASTER":
+        return None
+    return await waiter.wait_replicated(end_offset)
+
+
 @dataclass(slots=True)
 class Retained:
     """A published ISR member no longer in the local in-sync set, until a smaller set is

@@ -70,7 +70,7 @@ from rocketq.validation import (
     retry_topic,
 )
 from services.broker.config import BrokerConfig
-from services.broker.ha_tracker import HaWaiter, leadership_lost_error
+from services.broker.ha_tracker import HaWaiter, leadership_lost_error, sync_master_wait
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.timer_put import (
@@ -423,10 +423,9 @@ class SendBackProcessor:
         the master held would be lost with it. A replication timeout is logged (the copy is
         stored); leadership lost during the wait is NOT_MASTER, so the consumer sends it back
         again to the new master (a duplicate retry rather than a lost one)."""
-        waiter = self.ha_waiter()
-        if waiter is None or self.config.broker_role != "SYNC_MASTER":
+        status = await sync_master_wait(self.ha_waiter(), self.config, end_offset)
+        if status is None:
             return
-        status = await waiter.wait_replicated(end_offset)
         if not self.config.is_master:
             raise leadership_lost_error()
         if status != messaging_pb2.SEND_OK:

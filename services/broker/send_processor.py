@@ -68,7 +68,7 @@ from rocketq.validation import (
     is_writeable,
 )
 from services.broker.config import BrokerConfig
-from services.broker.ha_tracker import HaWaiter, leadership_lost_error
+from services.broker.ha_tracker import HaWaiter, leadership_lost_error, sync_master_wait
 from services.broker.model import TopicConfig
 from services.broker.timer_put import (
     DELAY_PROPERTIES,
@@ -259,10 +259,6 @@ class SendProcessor:
         self.ha_waiter: HaWaiter | None = None
         """Set on masters (server.py); waited on only while brokerRole is SYNC_MASTER."""
 
-    @property
-    def _sync_master(self) -> bool:
-        return self.config.broker_role == "SYNC_MASTER"
-
     # -- entry point -----------------------------------------------------------------------
     async def send(
         self, request: messaging_pb2.SendRequest, peer: str
@@ -285,11 +281,12 @@ class SendProcessor:
             waited = True
             if not await self.store.flusher.wait_flushed(end):
                 status = FLUSH_DISK_TIMEOUT
-        waiter = self.ha_waiter
-        if end and plan.wait and status == SEND_OK and waiter is not None and self._sync_master:
+        if end and plan.wait and status == SEND_OK:
             # SYNC_MASTER (DESIGN.md §6): SEND_OK only once an in-sync slave has the bytes.
-            waited = True
-            status = await waiter.wait_replicated(end)
+            replicated = await sync_master_wait(self.ha_waiter, self.config, end)
+            if replicated is not None:
+                waited = True
+                status = replicated
         if waited and not self.config.is_master:
             raise leadership_lost_error()  # the lease fence dropped during the wait
         prefix = self._id_prefix

@@ -45,7 +45,7 @@ from rocketq.codec import Prop, SysFlag
 from rocketq.validation import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, check_group
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
-from services.broker.ha_tracker import HaWaiter, leadership_lost_error
+from services.broker.ha_tracker import HaWaiter, leadership_lost_error, sync_master_wait
 from services.broker.topic_config_manager import TopicConfigManager
 from services.broker.transaction_half import (
     COMMIT,
@@ -265,10 +265,9 @@ class EndTransactionProcessor:
             log.warning("transaction %s: stored, but the flush timed out", txid)
             return True
         waited = self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        waiter = self.ha_waiter()
-        if waiter is None or self.config.broker_role != "SYNC_MASTER":
+        status = await sync_master_wait(self.ha_waiter(), self.config, end_offset)
+        if status is None:
             return waited
-        status = await waiter.wait_replicated(end_offset)
         if status != messaging_pb2.SEND_OK:
             log.warning(
                 "transaction %s: stored, but not replicated (%s)",
