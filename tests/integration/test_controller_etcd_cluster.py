@@ -214,8 +214,14 @@ async def _quorum_lost(tmp_path: Path) -> None:
             restart_member(members, m)
         wait_etcd_healthy(members)
         new_rid = await wait_master(group, timeout_s=3 * LEASE_TTL_S + 10)
-        stats = [await stats_of(group.addr(r)) for r in group.replicas]
-        epochs = {int(st.epoch) for st in stats if st is not None}
+        # the followers learn the new epoch from etcd a moment after the master takes it
+        deadline = time.monotonic() + 10
+        while True:
+            stats = [await stats_of(group.addr(r)) for r in group.replicas]
+            epochs = {int(st.epoch) for st in stats if st is not None}
+            if (len(epochs) == 1 and max(epochs) > epoch) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
         assert len(epochs) == 1 and epochs.pop() > epoch, (epoch, stats)
         more: list[Ack] = []
         async with grpc.aio.insecure_channel(group.addr(new_rid)) as ch:
