@@ -3,17 +3,22 @@ passes, and indeterminate sends are held to nothing."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from rocketq.client.producer import Producer
+from rocketq.message import Message, MessageQueue, SendResult, SendStatus
 from tests.robustness.chaos.model import (
     Expectations,
     History,
     duplicate_bound,
 )
 from tests.robustness.chaos.recorder import Recorder, read_events
+from tests.robustness.chaos.traffic import ID_PROPERTY, ProducerTraffic
 from tests.robustness.chaos.validate import validate
 
 pytestmark = pytest.mark.unit
@@ -56,6 +61,13 @@ class Builder:
         if store and not delay_ms:
             self.stored(id, topic, queue, offset)
         return offset
+
+    def invoke(self, id: str, t0: int, *, topic: str = "T") -> None:
+        """A send begun and never answered (no ``send`` event follows)."""
+        self.events.append(
+            dict(ev="invoke", proc="p1", id=id, topic=topic, shard="", seq=-1, delay_ms=0,
+                 t0=t0 * MS)
+        )  # fmt: skip
 
     def stored(self, id: str, topic: str, queue: int, offset: int) -> None:
         self.events.append(
@@ -136,6 +148,76 @@ def test_a_phantom_delivery_is_found() -> None:
     b = clean()
     b.deliver("never-sent", 200, offset=9)
     assert "phantom" in b.check().failures
+
+
+def test_an_unfinished_send_that_was_stored_is_not_a_phantom() -> None:
+    # the producer was stopped (or killed) while this send was in flight; the broker stored it
+    b = clean()
+    b.invoke("in-flight", 100)
+    b.stored("in-flight", "T", 0, 5)
+    b.deliver("in-flight", 120, offset=5)
+    v = b.check()
+    assert v.ok, v.summary()
+    assert v.counts["unfinished"] == 1 and v.counts["indeterminate"] == 1
+
+
+def test_an_unfinished_send_may_also_vanish() -> None:
+    b = clean()
+    b.invoke("never-answered", 100)
+    v = b.check()
+    assert v.ok, v.summary()
+
+
+def test_an_id_never_invoked_is_a_phantom_even_beside_unfinished_sends() -> None:
+    b = clean()
+    b.invoke("in-flight", 100)
+    b.deliver("in-flight", 120, offset=5)
+    b.deliver("never-invoked", 130, offset=6)
+    v = b.check()
+    assert v.failures.keys() == {"phantom"}
+    assert "never-invoked" in " ".join(v.failures["phantom"])
+    assert "in-flight" not in " ".join(v.failures["phantom"])
+
+
+class HeldProducer:
+    """Stands in for the SDK producer under ProducerTraffic: each send waits for ``release``."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.sent: list[str] = []
+
+    async def send(self, msg: Message, sharding_key: str = "") -> SendResult:
+        self.sent.append(msg.properties[ID_PROPERTY])
+        self.entered.set()
+        await self.release.wait()
+        mq = MessageQueue(msg.topic, "broker-a", 0)
+        return SendResult(SendStatus.SEND_OK, "uniq", "offset-id", mq, len(self.sent) - 1)
+
+
+async def test_stop_waits_for_an_in_flight_orderly_send(tmp_path: Path) -> None:
+    # one sharding key, no round-robin send due for 10 s: the only send is the key's first
+    args = argparse.Namespace(
+        seed=0, proc="p1", topic="T", orderly_topic="O", rate=1.0, orderly_share=1.0, shards=1,
+        delay_share=0.0, delay_ms=0,
+    )  # fmt: skip
+    producer = HeldProducer()
+    path = tmp_path / "p1.jsonl"
+    stop = asyncio.Event()
+    with Recorder(path, "p1") as rec:
+        traffic = ProducerTraffic(args, cast(Producer, producer), rec)
+        running = asyncio.create_task(traffic.run(stop))
+        await producer.entered.wait()
+        stop.set()
+        for _ in range(10):  # let run() see the stop; before the fix it cancelled the send here
+            await asyncio.sleep(0)
+        producer.release.set()
+        await running
+    h = History.from_events(read_events([path]))
+    assert producer.sent == ["p1-0"], "no send may start after stop"
+    assert [(s.id, s.outcome) for s in h.sends] == [("p1-0", "SEND_OK")]
+    assert h.invoked == {"p1-0"} and not h.unfinished
+    assert h.in_flight_at_stop == 1
 
 
 def test_duplicates_are_counted_and_bounded() -> None:

@@ -8,7 +8,9 @@ of a correct system, in the manner of Jepsen's queue workload and openmessaging-
   or may not be stored, and may be delivered or not; nothing is promised about it.
 * **no loss**: every acknowledged message is delivered to every consumer group of its topic
   (after the final drain), and the final masters store it.
-* **no phantom**: nothing is delivered that no producer sent.
+* **no phantom**: nothing is delivered that no producer invoked a send of. A producer journals
+  each send's invocation before the call, so a send that never finished (cancelled, or its
+  process killed) is indeterminate like a failed one; only an id never invoked is a phantom.
 * **at-least-once**: duplicates are allowed but bounded (see :func:`duplicate_bound`).
 * **queue offsets**: a stored queue is dense (offsets ``min..max-1`` each holding one message);
   an acknowledged send's reported (broker, queue, offset) holds that very message; once a send
@@ -126,6 +128,10 @@ class History:
     offset_ops: list[OffsetOp] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     stored: list[Stored] = field(default_factory=list)
+    invoked: set[str] = field(default_factory=set)
+    """Ids of every send a producer began (its ``invoke`` event), finished or not."""
+    in_flight_at_stop: int = 0
+    """Sends the producers were still awaiting when told to stop (``stopped`` events)."""
     skipped: int = 0
     """Events of an unknown kind or with missing fields."""
 
@@ -141,7 +147,11 @@ class History:
 
     def _add(self, e: Mapping[str, Any]) -> None:
         ev = e["ev"]
-        if ev == "send":
+        if ev == "invoke":
+            self.invoked.add(e["id"])
+        elif ev == "stopped":
+            self.in_flight_at_stop += int(e["in_flight"])
+        elif ev == "send":
             self.sends.append(
                 Send(
                     e["proc"], e["id"], e["topic"], e.get("shard", ""), int(e.get("seq", -1)),
@@ -177,6 +187,11 @@ class History:
             )
         else:
             self.skipped += 1
+
+    @property
+    def unfinished(self) -> set[str]:
+        """Ids invoked that never got a ``send`` event: indeterminate, stored or not."""
+        return self.invoked - {s.id for s in self.sends}
 
     @property
     def t_origin(self) -> int:

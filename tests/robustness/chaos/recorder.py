@@ -9,6 +9,8 @@ different processes compare directly.
 
 | ``ev``    | written by | fields (besides ``ev``, ``proc``)                                     |
 |-----------|------------|-----------------------------------------------------------------------|
+| invoke    | producer   | id, topic, shard, seq, delay_ms, t0 (written before the call: a send  |
+|           |            | with no ``send`` event after it never finished - indeterminate)       |
 | send      | producer   | id, topic, shard, seq, delay_ms, t0, t1, outcome, err, broker, queue, |
 |           |            | offset                                                                |
 | deliver   | consumer   | group, id, topic, broker, queue, offset, t, reconsume                 |
@@ -16,6 +18,8 @@ different processes compare directly.
 |           |            | push to the broker)                                                   |
 | fetch     | consumer   | group, topic, broker, queue, offset, t0, t1 (the group's offset read  |
 |           |            | from the broker when a queue was assigned; -1 none)                   |
+| stopped   | producer   | in_flight (sends awaited at stop), unfinished (still unanswered past  |
+|           |            | their timeout, then cancelled), t                                     |
 | fault     | injector   | kind, target, group (broker group or ""), t0, t1, note                |
 | stored    | read-back  | topic, broker, queue, offset, id (what the final masters hold)        |
 

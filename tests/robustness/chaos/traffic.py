@@ -13,8 +13,10 @@ them go to the orderly topic with a sharding key ``{proc}-k0..`` (one sender per
 the run, so each key's order is this process's) and a per-key number
 ``chaos_seq``; each key's sends are sequential (the next starts when the previous answered), so
 the key's order is well defined. A share of the round-robin ones are delayed by ``--delay-ms``
-(through the timer-wheel). Every send is journaled (``send`` event, see
-:mod:`~tests.robustness.chaos.recorder`) when it answers or fails.
+(through the timer-wheel). Every send is journaled twice (see
+:mod:`~tests.robustness.chaos.recorder`): ``invoke`` before the call, ``send`` when it answers or
+fails. On stop, the sends in flight - round-robin and each key's current one - are awaited, not
+cancelled.
 
 **Consumer**: one :class:`rocketq.PushConsumer` (clustering, from the first offset; orderly
 with ``--mode orderly``) journaling every message handed to its listener (``deliver``), and -
@@ -105,6 +107,10 @@ class ProducerTraffic:
         fields: dict[str, Any] = dict(
             id=mid, topic=msg.topic, shard=shard, seq=seq, delay_ms=msg.delay_ms, t0=now_ns()
         )
+        # The invocation goes into the journal before the call (Jepsen's invoke, then ok / fail /
+        # info): a send that never answers - cancelled, or its process killed - is then known to
+        # have been attempted, so the checker treats it as indeterminate, never as a phantom.
+        self.rec.record("invoke", **fields)
         try:
             if shard:
                 result = await self.producer.send(msg, sharding_key=shard)
@@ -149,32 +155,46 @@ class ProducerTraffic:
         finally:
             self.in_flight.release()
 
-    async def ordered(self, shard: str, rate: float) -> None:
+    async def ordered(self, shard: str, rate: float, stop: asyncio.Event) -> None:
+        """One key's sequential sends until ``stop``; a send in flight when it is set finishes
+        (it is never cancelled mid-call), the pause between sends ends at once."""
         interval_s = 1 / rate
         for seq in itertools.count():
+            if stop.is_set():
+                return
             started = time.monotonic()
             mid = self.next_id()
             msg = self.message(self.args.orderly_topic, mid, **{SEQ_PROPERTY: seq})
             await self.send(msg, shard=shard, seq=seq)
-            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+            pause_s = max(0.0, interval_s - (time.monotonic() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pause_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         a = self.args
         orderly_rate = a.rate * a.orderly_share if a.orderly_topic else 0.0
-        runners = [asyncio.create_task(self.round_robin(max(0.1, a.rate - orderly_rate)))]
+        pacer = asyncio.create_task(self.round_robin(max(0.1, a.rate - orderly_rate)))
+        keys: list[asyncio.Task[None]] = []
         if orderly_rate > 0:
             per_shard = orderly_rate / a.shards
-            runners += [
-                asyncio.create_task(self.ordered(f"{a.proc}-k{i}", per_shard))
+            keys = [
+                asyncio.create_task(self.ordered(f"{a.proc}-k{i}", per_shard, stop))
                 for i in range(a.shards)
             ]
         await stop.wait()
-        for t in runners:
-            t.cancel()
-        await asyncio.gather(*runners, return_exceptions=True)
-        # answers still due are journaled (within their timeout) before exiting
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=SEND_TIMEOUT_MS / 1000 + 2)
+        # The pacer only sleeps or waits for a slot (its sends run as tasks): cancel it. Sends
+        # still due - round-robin tasks and each key's current send - finish within their
+        # timeout and are journaled before exiting.
+        pacer.cancel()
+        await asyncio.gather(pacer, return_exceptions=True)
+        late: set[asyncio.Task[None]] = set()
+        due = [*self.tasks, *keys]
+        if due:
+            _, late = await asyncio.wait(due, timeout=SEND_TIMEOUT_MS / 1000 + 2)
+            for t in late:  # past every send's own timeout: left as invoked, unfinished
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        self.rec.record("stopped", in_flight=len(due), unfinished=len(late), t=now_ns())
 
 
 async def run_producer(args: argparse.Namespace) -> None:

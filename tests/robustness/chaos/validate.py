@@ -82,7 +82,9 @@ def validate(h: History, exp: Expectations) -> Verdict:
     v.counts.update(
         sends=len(h.sends),
         acked=len(acked),
-        indeterminate=len(h.sends) - len(acked),
+        indeterminate=len(h.sends) - len(acked) + len(h.unfinished),
+        unfinished=len(h.unfinished),
+        in_flight_at_stop=h.in_flight_at_stop,
         deliveries=len(h.deliveries),
         faults=len(h.faults),
         skipped_events=h.skipped,
@@ -111,7 +113,7 @@ class _Rel:
 
 
 def _check_loss_and_phantoms(h: History, exp: Expectations, acked: list[Send], v: Verdict) -> None:
-    sent_ids = {s.id for s in h.sends}
+    sent_ids = {s.id for s in h.sends} | h.invoked  # an unfinished send may be stored
     by_group: dict[str, set[str]] = defaultdict(set)
     for d in h.deliveries:
         by_group[d.group].add(d.id)
