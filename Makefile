@@ -27,10 +27,11 @@ demo-store: setup  ## write a small demo store through the engine and inspect it
 
 check: setup verify-protos lint test  ## what CI runs: protos in step, lint clean, every test
 
-lint: setup  ## ruff lint + format check, mypy on hand-written code
+lint: setup  ## ruff lint + format check, mypy on hand-written code, import-linter layering contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 fmt: setup
 	$(VENV)/bin/ruff format .
@@ -59,4 +60,4 @@ verify-protos: setup  ## fail if rocketq/_api differs from what proto/ generates
 	$(PY) tools/gen_protos.py --check
 
 clean:
-	rm -rf $(VENV) demo-store .rocketq-dev .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) demo-store .rocketq-dev .pytest_cache .mypy_cache .ruff_cache .hypothesis .grimp_cache .import_linter_cache

@@ -45,7 +45,6 @@ import grpc
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
-from rocketq.client._instance import ClientInstance
 from rocketq.client.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -54,6 +53,7 @@ from rocketq.client.errors import (
     RocketQError,
     from_rpc_error,
 )
+from rocketq.client.internal import ClientInstance
 from rocketq.codec import Prop
 from rocketq.validation import TIMER_TOPIC
 from services.common.clock import Clock

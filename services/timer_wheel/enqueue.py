@@ -49,15 +49,21 @@ from typing import Any
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
-from rocketq.client._instance import ClientConfig, ClientInstance, local_ip
-from rocketq.client._route import TopicRoute
-from rocketq.client.consumer._api import BrokerApi
-from rocketq.client.consumer._common import readable_queues
-from rocketq.client.consumer._rebalance import PullRequest, RebalanceImpl, RebalanceService
 from rocketq.client.consumer.allocate import AllocateAveragely
 from rocketq.client.consumer.config import MessageModel
-from rocketq.client.consumer.process_queue import ProcessQueue
 from rocketq.client.errors import NotFoundError, RocketQError
+from rocketq.client.internal import (
+    BrokerApi,
+    ClientConfig,
+    ClientInstance,
+    ProcessQueue,
+    PullRequest,
+    RebalanceImpl,
+    RebalanceService,
+    TopicRoute,
+    local_ip,
+    readable_queues,
+)
 from rocketq.codec import Prop
 from rocketq.java_hash import java_string_hash
 from rocketq.message import MessageQueue

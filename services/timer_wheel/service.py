@@ -30,8 +30,8 @@ import grpc
 import numpy as np
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, timer_pb2, timer_pb2_grpc
-from rocketq.client._instance import ClientInstance
 from rocketq.client.errors import NotFoundError, RocketQError, from_rpc_error
+from rocketq.client.internal import ClientInstance
 from rocketq.codec import Prop
 from rocketq.validation import TIMER_TOPIC, check_topic
 from services.common.errors import invalid, not_found, rpc, unavailable
