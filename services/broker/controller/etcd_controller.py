@@ -8,8 +8,8 @@ lease may have expired in etcd. Three mechanisms hold it together:
   "no leader key" and "epoch unchanged since my read") and lives under the winner's lease, so it
   vanishes when the winner stops refreshing (``campaign.py``).
 - The write fence: ``write_lease_until`` is the monotonic time (on the injected clock) at which
-  the last SUCCESSFUL keepalive was SENT, plus the TTL, minus ``FENCE_MARGIN_S``. etcd cannot
-  expire the lease before that moment (the refresh reached it after we sent it), so
+  the last SUCCESSFUL keepalive was SENT, plus the TTL, minus ``lease.FENCE_MARGIN_S``. etcd
+  cannot expire the lease before that moment (the refresh reached it after we sent it), so
   ``write_fence()`` turns False before anybody else can be elected — even for a process that
   wakes from a SIGSTOP: the check reads the clock, no timer needs to have run (``lease.py``).
 - A term once abandoned is never resumed: when the fence passes, the lease is dropped (revoked
@@ -54,7 +54,7 @@ from services.broker.controller.keys import (
     encode_member,
     parse_snapshot,
 )
-from services.broker.controller.lease import FENCE_MARGIN_S, Lease
+from services.broker.controller.lease import Lease
 from services.broker.controller.session import EtcdSession, EtcdUnavailable, ProblemLog
 from services.broker.controller.term import Term
 from services.broker.controller.watch import GroupWatch
@@ -62,8 +62,6 @@ from services.common.backoff import Backoff
 from services.common.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
-
-__all__ = ["FENCE_MARGIN_S", "ControllerListener", "EtcdController"]
 
 MEMBER_PUBLISH_INTERVAL_S = 1.0
 RESYNC_INTERVAL_S = 1.0
@@ -206,6 +204,7 @@ class EtcdController:
 
     @property
     def _fence_timer(self) -> asyncio.TimerHandle | None:
+        """The lease's fence timer (a test that simulates a crash cancels it)."""
         return self.lease.fence_timer
 
     # -- public API ------------------------------------------------------------------------
