@@ -15,7 +15,7 @@ an ``MQClientInstance``:
   routes in use, opened lazily. The first message is a Heartbeat carrying every registered
   producer and consumer group; another follows every ``heartbeat_broker_interval_ms`` (30 s,
   SPEC §4.2) and at once on :meth:`ClientInstance.heartbeat_now`. A broken stream reconnects with
-  exponential backoff (0.2 s doubling to 5 s). Commands the broker pushes down a stream go to
+  jittered backoff (0.2 s doubling to 5 s). Commands the broker pushes down a stream go to
   the registered handles: ``consumer_ids_changed`` -> ``on_consumer_ids_changed``,
   ``reset_offset`` -> ``on_reset_offset``, ``check_transaction_state`` -> ``on_check_transaction``,
   ``subscription_conflict`` -> ``on_subscription_conflict``.
@@ -47,6 +47,7 @@ from typing import ClassVar, Protocol
 import grpc
 
 from rocketq._api.rocketq.v1 import admin_pb2_grpc, common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq.client._backoff import Backoff
 from rocketq.client._channels import open_channel
 from rocketq.client._nameserver import NameServerClient, parse_addrs
 from rocketq.client._route import TopicRoute
@@ -200,7 +201,7 @@ class _BrokerStream:
         return fut
 
     async def _run(self) -> None:
-        backoff_s = STREAM_BACKOFF_MIN_S
+        backoff = Backoff(STREAM_BACKOFF_MIN_S, STREAM_BACKOFF_MAX_S)
         while not self._closing:
             self._acked = False
             try:
@@ -216,10 +217,10 @@ class _BrokerStream:
                 self._fail_acks()
             if self._closing:
                 return
-            backoff_s = (
-                STREAM_BACKOFF_MIN_S if self._acked else min(backoff_s * 2, STREAM_BACKOFF_MAX_S)
-            )
-            await asyncio.sleep(backoff_s)
+            if self._acked:
+                backoff.reset()  # the stream worked: a broker restart costs one short pause
+            # jittered: every client of a restarted broker reconnects at once otherwise
+            await asyncio.sleep(backoff.next_delay_s())
 
     async def _session(self) -> None:
         """One connection's life, until the broker ends it or it breaks."""

@@ -49,6 +49,7 @@ import grpc
 
 from rocketq._api.rocketq.v1 import replication_pb2, replication_pb2_grpc
 from services.broker.config import BrokerConfig
+from services.common import backoff
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
 from services.store.epoch_file import EpochEntry
@@ -71,21 +72,12 @@ class ProtocolError(Exception):
     """The master broke replication.proto's contract (the slave reconnects)."""
 
 
-class Backoff:
-    """Reconnect delays: ``initial_ms`` doubling up to ``max_ms``; :meth:`reset` after success."""
+class Backoff(backoff.Backoff):
+    """Reconnect delays: ``initial_ms`` doubling up to ``max_ms``; :meth:`reset` after success.
+    Without jitter: a slave keeps one stream to its master, there is no crowd to spread out."""
 
     def __init__(self, initial_ms: int = BACKOFF_INITIAL_MS, max_ms: int = BACKOFF_MAX_MS) -> None:
-        self.initial_ms = initial_ms
-        self.max_ms = max_ms
-        self._next_ms = initial_ms
-
-    def next_delay_ms(self) -> int:
-        delay = self._next_ms
-        self._next_ms = min(self._next_ms * 2, self.max_ms)
-        return delay
-
-    def reset(self) -> None:
-        self._next_ms = self.initial_ms
+        super().__init__(initial_ms / 1000, max_ms / 1000, jitter=backoff.Jitter.NONE)
 
 
 class AckPacer:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -61,9 +60,9 @@ class Controller(Protocol):
     epoch: int
     leader: LeaderInfo | None
     is_leader: bool
-    write_lease_until: float
 
     def write_fence(self) -> bool: ...
+    def lease_remaining_ms(self) -> int: ...
     def isr(self) -> set[int]: ...
     async def publish_isr(self, replica_ids: set[int]) -> bool: ...
     async def handover(self, target_replica_id: int) -> LeaderInfo: ...
@@ -349,11 +348,7 @@ class RoleManager:
         if c is None:
             return
         resp.in_sync_replica_ids.extend(sorted(c.isr()))
-        status = c.status()
-        remaining = status.get("lease_remaining_ms")
-        if not isinstance(remaining, int):
-            remaining = int(max(0.0, c.write_lease_until - time.monotonic()) * 1000)
-        resp.lease_remaining_ms = max(0, remaining)
+        resp.lease_remaining_ms = max(0, c.lease_remaining_ms())
         resp.leader_addr = c.leader.addr if c.leader is not None else ""
         resp.extra["controller_role"] = self.role
         resp.extra["controller_epoch"] = str(c.epoch)

@@ -56,6 +56,7 @@ from rocketq.client.errors import (
 from rocketq.client.internal import ClientInstance
 from rocketq.codec import Prop
 from rocketq.validation import TIMER_TOPIC
+from services.common.backoff import Backoff
 from services.common.clock import Clock
 from services.timer_wheel import TIMER_GROUP
 from services.timer_wheel.config import TimerConfig
@@ -389,7 +390,7 @@ class Dequeuer:
             reconsume_times=reconsume,
         )
         refused = 0
-        backoff_s = RETRY_BACKOFF_MIN_S
+        backoff = Backoff(RETRY_BACKOFF_MIN_S, RETRY_BACKOFF_MAX_S)
         while not self._stopping:
             try:
                 await self.sender.send(broker, req)
@@ -403,10 +404,10 @@ class Dequeuer:
                         counters.dropped_total += len(batch)
                         counters.pending -= len(batch)
                         return True
+                delay_s = backoff.next_delay_s()
                 log.warning("re-put to %s queue %d on %s failed (retry in %.1f s): %s",
-                            topic, queue_id, broker, backoff_s, exc)  # fmt: skip
-                await self._sleep(backoff_s)
-                backoff_s = min(RETRY_BACKOFF_MAX_S, backoff_s * 2)
+                            topic, queue_id, broker, delay_s, exc)  # fmt: skip
+                await self._sleep(delay_s)
                 continue
             ack_ms = self.clock.now_ms()
             for deliver_ms, _msg in batch:

@@ -65,6 +65,9 @@ class FakeController:
     def status(self) -> dict[str, object]:
         return {"lease_remaining_ms": 1500}
 
+    def lease_remaining_ms(self) -> int:
+        return 1500
+
 
 class FakeSlave:
     """Records what the RoleManager starts and stops on the slave side."""

@@ -6,23 +6,27 @@ lease may have expired in etcd. Three mechanisms hold it together:
 
 - The leader key P/leader is created by one etcd transaction that also bumps P/epoch (guarded by
   "no leader key" and "epoch unchanged since my read") and lives under the winner's lease, so it
-  vanishes when the winner stops refreshing.
-- The write fence: ``write_lease_until`` is the monotonic time at which the last SUCCESSFUL
-  keepalive was SENT, plus the TTL, minus ``FENCE_MARGIN_S``. etcd cannot expire the lease before
-  that moment (the refresh reached it after we sent it), so ``write_fence()`` turns False before
-  anybody else can be elected — even for a process that wakes from a SIGSTOP: the check reads
-  the clock, no timer needs to have run.
+  vanishes when the winner stops refreshing (``campaign.py``).
+- The write fence: ``write_lease_until`` is the monotonic time (on the injected clock) at which
+  the last SUCCESSFUL keepalive was SENT, plus the TTL, minus ``lease.FENCE_MARGIN_S``. etcd
+  cannot expire the lease before that moment (the refresh reached it after we sent it), so
+  ``write_fence()`` turns False before anybody else can be elected — even for a process that
+  wakes from a SIGSTOP: the check reads the clock, no timer needs to have run (``lease.py``).
 - A term once abandoned is never resumed: when the fence passes, the lease is dropped (revoked
   once etcd answers, a new one granted) and a leader key still naming this replica is deleted,
   so leadership comes back only through a new election in a new epoch.
 
-Everything runs as three tasks: the lease loop (grant, refresh every TTL/3, revoke old leases),
-the watch (any change under P wakes the main loop) and the main loop, which re-reads the whole
-group (on wake-up and at least every second), publishes this replica's member key and decides:
-follow the leader, campaign, or clean up. Reading the whole group every time, rather than
-folding watch events into local state, keeps the decision a pure function of one consistent
-read; the watch only makes it prompt. etcd calls are bounded by timeouts; while etcd is down the
-controller retries with backoff and the broker keeps serving what its role allows.
+The parts, one job each: :class:`~.lease.Lease` (grant, refresh every TTL/3, the fence, loss),
+:class:`~.watch.GroupWatch` (any change under P wakes the main loop),
+:class:`~.campaign.Campaign` (the election while there is no leader key),
+:class:`~.isr.IsrPublisher` (P/isr), :class:`~.handover.Handover` (switchover) and
+:class:`~.term.Term` (what they all believe about the group). This class wires them and runs
+the main loop, which re-reads the whole group (on wake-up and at least every second),
+publishes this replica's member key and decides: follow the leader, campaign, or clean up.
+Reading the whole group every time, rather than folding watch events into local state, keeps
+the decision a pure function of one consistent read; the watch only makes it prompt. etcd
+calls are bounded by timeouts; while etcd is down the controller retries with backoff and the
+broker keeps serving what its role allows.
 """
 
 from __future__ import annotations
@@ -30,53 +34,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
-import time
 from collections.abc import Awaitable
-from typing import Any, Protocol
+from typing import Protocol
 
-import grpc
 from aetcd import transactions as tx
 
-from rocketq._api.rocketq.v1 import common_pb2
 from services.broker.config import BrokerConfig
 from services.broker.controller import election
-from services.broker.controller.election import LeaderView, Verdict
+from services.broker.controller.campaign import Campaign, Won
+from services.broker.controller.election import LeaderView
+from services.broker.controller.handover import Handover
+from services.broker.controller.isr import IsrPublisher
 from services.broker.controller.keys import (
     GroupKeys,
-    HandoverRecord,
-    IsrRecord,
     LeaderInfo,
     MemberState,
     Snapshot,
-    encode_epoch,
-    encode_handover,
-    encode_isr,
-    encode_leader,
     encode_member,
     parse_snapshot,
 )
+from services.broker.controller.lease import Lease
 from services.broker.controller.session import EtcdSession, EtcdUnavailable, ProblemLog
-from services.common.errors import ServiceError, precondition, unavailable
+from services.broker.controller.term import Term
+from services.broker.controller.watch import GroupWatch
+from services.common.backoff import Backoff
+from services.common.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
-FENCE_MARGIN_S = 0.5
-"""The write fence closes this long before etcd could expire the lease."""
 MEMBER_PUBLISH_INTERVAL_S = 1.0
 RESYNC_INTERVAL_S = 1.0
 """The main loop re-reads the group at least this often (the watch's safety net)."""
-BACKOFF_MIN_S = 0.1
-BACKOFF_MAX_S = 2.0
-NO_CANDIDATE_LOG_INTERVAL_S = 10.0
-OLD_LEASES_MAX = 8
-"""Abandoned leases waiting to be revoked (each holds keys until revoked or expired)."""
+RETRY_MIN_S = 0.1
+RETRY_MAX_S = 2.0
 START_WAIT_S = 2.0
 """``start`` returns after the first pass over etcd or this long, whichever comes first."""
 TASK_STOP_TIMEOUT_S = 2.0
-REVOKE_TIMEOUT_S = 1.0
-HANDOVER_EXTRA_WAIT_S = 3.0
 
 
 class ControllerListener(Protocol):
@@ -98,18 +92,20 @@ class ControllerListener(Protocol):
 class EtcdController:
     """One replica's view of, and part in, its group's election."""
 
-    def __init__(self, config: BrokerConfig, listener: ControllerListener, addr: str) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        listener: ControllerListener,
+        addr: str,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.config = config
         self.addr = addr
+        self.clock = clock
         self.replica_id = config.replica_id
         self.keys = GroupKeys(config.controller_key_prefix, config.cluster_name, config.broker_name)
         self.lease_ttl_s = config.controller_lease_ttl_sec
-        self.write_lease_until = 0.0
-        """Monotonic time until which the lease is surely valid (see the module docstring)."""
-        self.epoch = 0
-        """The newest epoch seen."""
-        self.leader: LeaderInfo | None = None
-        self.is_leader = False
+        self.term = Term(self.replica_id)
         self.old_master_replica_id: int | None = None
         self.old_master_max_offset: int | None = None
         """On the winner: the previous master's last published max offset (None if unknown),
@@ -118,27 +114,98 @@ class EtcdController:
         self._session = EtcdSession(config.etcd_endpoints)
         self._name = f"controller {self.keys.root} replica {self.replica_id}"
         self._problems = ProblemLog(log, self._name)
-        self._isr: set[int] = set()
-        self._snapshot = Snapshot()
-        self._held_raw: bytes | None = None
-        self._lease_id: int | None = None
-        self._old_leases: list[int] = []
-        self._fence_timer: asyncio.TimerHandle | None = None
         self._wake = asyncio.Event()
         self._first_pass = asyncio.Event()
-        self._leader_event = asyncio.Event()
         self._followed: LeaderInfo | None = None
-        self._no_leader_since: float | None = None
-        self._campaign_at: float | None = None
         self._last_member_publish = 0.0
         self._last_leader_member: MemberState | None = None
-        self._last_plan_note = ""
-        self._last_no_candidate_log = -NO_CANDIDATE_LOG_INTERVAL_S
         self._connected = False
-        self._handing_over = False
         self._stopping = False
-        self._isr_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._wire_parts()
+
+    def _wire_parts(self) -> None:
+        session, keys, term, name = self._session, self.keys, self.term, self._name
+        self.lease = Lease(
+            session,
+            self.lease_ttl_s,
+            self.clock,
+            name=name,
+            problems=self._problems,
+            on_granted=self._lease_granted,
+            on_lost=self._lease_lost,
+        )
+        self._watch = GroupWatch(session, keys.prefix, self._problems, self._wake.set)
+        self._campaign = Campaign(
+            session,
+            keys,
+            self.lease,
+            self.clock,
+            name=name,
+            replica_id=self.replica_id,
+            addr=self.addr,
+            member_state=self._member_state,
+            publish_member=self._publish_member,
+            wake=self._wake.set,
+        )
+        self._isr_publisher = IsrPublisher(
+            session,
+            keys,
+            term,
+            name=name,
+            problems=self._problems,
+            write_fence=self.write_fence,
+            wake=self._wake.set,
+        )
+        self._handover = Handover(
+            session,
+            keys,
+            term,
+            name=name,
+            broker_name=self.config.broker_name,
+            lease_ttl_s=self.lease_ttl_s,
+            clock=self.clock,
+            write_fence=self.write_fence,
+            demote=self._demote,
+            wake=self._wake.set,
+        )
+
+    # -- the term, as attributes (roles.py and the tests read them) -------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The newest epoch seen."""
+        return self.term.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.term.epoch = value
+
+    @property
+    def leader(self) -> LeaderInfo | None:
+        return self.term.leader
+
+    @leader.setter
+    def leader(self, value: LeaderInfo | None) -> None:
+        self.term.set_leader(value)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.term.is_leader
+
+    @is_leader.setter
+    def is_leader(self, value: bool) -> None:
+        self.term.is_leader = value
+
+    @property
+    def write_lease_until(self) -> float:
+        """Monotonic time (``clock.monotonic_s()``) until which the lease is surely valid."""
+        return self.lease.write_lease_until
+
+    @property
+    def _fence_timer(self) -> asyncio.TimerHandle | None:
+        """The lease's fence timer (a test that simulates a crash cancels it)."""
+        return self.lease.fence_timer
 
     # -- public API ------------------------------------------------------------------------
 
@@ -147,9 +214,13 @@ class EtcdController:
         group (roles applied) or ``START_WAIT_S``, so a broker whose etcd is down still starts
         (it serves what its role allows and the controller keeps retrying)."""
         self._stopping = False
+        stopping = self._is_stopping
+        # looked up at each keepalive, so a test that swaps ``_refresh`` on a running
+        # controller cuts its link to etcd
+        lease_loop = self.lease.run(stopping, lambda: self._refresh())  # noqa: PLW0108
         self._tasks = [
-            asyncio.create_task(self._lease_loop(), name="controller-lease"),
-            asyncio.create_task(self._watch_loop(), name="controller-watch"),
+            asyncio.create_task(lease_loop, name="controller-lease"),
+            asyncio.create_task(self._watch.run(stopping), name="controller-watch"),
             asyncio.create_task(self._main_loop(), name="controller-main"),
         ]
         try:
@@ -161,71 +232,34 @@ class EtcdController:
         """Stop acknowledging, stop the tasks and revoke the lease: a clean shutdown frees the
         leader key at once, so the group elects without waiting for a TTL."""
         self._stopping = True
-        self.is_leader = False
-        self._held_raw = None
-        if self._fence_timer is not None:
-            self._fence_timer.cancel()
+        self.term.is_leader = False
+        self.term.held_raw = None
+        self.lease.cancel_timer()
         for task in self._tasks:
             task.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=TASK_STOP_TIMEOUT_S)
         self._tasks = []
-        lease_id, self._lease_id = self._lease_id, None
-        if lease_id is not None:
-            try:
-                await self._session.call(
-                    lambda c: c.revoke_lease(lease_id), "lease revoke", REVOKE_TIMEOUT_S
-                )
-            except EtcdUnavailable as exc:
-                log.info("%s: lease not revoked (%s)", self._name, exc)
+        await self.lease.revoke()
         await self._session.close()
 
     def write_fence(self) -> bool:
         """True while this replica leads and its lease is surely valid."""
-        return self.is_leader and time.monotonic() < self.write_lease_until
+        return self.term.is_leader and self.lease.fence_open()
 
     def isr(self) -> set[int]:
         """The in-sync set last read from or written to P/isr."""
-        return set(self._isr)
+        return set(self.term.isr)
 
     async def publish_isr(self, replica_ids: set[int]) -> bool:
         """Write P/isr = ``replica_ids`` (plus this replica) in a txn guarded by this replica's
         leader key; False when not leading, the guard failed or etcd did not answer."""
-        async with self._isr_lock:
-            held = self._held_raw
-            if not self.write_fence() or held is None:
-                return False
-            record = IsrRecord(self.epoch, frozenset(replica_ids) | {self.replica_id})
-            try:
-                ok = await self._session.txn(
-                    [tx.Value(self.keys.leader) == held],
-                    [tx.Put(self.keys.isr, encode_isr(record))],
-                    "isr publish",
-                )
-            except EtcdUnavailable as exc:
-                self._problems.report("isr publish", exc.problem, exc.detail)
-                return False
-            self._problems.resolve("isr publish")
-            if not ok:
-                self._wake.set()  # the leader key changed under us: the main loop demotes
-                return False
-            if set(record.replica_ids) != self._isr:
-                log.warning(
-                    "%s: in-sync set of epoch %d is now %s",
-                    self._name,
-                    record.epoch,
-                    sorted(record.replica_ids),
-                )
-            self._isr = set(record.replica_ids)
-            return True
+        return await self._isr_publisher.publish(replica_ids)
 
     def handover_candidates(self) -> list[MemberState]:
         """Eligible live members of P/isr other than this replica, best first (switchover
         targets; the first is the one ``handover(0)`` picks)."""
-        # the leader's own record, not the last read: that may predate its election txn
-        isr = IsrRecord(self.epoch, frozenset(self._isr)) if self.is_leader else self._snapshot.isr
-        ranked = election.candidates(self._snapshot.members, isr)
-        return [m for m in ranked if m.replica_id != self.replica_id]
+        return self._handover.candidates()
 
     async def handover(self, target_replica_id: int) -> LeaderInfo:
         """Give up leadership to ``target_replica_id`` (0 = the best-ranked candidate): put
@@ -233,79 +267,33 @@ class EtcdController:
         new leader key and return it. The caller has fenced writes and made sure the target
         holds every acknowledged byte. Raises ServiceError (UNAVAILABLE NOT_MASTER when not
         leading, FAILED_PRECONDITION for a bad target, DEADLINE_EXCEEDED when nobody won)."""
-        held = self._held_raw
-        if not self.write_fence() or held is None:
-            unavailable(common_pb2.NOT_MASTER, "this replica is not the master")
-        targets = [m.replica_id for m in self.handover_candidates()]
-        target = target_replica_id or (targets[0] if targets else 0)
-        if target not in targets:
-            precondition(
-                f"replica {target_replica_id} is not an eligible in-sync replica of "
-                f"{self.config.broker_name}; in-sync set {sorted(self._isr)}, "
-                f"eligible live candidates {targets}"
-            )
-        epoch = self.epoch
-        self._handing_over = True
-        try:
-            self._demote(f"handing over to replica {target}")
-            try:
-                ok = await self._session.txn(
-                    [tx.Value(self.keys.leader) == held],
-                    [
-                        tx.Put(self.keys.handover, encode_handover(HandoverRecord(target, epoch))),
-                        tx.Delete(self.keys.leader),
-                    ],
-                    "handover",
-                )
-            except EtcdUnavailable as exc:
-                unavailable(common_pb2.NOT_MASTER, f"handover not confirmed by etcd: {exc}")
-            if not ok:
-                unavailable(common_pb2.NOT_MASTER, "leadership was lost before the handover")
-            log.warning(
-                "%s: handed over epoch %d to replica %d",
-                self._name,
-                epoch,
-                target,
-            )
-        finally:
-            self._handing_over = False
-        self._wake.set()
-        timeout_s = election.HANDOVER_WAIT_TTLS * self.lease_ttl_s + HANDOVER_EXTRA_WAIT_S
-        return await self.wait_for_leader(epoch, timeout_s)
+        return await self._handover.hand_over(target_replica_id)
 
     async def wait_for_leader(self, after_epoch: int, timeout_s: float) -> LeaderInfo:
         """The first leader seen with an epoch above ``after_epoch``; DEADLINE_EXCEEDED after
         ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            leader = self.leader
-            if leader is not None and leader.epoch > after_epoch:
-                return leader
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServiceError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    common_pb2.ERROR_REASON_UNSPECIFIED,
-                    f"no new master of {self.config.broker_name} within {timeout_s:.1f}s",
-                )
-            event = self._leader_event
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining)
+        return await self.term.wait_for_leader(
+            after_epoch, timeout_s, self.clock, self.config.broker_name
+        )
+
+    def lease_remaining_ms(self) -> int:
+        """How long the write fence stays open (0 without a lease)."""
+        return int(self.lease.remaining_s() * 1000)
 
     def status(self) -> dict[str, object]:
         """For admin and runtime stats."""
-        leader = self.leader
-        remaining_s = self.write_lease_until - time.monotonic() if self._lease_id else 0.0
+        leader = self.term.leader
+        members = self.term.snapshot.members
         return {
             "replica_id": self.replica_id,
-            "is_leader": self.is_leader,
+            "is_leader": self.term.is_leader,
             "write_fence": self.write_fence(),
-            "epoch": self.epoch,
+            "epoch": self.term.epoch,
             "leader": dataclasses.asdict(leader) if leader else None,
             "leader_addr": leader.addr if leader else "",
-            "isr": sorted(self._isr),
-            "lease_remaining_ms": max(0, int(remaining_s * 1000)),
-            "members": [dataclasses.asdict(m) for _, m in sorted(self._snapshot.members.items())],
+            "isr": sorted(self.term.isr),
+            "lease_remaining_ms": self.lease_remaining_ms(),
+            "members": [dataclasses.asdict(m) for _, m in sorted(members.items())],
             "etcd_connected": self._connected,
             "etcd_endpoint": self._session.endpoint,
             "problems": self._problems.active(),
@@ -313,137 +301,51 @@ class EtcdController:
             "old_master_max_offset": self.old_master_max_offset,
         }
 
-    # -- lease -----------------------------------------------------------------------------
+    # -- the lease's callbacks -------------------------------------------------------------
 
-    def _refresh_interval_s(self) -> float:
-        return self.lease_ttl_s / 3
-
-    async def _lease_loop(self) -> None:
-        backoff_s = BACKOFF_MIN_S
-        while not self._stopping:
-            try:
-                if self._lease_id is None:
-                    await self._revoke_old_leases()
-                    await self._grant()
-                else:
-                    await self._refresh()
-                self._problems.resolve("lease")
-                backoff_s = BACKOFF_MIN_S
-                await asyncio.sleep(self._refresh_interval_s())
-            except EtcdUnavailable as exc:
-                self._problems.report("lease", exc.problem, exc.detail)
-                self._check_fence()
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, self._refresh_interval_s())
-
-    async def _grant(self) -> None:
-        sent = time.monotonic()
-        lease = await self._session.call(lambda c: c.lease(self.lease_ttl_s), "lease grant")
-        self._lease_id = int(lease.id)
-        self._set_lease_until(sent + int(lease.ttl) - FENCE_MARGIN_S)
-        self._last_member_publish = 0.0  # the member key goes under the new lease at once
-        self._wake.set()
-        log.info("%s: lease %x granted (ttl %ss)", self._name, lease.id, lease.ttl)
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
     async def _refresh(self) -> None:
-        lease_id = self._lease_id
-        sent = time.monotonic()
-        reply = await self._session.call(
-            lambda c: c.refresh_lease(lease_id), "lease keepalive", self._refresh_interval_s()
-        )
-        if lease_id != self._lease_id:
-            return  # dropped while the request was out: a late success must not revive it
-        ttl_s = int(reply.TTL) if reply is not None else 0
-        if ttl_s <= 0:
-            self._lease_lost("the lease expired in etcd")
-            return
-        self._set_lease_until(sent + ttl_s - FENCE_MARGIN_S)
+        """One keepalive. A seam: the fencing test replaces it to cut the link to etcd."""
+        await self.lease.keepalive()
 
-    async def _revoke_old_leases(self) -> None:
-        while self._old_leases:
-            lease_id = self._old_leases[0]
-            revoke = functools.partial(_revoke, lease_id=lease_id)
-            try:
-                await self._session.call(revoke, "lease revoke")
-            except EtcdUnavailable as exc:
-                if "not found" not in exc.detail:
-                    raise
-            self._old_leases.pop(0)
-
-    def _set_lease_until(self, until: float) -> None:
-        self.write_lease_until = until
-        if self._fence_timer is not None:
-            self._fence_timer.cancel()
-        delay_s = max(0.0, until - time.monotonic())
-        self._fence_timer = asyncio.get_running_loop().call_later(delay_s, self._check_fence)
-
-    def _check_fence(self) -> None:
-        if self._lease_id is not None and time.monotonic() >= self.write_lease_until:
-            self._lease_lost("the lease was not refreshed in time")
+    def _lease_granted(self) -> None:
+        self._last_member_publish = 0.0  # the member key goes under the new lease at once
+        self._wake.set()
 
     def _lease_lost(self, reason: str) -> None:
-        """Drop the lease (revoked once etcd answers) and, if leading, demote at once."""
-        if self._lease_id is not None:
-            self._old_leases.append(self._lease_id)
-            del self._old_leases[:-OLD_LEASES_MAX]
-            log.warning("%s: lease lost: %s", self._name, reason)
-        self._lease_id = None
+        """The lease is gone: if leading, demote at once."""
         self._demote(reason)
         self._wake.set()
 
     def _demote(self, reason: str) -> None:
-        if not self.is_leader:
+        term = self.term
+        if not term.is_leader:
             return
-        self.is_leader = False
-        self._held_raw = None
+        term.is_leader = False
+        term.held_raw = None
         self._followed = None
-        log.warning(
-            "%s: LOST leadership of epoch %d: %s",
-            self._name,
-            self.epoch,
-            reason,
-        )
+        log.warning("%s: LOST leadership of epoch %d: %s", self._name, term.epoch, reason)
         try:
             self._listener.lost_leadership(reason)
         except Exception:
             log.exception("%s: lost_leadership failed", self._name)
 
-    # -- watch -----------------------------------------------------------------------------
-
-    async def _watch_loop(self) -> None:
-        backoff_s = BACKOFF_MIN_S
-        while not self._stopping:
-            try:
-                watch = await self._session.call(
-                    lambda c: c.watch_prefix(self.keys.prefix), "watch"
-                )
-                self._problems.resolve("watch")
-                backoff_s = BACKOFF_MIN_S
-                self._wake.set()  # changes made while no watch was open
-                async for _event in watch:
-                    self._wake.set()
-            except EtcdUnavailable as exc:
-                self._problems.report("watch", exc.problem, exc.detail)
-            except Exception as exc:  # the stream broke (aetcd raises its own errors here)
-                self._problems.report("watch", type(exc).__name__, str(exc))
-            await asyncio.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
-
     # -- the main loop ---------------------------------------------------------------------
 
     async def _main_loop(self) -> None:
-        backoff_s = BACKOFF_MIN_S
+        backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
         while not self._stopping:
             self._wake.clear()
             try:
                 wait_s = await self._pass()
                 self._problems.resolve("etcd")
-                backoff_s = BACKOFF_MIN_S
+                backoff.reset()
             except EtcdUnavailable as exc:
                 self._connected = False
                 self._problems.report("etcd", exc.problem, exc.detail)
-                wait_s = backoff_s
-                backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
+                wait_s = backoff.next_delay_s()
             except Exception:
                 # a bug here must not take the broker down; the next pass starts afresh
                 log.exception("%s: pass failed", self._name)
@@ -455,16 +357,11 @@ class EtcdController:
     async def _pass(self) -> float:
         """Read the group, publish this replica's member key when due, act; the next wait."""
         snap = await self._read()
-        now = time.monotonic()
-        if self._lease_id is not None and now - self._last_member_publish >= (
-            MEMBER_PUBLISH_INTERVAL_S
-        ):
+        since_publish_s = self.clock.monotonic_s() - self._last_member_publish
+        if self.lease.lease_id is not None and since_publish_s >= MEMBER_PUBLISH_INTERVAL_S:
             await self._publish_member()
         await self._apply(snap)
-        wait_s = RESYNC_INTERVAL_S
-        if self._campaign_at is not None:
-            wait_s = min(wait_s, max(0.0, self._campaign_at - time.monotonic()))
-        return wait_s
+        return self._campaign.wait_s(RESYNC_INTERVAL_S)
 
     async def _read(self) -> Snapshot:
         revision, kvs = await self._session.read_prefix(self.keys.prefix)
@@ -474,10 +371,11 @@ class EtcdController:
             self._problems.report("keys", "undecodable", "; ".join(snap.problems))
         else:
             self._problems.resolve("keys")
-        self._snapshot = snap
-        self.epoch = max(self.epoch, snap.epoch, snap.leader.epoch if snap.leader else 0)
-        if snap.isr is not None and not self.is_leader:
-            self._isr = set(snap.isr.replica_ids)
+        term = self.term
+        term.snapshot = snap
+        term.epoch = max(term.epoch, snap.epoch, snap.leader.epoch if snap.leader else 0)
+        if snap.isr is not None and not term.is_leader:
+            term.isr = set(snap.isr.replica_ids)
         return snap
 
     def _member_state(self) -> MemberState:
@@ -485,7 +383,7 @@ class EtcdController:
         return dataclasses.replace(state, replica_id=self.replica_id)
 
     async def _publish_member(self) -> None:
-        lease_id = self._lease_id
+        lease_id = self.lease.lease_id
         if lease_id is None:
             return
         raw = encode_member(self._member_state())
@@ -493,33 +391,35 @@ class EtcdController:
         try:
             await self._session.call(lambda c: c.put(key, raw, lease=lease_id), "member publish")
         except EtcdUnavailable as exc:
-            if "lease not found" in exc.detail and lease_id == self._lease_id:
-                self._lease_lost("etcd no longer knows the lease")
+            if "lease not found" in exc.detail and lease_id == self.lease.lease_id:
+                self.lease.lost("etcd no longer knows the lease")
                 return
             raise
-        self._last_member_publish = time.monotonic()
+        self._last_member_publish = self.clock.monotonic_s()
 
     async def _apply(self, snap: Snapshot) -> None:
-        held = self._held_raw if self.is_leader else None
+        held = self.term.held_raw if self.term.is_leader else None
         view = election.classify_leader(
             self.replica_id, snap.leader_present, snap.leader, snap.leader_raw, held
         )
         if view is not LeaderView.MINE:
             self._demote(f"the leader key is no longer this replica's ({view.value})")
         if view is not LeaderView.NONE:
-            self._no_leader_since = None
-            self._campaign_at = None
+            self._campaign.leader_seen()
         if view in (LeaderView.MINE, LeaderView.OTHER):
-            self._set_leader(snap.leader)
+            self.term.set_leader(snap.leader)
             self._remember_leader_member(snap)
         else:
-            self._set_leader(None)
+            self.term.set_leader(None)
         if view is LeaderView.OTHER and snap.leader is not None and self._followed != snap.leader:
             await self._follow(snap.leader)
-        elif view is LeaderView.STALE_MINE and not self._handing_over:
+        elif view is LeaderView.STALE_MINE and not self._handover.active:
             await self._delete_stale(snap)
         elif view is LeaderView.NONE:
-            await self._campaign(snap)
+            won = await self._campaign.step(snap)
+            if won is not None:
+                self._win(won)
+                await self._become_master(won.leader.epoch)
 
     async def _follow(self, leader: LeaderInfo) -> None:
         log.info(
@@ -540,12 +440,6 @@ class EtcdController:
             log.exception("%s: %s failed", self._name, what)
             return False
 
-    def _set_leader(self, leader: LeaderInfo | None) -> None:
-        if leader != self.leader:
-            self.leader = leader
-            event, self._leader_event = self._leader_event, asyncio.Event()
-            event.set()
-
     def _remember_leader_member(self, snap: Snapshot) -> None:
         if snap.leader is not None and snap.leader.replica_id in snap.members:
             self._last_leader_member = snap.members[snap.leader.replica_id]
@@ -565,89 +459,25 @@ class EtcdController:
         )
         self._wake.set()
 
-    async def _campaign(self, snap: Snapshot) -> None:
-        if self._lease_id is None or time.monotonic() >= self.write_lease_until:
-            return  # a leader key needs a live lease to hang on
-        now = time.monotonic()
-        if self._no_leader_since is None:
-            # The leader just vanished (or this is the first look): publish fresh numbers and
-            # rank on a new read, so the ranking sees them.
-            self._no_leader_since = now
-            await self._publish_member()
-            self._wake.set()
-            return
-        me = self._member_state()
-        plan = election.plan_campaign(
-            me, snap.members, snap.isr, snap.handover, snap.epoch, self.lease_ttl_s
-        )
-        if plan.verdict is Verdict.NO_CANDIDATE:
-            if now - self._last_no_candidate_log >= NO_CANDIDATE_LOG_INTERVAL_S:
-                self._last_no_candidate_log = now
-                log.warning("%s: no master: %s", self._name, plan.reason)
-            return
-        if plan.verdict is Verdict.NOT_CANDIDATE:
-            self._note(f"not campaigning: {plan.reason}")
-            return
-        due = self._no_leader_since + plan.delay_ms / 1000
-        if now < due:
-            self._campaign_at = due
-            self._note(f"campaigning in {plan.delay_ms} ms ({plan.reason})")
-            return
-        self._campaign_at = None
-        await self._try_win(snap, plan)
-
-    def _note(self, note: str) -> None:
-        if note != self._last_plan_note:
-            self._last_plan_note = note
-            log.info("%s: %s", self._name, note)
-
-    async def _try_win(self, snap: Snapshot, plan: election.CampaignPlan) -> None:
-        lease_id = self._lease_id
-        new_epoch = snap.epoch + 1
-        leader = LeaderInfo(self.replica_id, self.addr, new_epoch)
-        raw = encode_leader(leader)
-        isr = IsrRecord(new_epoch, election.isr_after_win(self.replica_id))
-        k = self.keys
-        won = await self._session.txn(
-            [tx.Version(k.leader) == 0, tx.Mod(k.epoch) == snap.epoch_mod_revision],
-            [
-                tx.Put(k.leader, raw, lease=lease_id),
-                tx.Put(k.epoch, encode_epoch(new_epoch)),
-                tx.Put(k.isr, encode_isr(isr)),
-                tx.Delete(k.handover),
-            ],
-            "election",
-        )
-        if not won:
-            log.info("%s: lost the race for epoch %d", self._name, new_epoch)
-            self._wake.set()
-            return
-        if lease_id != self._lease_id:
-            self._wake.set()  # the lease was dropped meanwhile: the key is stale, delete it
-            return
-        self._win(leader, raw, isr, plan)
-        await self._become_master(new_epoch)
-
-    def _win(
-        self, leader: LeaderInfo, raw: bytes, isr: IsrRecord, plan: election.CampaignPlan
-    ) -> None:
-        self.is_leader = True
-        self._held_raw = raw
-        self.epoch = leader.epoch
-        self._isr = set(isr.replica_ids)
+    def _win(self, won: Won) -> None:
+        term, leader = self.term, won.leader
+        term.is_leader = True
+        term.held_raw = won.raw
+        term.epoch = leader.epoch
+        term.isr = set(won.isr.replica_ids)
         self._followed = None
-        self._no_leader_since = None
+        self._campaign.leader_seen()
         previous = self._last_leader_member
         self.old_master_replica_id = previous.replica_id if previous else None
         self.old_master_max_offset = previous.max_offset if previous else None
-        self._set_leader(leader)
+        term.set_leader(leader)
         log.warning(
             "%s: ELECTED master in epoch %d (%s of ranking %s; previous "
             "master %s last published max offset %s)",
             self._name,
             leader.epoch,
-            plan.reason,
-            plan.describe_ranking(),
+            won.plan.reason,
+            won.plan.describe_ranking(),
             self.old_master_replica_id,
             self.old_master_max_offset,
         )
@@ -657,7 +487,3 @@ class EtcdController:
             # a master that could not switch must not hold the key: give it up
             self._demote("become_master failed")
             self._wake.set()
-
-
-async def _revoke(client: Any, lease_id: int) -> None:
-    await client.revoke_lease(lease_id)
