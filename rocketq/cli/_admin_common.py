@@ -8,8 +8,9 @@ can use them without importing another, and ``admin_cmd.py`` can collect them al
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import click
@@ -19,9 +20,22 @@ from rocketq.cli._common import console, echo_json, namesrv_list
 from rocketq.client.admin import Admin, ApplyResult
 
 
-def admin_for(namesrv: str) -> Admin:
-    """An admin client of the nameservers given by ``-n/--namesrv``."""
-    return Admin(namesrv_list(namesrv))
+@contextlib.asynccontextmanager
+async def admin_for(namesrv: str) -> AsyncIterator[Admin]:
+    """An admin client of the nameservers given by ``-n/--namesrv``; on the way out it says on
+    stderr which reads a slave answered because the master did not."""
+    async with Admin(namesrv_list(namesrv)) as admin:
+        try:
+            yield admin
+        finally:
+            print_replica_fallbacks(admin)
+
+
+def print_replica_fallbacks(admin: Admin) -> None:
+    """One stderr line per read a slave answered (stdout stays the result, --json included)."""
+    for fallback in admin.replica_fallbacks:
+        click.echo(f"note: {fallback.describe()}", err=True)
+    admin.replica_fallbacks.clear()
 
 
 def print_apply(what: str, results: list[ApplyResult], as_json: bool) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from rocketq.cli._admin_common import admin_for
 from rocketq.cli._common import (
     body_preview,
     console,
@@ -217,7 +218,7 @@ def dlq_list(
     """Show GROUP_NAME's dead letters, oldest first, from every master (or one broker)."""
 
     async def go() -> DeadLetters:
-        async with Admin(namesrv_list(namesrv)) as admin:
+        async with admin_for(namesrv) as admin:
             return await admin.dead_letters(group_name, broker, offset, max_num)
 
     letters = run(go())

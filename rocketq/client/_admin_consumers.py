@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 async def consume_stats(admin: Admin, group: str, topic: str) -> ConsumeStats:
     """See :meth:`Admin.consume_stats` (arguments checked there)."""
     if topic:
-        targets = await admin._route_addrs(topic)
+        targets = await admin._route_members(topic)
     else:
-        targets = await admin._masters_or(None)
+        targets = await admin._groups_or(None)
     request = admin_pb2.GetConsumeStatsRequest(consumer_group=group, topic=topic)
 
     async def ask(name: str, addr: str) -> list[QueueProgress]:
@@ -59,7 +59,7 @@ async def consume_stats(admin: Admin, group: str, topic: str) -> ConsumeStats:
             for q in pb.queues
         ]
 
-    answers, failures = await admin._fan_out(targets, ask)
+    answers, failures = await admin._fan_out_reads(targets, ask)
     if failures and not answers:
         raise next(iter(failures.values()))
     queues = sorted(
@@ -76,7 +76,7 @@ async def consume_stats(admin: Admin, group: str, topic: str) -> ConsumeStats:
 
 async def consumer_ids(admin: Admin, group: str) -> list[str]:
     """See :meth:`Admin.consumer_ids` (arguments checked there)."""
-    targets = await admin._masters_or(None)
+    targets = await admin._groups_or(None)
     request = messaging_pb2.GetConsumerIdListRequest(consumer_group=group)
 
     async def ask(name: str, addr: str) -> list[str]:
@@ -84,7 +84,7 @@ async def consumer_ids(admin: Admin, group: str) -> list[str]:
         pb = await admin._guard(addr, stub.GetConsumerIdList(request, **admin._kw))
         return list(pb.consumer_ids)
 
-    answers, failures = await admin._fan_out(targets, ask)
+    answers, failures = await admin._fan_out_reads(targets, ask)
     if failures and not answers:
         raise next(iter(failures.values()))
     return sorted({cid for ids in answers.values() for cid in ids})
@@ -92,7 +92,7 @@ async def consumer_ids(admin: Admin, group: str) -> list[str]:
 
 async def consumer_connection(admin: Admin, group: str) -> ConsumerConnectionInfo:
     """See :meth:`Admin.consumer_connection` (arguments checked there)."""
-    targets = await admin._masters_or(None)
+    targets = await admin._groups_or(None)
     request = admin_pb2.GetConsumerConnectionRequest(consumer_group=group)
 
     async def ask(name: str, addr: str) -> admin_pb2.GetConsumerConnectionResponse | None:
@@ -105,7 +105,7 @@ async def consumer_connection(admin: Admin, group: str) -> ConsumerConnectionInf
             return None
         return pb
 
-    answers, failures = await admin._fan_out(targets, ask)
+    answers, failures = await admin._fan_out_reads(targets, ask)
     if failures and not answers:
         raise next(iter(failures.values()))
     found = {name: pb for name, pb in answers.items() if pb is not None}

@@ -51,14 +51,14 @@ async def query_by_key(
     )
     if end_timestamp_ms is not None:
         request.end_timestamp_ms = end_timestamp_ms
-    targets = await admin._route_addrs(topic)
+    targets = await admin._route_members(topic)
 
     async def ask(name: str, addr: str) -> list[ReceivedMessage]:
         stub = admin._messaging(addr)
         pb = await admin._guard(addr, stub.QueryMessageByKey(request, **admin._kw))
         return [received_message(m, name) for m in pb.messages]
 
-    answers, failures = await admin._fan_out(targets, ask)
+    answers, failures = await admin._fan_out_reads(targets, ask)
     if failures and not answers:
         raise next(iter(failures.values()))
     found = [m for ms in answers.values() for m in ms]
@@ -69,7 +69,7 @@ async def query_by_key(
 async def query_by_id(admin: Admin, topic: str, msg_id: str) -> list[ReceivedMessage]:
     """See :meth:`Admin.query_by_id` (arguments checked there)."""
     request = messaging_pb2.QueryMessageByIdRequest(topic=topic, msg_id=msg_id)
-    targets = await admin._route_addrs(topic)
+    targets = await admin._route_members(topic)
 
     async def ask(name: str, addr: str) -> list[ReceivedMessage]:
         stub = admin._messaging(addr)
@@ -79,7 +79,7 @@ async def query_by_id(admin: Admin, topic: str, msg_id: str) -> list[ReceivedMes
             return []
         return [received_message(m, name) for m in pb.messages]
 
-    answers, failures = await admin._fan_out(targets, ask)
+    answers, failures = await admin._fan_out_reads(targets, ask)
     if failures and not answers:
         raise next(iter(failures.values()))
     found = [m for ms in answers.values() for m in ms]
@@ -104,11 +104,23 @@ async def view_message(admin: Admin, offset_msg_id: str) -> ReceivedMessage:
     """See :meth:`Admin.view_message`."""
     addr = _stored_by(offset_msg_id)
     request = messaging_pb2.ViewMessageRequest(offset_msg_id=offset_msg_id)
-    pb = await admin._guard(addr, admin._messaging(addr).ViewMessage(request, **admin._kw))
-    broker_name = ""
-    with contextlib.suppress(RocketQError):  # the name is a nicety; the message was found
-        broker_name = (await admin.cluster_info()).broker_name_of(addr)
-    return received_message(pb.message, broker_name)
+    broker_name, members = addr, [(0, addr)]
+    with contextlib.suppress(RocketQError):  # unknown to the nameserver: ask the address only
+        group = (await admin.cluster_info()).group_of(addr)
+        if group is not None:
+            # the offset is the same on every replica (byte-identical commitlogs), so a slave
+            # can answer for a master that does not
+            # the address that stored it first, then the group's other members
+            others = [m for m in group.read_order() if m[1] != addr]
+            broker_name = group.broker_name
+            members = [m for m in group.read_order() if m[1] == addr] + others
+
+    async def ask(name: str, member_addr: str) -> messaging_pb2.ViewMessageResponse:
+        stub = admin._messaging(member_addr)
+        return await admin._guard(member_addr, stub.ViewMessage(request, **admin._kw))
+
+    pb = await admin._read_members(broker_name, members, ask)
+    return received_message(pb.message, broker_name if broker_name != addr else "")
 
 
 async def dead_letters(
@@ -118,14 +130,14 @@ async def dead_letters(
     request = admin_pb2.ListDeadLettersRequest(consumer_group=group, max_num=max_num)
     if offset is not None:
         request.offset = offset
-    targets = await admin._masters_or(broker)
+    targets = await admin._groups_or(broker)
 
     async def ask(name: str, addr: str) -> DeadLetterPage:
         stub = admin._admin(addr)
         pb = await admin._guard(addr, stub.ListDeadLetters(request, **admin._kw))
         return dead_letter_page(pb, name)
 
-    answers, failures = await admin._fan_out(targets, ask)
+    answers, failures = await admin._fan_out_reads(targets, ask)
     if failures and not answers:
         raise next(iter(failures.values()))
     return DeadLetters(

@@ -32,11 +32,29 @@ class BrokerGroup:
     def master_addr(self) -> str | None:
         return self.addrs.get(0)
 
-    def any_addr(self) -> str | None:
-        """The master, or the lowest-id live slave when the master is down (reads only)."""
-        if not self.addrs:
-            return None
-        return self.addrs.get(0) or self.addrs[min(self.addrs)]
+    def read_order(self) -> list[tuple[int, str]]:
+        """(broker id, address) of every member to try for a read: the master first, then the
+        slaves by id. The nameserver lists a dead master for up to 120 s, so a read must be
+        ready to move past it (:meth:`Admin` does, within the call's timeout)."""
+        return sorted(self.addrs.items())
+
+
+@dataclass(frozen=True)
+class ReplicaFallback:
+    """A read that a slave answered because its group's master did not."""
+
+    broker_name: str
+    master_addr: str
+    master_error: str
+    """Why the master's answer was not used (unreachable, timed out)."""
+    replica_addr: str
+    replica_id: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.broker_name}: answered by slave {self.replica_id} at {self.replica_addr}; "
+            f"the master {self.master_addr} did not answer ({self.master_error})"
+        )
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,13 @@ class ClusterInfo:
             if group is not None and group.master_addr:
                 out[name] = group.master_addr
         return out
+
+    def group_of(self, addr: str) -> BrokerGroup | None:
+        """The broker group an address belongs to, if the nameserver lists it."""
+        for group in self.brokers.values():
+            if addr in group.addrs.values():
+                return group
+        return None
 
     def broker_name_of(self, addr: str) -> str:
         """Which broker group an address belongs to; empty if unknown."""

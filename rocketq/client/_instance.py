@@ -368,6 +368,11 @@ class ClientInstance:
         self._channels: dict[str, _Channel] = {}
         self._streams: dict[str, _BrokerStream] = {}
         self._producers: dict[str, ProducerHandle] = {}
+        # Every master of every cluster (addr -> broker name), from the nameserver's cluster
+        # info, while a producer is registered: any of them may hold the group's half messages
+        # and must know a live producer to send its transaction checks to (RocketMQ's producer
+        # heartbeats every broker of its route table, the TBW102 template's included).
+        self._masters: dict[str, str] = {}
         self._consumers: dict[str, ConsumerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # (group, topic) -> what was last logged of a conflict, so each change is logged once.
@@ -492,8 +497,33 @@ class ClientInstance:
                 log.exception("topics() of a handle failed")
         return topics
 
+    async def refresh_masters(self) -> None:
+        """Learn every master of the cluster while a producer is registered (a master that
+        joins later is found by the next route poll); nameserver trouble keeps what is known."""
+        if not self._producers:
+            self._masters = {}
+            return
+        try:
+            info = await self.namesrv.cluster_info()
+        except RocketQError as err:
+            log.debug("cluster info for the producers' heartbeats failed: %s", err)
+            return
+        self._masters = {
+            data.broker_addrs[0]: name
+            for name, data in info.broker_addr_table.items()
+            if data.broker_addrs.get(0)
+        }
+
+    async def announce_producers(self) -> list[str]:
+        """Heartbeat every master now so each knows this client's producer groups before any
+        send (a standby producer must be asked about a crashed one's transactions); returns
+        the addresses that acknowledged."""
+        await self.refresh_masters()
+        return await self.heartbeat_now()
+
     async def refresh_routes(self) -> None:
         """Refresh the route of every topic in use now (the periodic task calls this)."""
+        await self.refresh_masters()
         topics = sorted(self.topics_in_use())
         results = await asyncio.gather(
             *(self.get_route(t, refresh=True) for t in topics), return_exceptions=True
@@ -672,8 +702,9 @@ class ClientInstance:
     # ---- streams -------------------------------------------------------------------------
 
     def _wanted_brokers(self) -> dict[str, str]:
-        """addr -> broker name, for every broker of every cached route of a topic in use."""
-        wanted: dict[str, str] = {}
+        """addr -> broker name, for every broker of every cached route of a topic in use, and
+        every master of the cluster while a producer is registered."""
+        wanted: dict[str, str] = dict(self._masters) if self._producers else {}
         for topic in self.topics_in_use():
             route = self._routes.get(topic)
             if route is None:

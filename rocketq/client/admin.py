@@ -13,15 +13,22 @@ Where a request goes:
 | create/update/delete topic, group  | cluster mode: one master of the cluster, which fans out;  |
 |                                    | broker mode: the master of that broker name               |
 | broker_topics, list_groups         | every master (or one named broker)                        |
-| describe_topic, reset_offset,      | the master of every broker group in the topic's route     |
-| query_by_key, query_by_id          | (any live member of the group when its master is down)    |
-| consume_stats, consumer_ids        | every master of the route (topic given) or of the cluster |
-| consumer_connection                | every master of every cluster (members, conflicts, locks) |
-| dead_letters, half_messages        | every master (or one named broker)                        |
-| view_message, resend_dead_letter   | the broker whose address the offset message id encodes    |
+| describe_topic, query_by_key,      | the master of every broker group in the topic's route *   |
+| query_by_id                        |                                                           |
+| reset_offset                       | the master of every broker group in the topic's route     |
+| consume_stats, consumer_ids        | every master of the route (topic given) or of the cluster*|
+| consumer_connection                | every master of every cluster (members, conflicts, locks)*|
+| dead_letters                       | every master (or one named broker) *                      |
+| half_messages                      | every master (or one named broker)                        |
+| view_message                       | the broker whose address the offset message id encodes *  |
+| resend_dead_letter                 | the broker whose address the offset message id encodes    |
 | broker_config, runtime_stats       | one broker, by name (its master) or by "host:port"        |
 | ha_status                          | every registered replica of every group (or of one)       |
 | switchover                         | the replica that reports leading the group (_admin_ha.py) |
+
+Reads marked *: when a group's master does not answer (unreachable, or silent for half the call's
+time; the nameserver lists a dead master for up to 120 s), its slaves are asked in id order
+within the same timeout, and :attr:`Admin.replica_fallbacks` notes which replica answered.
 
 Fan-out calls run concurrently. A broker that fails in a fan-out read is reported in the
 result's ``errors`` (broker name -> message) rather than failing the whole call, because an
@@ -41,7 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -85,6 +92,7 @@ from rocketq.client._admin_types import (
     QueueLockInfo,
     QueueOffsets,
     QueueProgress,
+    ReplicaFallback,
     ResentDeadLetter,
     ResetResult,
     RouteQueue,
@@ -101,6 +109,7 @@ from rocketq.client._admin_types import (
 )
 from rocketq.client._channels import open_channel
 from rocketq.client.errors import (
+    BrokerUnavailableError,
     InvalidArgumentError,
     NameServerUnavailableError,
     NotFoundError,
@@ -159,6 +168,9 @@ QUERY_MAX_NUM_MAX = 64
 DEAD_LETTERS_MAX_NUM_MAX = 256
 
 _T = TypeVar("_T")
+_A = TypeVar("_A")
+Members = list[tuple[int, str]]
+"""(broker id, address) of a group's live members, in the order a read tries them."""
 _NAMESRV_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -195,6 +207,9 @@ class Admin:
         self._timeout_s = timeout_ms / 1000
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._closing: set[asyncio.Future[None]] = set()
+        self.replica_fallbacks: list[ReplicaFallback] = []
+        """Reads that a slave answered because its master did not, oldest first (the CLI
+        prints them); the caller may clear the list."""
 
     async def __aenter__(self) -> Admin:
         return self
@@ -254,9 +269,10 @@ class Admin:
         )
 
     async def _fan_out(
-        self, targets: dict[str, str], call: Callable[[str, str], Awaitable[_T]]
+        self, targets: Mapping[str, _A], call: Callable[[str, _A], Awaitable[_T]]
     ) -> tuple[dict[str, _T], dict[str, RocketQError]]:
-        """Run ``call(broker_name, addr)`` on every target at once; split answers and errors."""
+        """Run ``call(broker_name, target)`` on every target at once; split answers and
+        errors."""
         names = list(targets)
         outcomes = await asyncio.gather(
             *(call(name, targets[name]) for name in names), return_exceptions=True
@@ -272,14 +288,77 @@ class Admin:
                 answers[name] = outcome
         return answers, failures
 
-    async def _route_addrs(self, topic: str, broker: str | None = None) -> dict[str, str]:
-        """Broker name -> address to ask (master first) for every group hosting ``topic``."""
+    async def _fan_out_reads(
+        self, targets: Mapping[str, Members], call: Callable[[str, str], Awaitable[_T]]
+    ) -> tuple[dict[str, _T], dict[str, RocketQError]]:
+        """:meth:`_fan_out` for reads: each group is asked master first and, when the master
+        does not answer, its slaves in id order (:meth:`_read_members`)."""
+
+        async def read(name: str, members: Members) -> _T:
+            return await self._read_members(name, members, call)
+
+        return await self._fan_out(targets, read)
+
+    async def _read_members(
+        self, name: str, members: Members, call: Callable[[str, str], Awaitable[_T]]
+    ) -> _T:
+        """The first answer of ``call(name, addr)`` over ``members`` (master first), all within
+        the call's timeout; a member that is unreachable or silent gives way to the next. A
+        slave's answer is noted in :attr:`replica_fallbacks`."""
+        if not members:
+            raise BrokerUnavailableError(f"broker group {name!r} has no live member")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        master_addr, master_error = dict(members).get(0, "(none registered)"), "not registered"
+        for i, (broker_id, addr) in enumerate(members):
+            left_s = max(0.0, deadline - loop.time())
+            # a hung master must leave a slave time to answer: it gets half of what is left
+            budget_s = left_s if i == len(members) - 1 else left_s / 2
+            try:
+                answer = await asyncio.wait_for(call(name, addr), budget_s)
+            except (BrokerUnavailableError, TimeoutError) as exc:
+                if i == len(members) - 1:
+                    raise
+                if broker_id == 0:
+                    master_error = str(exc) or f"no answer within {budget_s:.1f} s"
+                continue
+            if broker_id != 0:
+                fallback = ReplicaFallback(name, master_addr, master_error, addr, broker_id)
+                self.replica_fallbacks.append(fallback)
+            return answer
+        raise AssertionError("unreachable: the last member's failure is raised")
+
+    async def _route_members(self, topic: str) -> dict[str, Members]:
+        """Broker name -> members to read from (master first) of every group hosting
+        ``topic``."""
         route = await self.route(topic)
-        out = {}
-        for group in route.brokers:
-            addr = group.any_addr()
-            if addr and (broker is None or group.broker_name == broker):
-                out[group.broker_name] = addr
+        return {g.broker_name: g.read_order() for g in route.brokers if g.addrs}
+
+    async def _groups_or(self, broker: str | None) -> dict[str, Members]:
+        """Broker name -> members to read from (master first): of ``broker`` (a name, or one
+        "host:port"), else of every registered group."""
+        if broker and ":" in broker:
+            return {broker: [(0, broker)]}
+        info = await self.cluster_info()
+        groups = {name: g.read_order() for name, g in info.brokers.items() if g.addrs}
+        if broker is None:
+            if not groups:
+                raise NotFoundError("no live broker is registered with the nameserver")
+            return groups
+        if broker not in groups:
+            known = ", ".join(sorted(info.brokers)) or "none"
+            raise NotFoundError(f"no live broker named {broker!r} is registered (known: {known})")
+        return {broker: groups[broker]}
+
+    async def _route_addrs(self, topic: str, broker: str | None = None) -> dict[str, str]:
+        """Broker name -> address to send a change to (the master; the first live member when
+        the nameserver lists none, which refuses with NOT_MASTER) for every group hosting
+        ``topic``."""
+        out = {
+            name: members[0][1]
+            for name, members in (await self._route_members(topic)).items()
+            if broker is None or name == broker
+        }
         if broker is not None and not out:
             raise NotFoundError(f"broker {broker!r} does not host topic {topic!r}")
         return out
@@ -505,7 +584,7 @@ class Admin:
     async def describe_topic(self, topic: str) -> TopicDescription:
         """The topic's route and, from each hosting master, its config and per-queue offsets."""
         route = await self.route(topic)
-        targets = {g.broker_name: a for g in route.brokers if (a := g.any_addr())}
+        targets = {g.broker_name: g.read_order() for g in route.brokers if g.addrs}
         request = admin_pb2.DescribeTopicRequest(topic=topic)
 
         async def ask(name: str, addr: str) -> BrokerTopic:
@@ -522,7 +601,7 @@ class Admin:
             )
             return BrokerTopic(name, addr, TopicConfig._from_pb(pb.config), queues)
 
-        answers, failures = await self._fan_out(targets, ask)
+        answers, failures = await self._fan_out_reads(targets, ask)
         return TopicDescription(
             topic=topic,
             route=route,

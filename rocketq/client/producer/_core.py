@@ -141,6 +141,24 @@ class ProducerCore:
             raise
         self._instance = instance
         self._state = "running"
+        try:
+            await instance.announce_producers()
+        except Exception:  # the periodic heartbeat tries again; a send does not need this
+            log.warning("could not announce producer group %s to the brokers", self.config.group,
+                        exc_info=True)  # fmt: skip
+
+    async def declare_topics(self, topics: Sequence[str]) -> None:
+        """Topics this producer will send to, known before its first send: their routes are
+        fetched now and their brokers heartbeated (RocketMQ 5 SDKs take them at start). A topic
+        without a route yet is logged and picked up by the route poll once it exists."""
+        instance = self.instance
+        self._topics.update(topics)
+        for topic in topics:
+            try:
+                await instance.get_route(topic)
+            except RocketQError as err:
+                log.warning("declared topic %s has no route yet: %s", topic, err)
+        await instance.heartbeat_now()
 
     async def close(self) -> None:
         if self._state != "running" or self._instance is None:

@@ -40,7 +40,7 @@ import concurrent.futures
 import dataclasses
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -322,10 +322,20 @@ class TransactionProducer:
     ``listener`` decides each transaction (:class:`TransactionListener`). Use as
     ``async with TransactionProducer(config, listener) as p:`` or call start() / close().
     Give a producer group used only by transactional producers: the broker asks any live
-    member of the group about a transaction.
+    member of the group about a transaction. From start() on, every master of the cluster
+    knows this producer, so a standby that has sent nothing yet is asked about the
+    transactions of a crashed member of its group. ``topics`` declares the topics it will
+    send to, as the RocketMQ 5 SDKs do: their routes are fetched at start.
     """
 
-    def __init__(self, config: ProducerConfig, listener: TransactionListener) -> None:
+    def __init__(
+        self,
+        config: ProducerConfig,
+        listener: TransactionListener,
+        topics: Sequence[str] = (),
+    ) -> None:
+        if isinstance(topics, str):
+            raise TypeError("topics is a sequence of topic names, not one string")
         for name in ("execute_local_transaction", "check_local_transaction"):
             if not callable(getattr(listener, name, None)):
                 raise TypeError(f"the transaction listener has no {name}() method")
@@ -339,6 +349,7 @@ class TransactionProducer:
             hold_max=self.config.check_request_hold_max,
         )
         self._core.check_handler = self._checks.submit
+        self.topics = tuple(topics)
 
     @property
     def client_id(self) -> str:
@@ -355,8 +366,11 @@ class TransactionProducer:
         return self._checks
 
     async def start(self) -> None:
-        """Register the group with the client instance; call once before sending."""
+        """Register the group with every master and fetch the declared topics' routes; call
+        once before sending."""
         await self._core.start()
+        if self.topics:
+            await self._core.declare_topics(self.topics)
 
     async def close(self) -> None:
         """Stop answering check-backs (held ones get a few seconds) and leave the instance."""
@@ -475,8 +489,13 @@ class SyncTransactionProducer(BlockingLifecycle):
 
     _producer: TransactionProducer
 
-    def __init__(self, config: ProducerConfig, listener: TransactionListener) -> None:
-        self._producer = TransactionProducer(config, listener)
+    def __init__(
+        self,
+        config: ProducerConfig,
+        listener: TransactionListener,
+        topics: Sequence[str] = (),
+    ) -> None:
+        self._producer = TransactionProducer(config, listener, topics)
         self.config = self._producer.config
         self.listener = listener
         self._loop = LoopThread("rocketq-transaction-producer")
