@@ -33,6 +33,30 @@ SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
 
 _NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
+QUOTE_MAX_CHARS = 48
+"""The most of an input an error message repeats (:func:`quote`)."""
+
+
+def quote(value: object, max_chars: int = QUOTE_MAX_CHARS) -> str:
+    """A short, escaped excerpt of an input, for an error message: the ``repr`` of at most
+    ``max_chars`` characters, and the input's length when it was cut.
+
+    Error texts travel in gRPC trailers, whose size a standard client caps at 16 KiB, and land
+    in logs: a message that echoed a whole 20 000-character input would reach the caller as
+    RESOURCE_EXHAUSTED instead of its real status, and would let any caller flood the logs.
+    """
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= max_chars:
+        return repr(text)
+    return f"{text[:max_chars]!r}… ({len(text)} characters)"
+
+
+def clip(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` characters, saying so (a bound on composed messages)."""
+    if len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}… (cut at {max_chars} of {len(text)} characters)"
+
 
 def check_topic(topic: str) -> None:
     """Topic names: 1..127 characters of ``[A-Za-z0-9_%|-]``."""
@@ -44,7 +68,7 @@ def check_topic(topic: str) -> None:
         )
     if not _NAME.match(topic):
         raise ValueError(
-            f"topic name {topic!r} has characters outside [A-Za-z0-9_%|-]; use only those"
+            f"topic name {quote(topic)} has characters outside [A-Za-z0-9_%|-]; use only those"
         )
 
 
@@ -57,7 +81,15 @@ def check_group(group: str, what: str = "consumer group") -> None:
             f"{what} name is {len(group)} characters; the limit is {GROUP_NAME_MAX_CHARS}"
         )
     if not _NAME.match(group):
-        raise ValueError(f"{what} name {group!r} has characters outside [A-Za-z0-9_%|-]")
+        raise ValueError(f"{what} name {quote(group)} has characters outside [A-Za-z0-9_%|-]")
+    if group.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+        # the group's own retry and dead-letter topics are %RETRY%{group} and %DLQ%{group};
+        # a group named like one would get topics such as %RETRY%%RETRY%G
+        raise ValueError(
+            f"{what} name {quote(group)} starts with {RETRY_GROUP_TOPIC_PREFIX} or "
+            f"{DLQ_GROUP_TOPIC_PREFIX}, the prefixes of a group's retry and dead-letter topics; "
+            "choose a name without them"
+        )
 
 
 def check_queue_nums(read_queue_nums: int, write_queue_nums: int) -> None:

@@ -207,11 +207,22 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         if request.queue_id < 0 or request.commit_offset < 0:
             invalid(common_pb2.ILLEGAL_ARGUMENT, "queue id and commit offset must not be negative")
         self._topic_queue(request.topic, request.queue_id)
+        # A consumer's position never passes the queue's end: an offset beyond it (a stale or
+        # foreign value, 2^62 from a fuzzer) is stored as the end, as a consumer that read
+        # everything would commit, instead of making the group skip every future message.
+        end = self.store.max_offset(request.topic, request.queue_id)
+        offset = min(request.commit_offset, end)
+        if offset != request.commit_offset:
+            log.warning(
+                "group %s committed offset %d beyond the end %d of %s#%d; stored the end",
+                request.consumer_group, request.commit_offset, end,
+                request.topic, request.queue_id,
+            )  # fmt: skip
         (self.offsets if slave_commits is None else slave_commits).commit(
             request.consumer_group,
             request.topic,
             request.queue_id,
-            request.commit_offset,
+            offset,
             client=context.peer(),
         )
         return messaging_pb2.UpdateConsumerOffsetResponse()

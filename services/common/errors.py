@@ -28,8 +28,13 @@ from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from rocketq._api.rocketq.v1 import common_pb2
+from rocketq.validation import clip
 
 log = logging.getLogger(__name__)
+
+MESSAGE_MAX_CHARS = 1024
+METADATA_VALUE_MAX_CHARS = 256
+METADATA_ENTRIES_MAX = 16
 
 Reason: TypeAlias = "common_pb2.ErrorReason.ValueType"
 
@@ -44,11 +49,18 @@ class ServiceError(Exception):
         message: str,
         **metadata: object,
     ) -> None:
+        # Bounded whatever the caller composed: the status travels in trailers a standard
+        # client caps at 16 KiB, and an input echoed whole would turn this answer into
+        # RESOURCE_EXHAUSTED on the caller's side (messages quote inputs with quote()).
+        message = clip(message, MESSAGE_MAX_CHARS)
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
-        self.metadata = {k: str(v) for k, v in metadata.items()}
+        self.metadata = {
+            clip(k, METADATA_VALUE_MAX_CHARS): clip(str(v), METADATA_VALUE_MAX_CHARS)
+            for k, v in list(metadata.items())[:METADATA_ENTRIES_MAX]
+        }
 
     def to_status(self) -> grpc.Status:
         detail = common_pb2.ErrorDetail(

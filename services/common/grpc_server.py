@@ -14,6 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.rpc_guard import DecodeGuard
+
 #: Transport limit for requests and responses: a 4 MiB batch plus headroom for its framing.
 GRPC_MESSAGE_MAX_BYTES = 16 * 1024 * 1024
 
@@ -28,8 +30,34 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 
 
 def create_server() -> grpc.aio.Server:
-    """A server with RocketQ's transport options; add servicers, then :func:`finish_setup`."""
-    return grpc.aio.server(options=SERVER_OPTIONS)
+    """A server with RocketQ's transport options and the :class:`DecodeGuard` (undecodable
+    requests answered INVALID_ARGUMENT); add servicers, then :func:`finish_setup`."""
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeGuard()])
+
+
+class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]
+    """The standard health service plus ``List`` (grpcio's raises NotImplementedError, which
+    every caller of List turned into a logged traceback)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._statuses: dict[str, health_pb2.HealthCheckResponse.ServingStatus.ValueType] = {}
+
+    async def set(
+        self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType
+    ) -> None:
+        self._statuses[service] = status
+        await super().set(service, status)
+
+    async def List(  # noqa: N802 - the gRPC method's name
+        self, request: health_pb2.HealthListRequest, context: object
+    ) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(
+            statuses={
+                name: health_pb2.HealthCheckResponse(status=status)
+                for name, status in self._statuses.items()
+            }
+        )
 
 
 def finish_setup(
@@ -40,7 +68,7 @@ def finish_setup(
     Returns the health servicer (to flip to NOT_SERVING on shutdown) and the bound port.
     """
     names = list(service_names)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
