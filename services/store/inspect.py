@@ -12,7 +12,9 @@ entry counts follow from its size when they keep RocketMQ's 1 : 4 ratio (else pa
   blank record appears only at a file's end, and nothing but zeros follows the last record;
 * queue offsets in the commitlog are dense per (topic, queue);
 * every consume-queue unit points at the start of a record of its own topic and queue, with
-  the record's size and the unit's own queue offset, and no record is missing from its queue;
+  the record's size and the unit's own queue offset, and no record is missing from its queue -
+  except records of topics the broker deleted (absent from ``config/topics.json``; their
+  queues went with them), which are counted, not reported as problems;
 * every index entry points at a record start (or below the commitlog minimum, after retention)
   whose ``topic#key`` hash equals the entry's.
 """
@@ -27,6 +29,7 @@ from typing import Any
 from rocketq import codec
 from rocketq.java_hash import index_key_hash
 from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK, CommitLog
+from services.store.config_files import TOPICS, ConfigFileError, read_json
 from services.store.consume_queue import CQ_UNIT_BYTES, PRE_BLANK_SIZE, ConsumeQueue
 from services.store.index_file import IndexFile
 from services.store.mapped_file import MappedFileQueue
@@ -180,6 +183,8 @@ class VerifyReport:
     index_entries: int = 0
     commitlog_min: int = 0
     commitlog_end: int = 0
+    deleted_topic_records: int = 0
+    """Records of topics no longer in the topic table: kept until retention, never queued."""
     unclean_shutdown: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -248,6 +253,20 @@ def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> tuple[dict[int, _R
     return records, unqueued
 
 
+def _topic_table(layout: StoreLayout, problems: list[str]) -> set[str] | None:
+    """Topics in the broker's topic table; None for a store without one (a bare engine's,
+    e.g. a benchmark's), where every record is expected in a queue."""
+    path = layout.root / "config" / TOPICS
+    try:
+        table = read_json(path, None)
+    except ConfigFileError as exc:
+        problems.append(f"{path}: {exc}")
+        return None
+    if not isinstance(table, dict):
+        return None
+    return set(table.get("topicConfigTable", {}))
+
+
 def _verify_queues(
     layout: StoreLayout, records: dict[int, _Rec], unqueued: set[int], report: VerifyReport
 ) -> None:
@@ -273,6 +292,11 @@ def _verify_queues(
         finally:
             cq.close()
     missing = [off for off in records if off not in seen and off not in unqueued]
+    live_topics = _topic_table(layout, problems)
+    if live_topics is not None:
+        deleted = [off for off in missing if records[off][0] not in live_topics]
+        report.deleted_topic_records = len(deleted)
+        missing = [off for off in missing if records[off][0] in live_topics]
     for off in missing[:20]:
         t, q, qo, _s, _k = records[off]
         problems.append(f"commitlog {off}: {t}/{q} offset {qo} is in no consume queue unit")
