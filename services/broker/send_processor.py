@@ -516,14 +516,7 @@ class SendProcessor:
         if not is_retry:
             # A consumer's local resubmission to %RETRY%{group} legitimately carries the retry
             # properties (RETRY_TOPIC, ORIGIN_MESSAGE_ID, RECONSUME_TIME, ...).
-            forbidden = sorted(_FORBIDDEN_PROPERTIES.intersection(props))
-            if forbidden:
-                invalid(
-                    common_pb2.ILLEGAL_ARGUMENT,
-                    f"message {index} sets reserved propert{'ies' if len(forbidden) > 1 else 'y'}"
-                    f" {', '.join(forbidden)}; RocketQ sets those itself",
-                    topic=topic,
-                )
+            _refuse_reserved(props, index, topic)
         transactional = props.get(Prop.TRANSACTION_PREPARED, "").lower() == "true"
         try:
             out_ms = delivery_ms(
@@ -695,6 +688,18 @@ def _max_reconsume(request: messaging_pb2.SendRequest, is_retry: bool) -> str | 
     if is_retry and request.HasField("max_reconsume_times"):
         return str(request.max_reconsume_times)
     return None
+
+
+def _refuse_reserved(props: dict[str, str], index: int, topic: str) -> None:
+    """Refuse a message that sets a property name RocketQ reserves for itself."""
+    forbidden = sorted(_FORBIDDEN_PROPERTIES.intersection(props))
+    if forbidden:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT,
+            f"message {index} sets reserved propert{'ies' if len(forbidden) > 1 else 'y'}"
+            f" {', '.join(forbidden)}; RocketQ sets those itself",
+            topic=topic,
+        )
 
 
 def _too_large(limit: int, count: int, index: int, topic: str) -> NoReturn:
