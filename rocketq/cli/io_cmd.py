@@ -211,60 +211,14 @@ def produce(
     )
     if transaction is not None and group == CLI_PRODUCER_GROUP:
         group = CLI_TX_PRODUCER_GROUP  # a transactional group is never shared (SPEC §9)
+    template = _Template(topic, tag, keys, props, level, deliver_ms, delay_after_ms)
     bodies = _bodies(body, count)
     config = ProducerConfig(group, namesrv_list(namesrv))
     many = body is not None and (count or 1) > PRINT_EACH_MAX
-    # Concurrent sends may be stored in any order; an ordered send waits for each one.
-    window_max = 1 if sharding_key is not None or not many else SEND_WINDOW_MAX
-
-    async def go() -> tuple[int, int]:
-        ok = failed = 0
-        async with Producer(config) as producer:
-            window: list[asyncio.Future[SendResult]] = []
-            with _progress(many and not as_json, count or 0) as advance:
-
-                async def drain() -> None:
-                    nonlocal ok, failed
-                    for outcome in await asyncio.gather(*window, return_exceptions=True):
-                        if isinstance(outcome, SendResult):
-                            ok += 1
-                            if as_json:
-                                click.echo(json.dumps(json.loads(to_json(outcome))))
-                            elif not many:
-                                click.echo(_result_line(outcome))
-                        elif isinstance(outcome, RocketQError) and not outcome.retriable:
-                            raise outcome  # bad input: every other send would fail alike
-                        else:
-                            failed += 1
-                            click.echo(f"send failed: {outcome}", err=True)
-                    advance(len(window))
-                    window.clear()
-
-                for data in bodies:
-                    msg = Message(
-                        topic,
-                        data,
-                        tags=tag,
-                        keys=list(keys),
-                        properties=props,
-                        delay_level=level,
-                        deliver_time_ms=deliver_ms,
-                        delay_ms=delay_after_ms,
-                    )
-                    sent = producer.send(msg, sharding_key=sharding_key)
-                    window.append(asyncio.ensure_future(sent))
-                    if len(window) >= window_max:
-                        await drain()
-                await drain()
-        return ok, failed
-
     if transaction is not None:
-        msgs = (
-            Message(topic, data, tags=tag, keys=list(keys), properties=props) for data in bodies
-        )
         tx = produce_in_transaction(
             config,
-            msgs,
+            (template.message(data) for data in bodies),
             decision=transaction,
             check_answer=check_answer,
             wait_s=wait_s,
@@ -272,11 +226,95 @@ def produce(
         )
         ok, failed = run(tx)
     else:
-        ok, failed = run(go())
+        # Concurrent sends may be stored in any order; an ordered send waits for each one.
+        window_max = 1 if sharding_key is not None or not many else SEND_WINDOW_MAX
+        window = _SendWindow(as_json=as_json, print_each=not many)
+        ok, failed = run(
+            _send_all(config, template, bodies, window, window_max, sharding_key, count or 0)
+        )
     if many or failed:
         click.echo(f"sent {ok} message(s) to {topic}" + (f", {failed} failed" if failed else ""))
     if failed or ok == 0:
         sys.exit(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Template:
+    """What every message of one ``produce`` run shares (0 = no delay of that kind)."""
+
+    topic: str
+    tag: str
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    delay_level: int = 0
+    deliver_time_ms: int = 0
+    delay_ms: int = 0
+
+    def message(self, data: bytes) -> Message:
+        return Message(
+            self.topic,
+            data,
+            tags=self.tag,
+            keys=list(self.keys),
+            properties=self.properties,
+            delay_level=self.delay_level,
+            deliver_time_ms=self.deliver_time_ms,
+            delay_ms=self.delay_ms,
+        )
+
+
+class _SendWindow:
+    """Sends in flight; ``drain`` awaits them all, counts and prints their outcomes in the
+    order they were sent."""
+
+    def __init__(self, *, as_json: bool, print_each: bool) -> None:
+        self.as_json = as_json
+        self.print_each = print_each
+        self.ok = 0
+        self.failed = 0
+        self.pending: list[asyncio.Future[SendResult]] = []
+
+    def add(self, send: Awaitable[SendResult]) -> None:
+        self.pending.append(asyncio.ensure_future(send))
+
+    async def drain(self) -> int:
+        """Await every pending send; how many there were."""
+        for outcome in await asyncio.gather(*self.pending, return_exceptions=True):
+            if isinstance(outcome, SendResult):
+                self.ok += 1
+                if self.as_json:
+                    click.echo(json.dumps(json.loads(to_json(outcome))))
+                elif self.print_each:
+                    click.echo(_result_line(outcome))
+            elif isinstance(outcome, RocketQError) and not outcome.retriable:
+                raise outcome  # bad input: every other send would fail alike
+            else:
+                self.failed += 1
+                click.echo(f"send failed: {outcome}", err=True)
+        drained = len(self.pending)
+        self.pending.clear()
+        return drained
+
+
+async def _send_all(
+    config: ProducerConfig,
+    template: _Template,
+    bodies: Iterable[bytes],
+    window: _SendWindow,
+    window_max: int,
+    sharding_key: str | None,
+    total: int,
+) -> tuple[int, int]:
+    """Send every body with up to ``window_max`` sends in flight; (sent, failed)."""
+    async with Producer(config) as producer:
+        show_bar = not window.print_each and not window.as_json
+        with _progress(show_bar, total) as advance:
+            for data in bodies:
+                window.add(producer.send(template.message(data), sharding_key=sharding_key))
+                if len(window.pending) >= window_max:
+                    advance(await window.drain())
+            advance(await window.drain())
+    return window.ok, window.failed
 
 
 def _delay(level: int | None, deliver_at: str | None, delay_ms: int | None) -> tuple[int, int, int]:

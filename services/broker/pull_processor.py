@@ -222,30 +222,17 @@ class PullProcessor:
         )
 
     def _check(self, req: messaging_pb2.PullRequest) -> tuple[int, SubscriptionGroupConfig]:
-        try:
-            check_group(req.consumer_group)
-            check_topic(req.topic)
-        except ValueError as exc:
-            invalid(common_pb2.ILLEGAL_ARGUMENT, str(exc))
-        if req.queue_offset < 0:
-            invalid(common_pb2.ILLEGAL_ARGUMENT, f"queue_offset {req.queue_offset} is negative")
-        if req.queue_id < 0:
-            invalid(common_pb2.ILLEGAL_ARGUMENT, f"queue id {req.queue_id} is negative")
-        max_nums = req.max_msg_nums if req.HasField("max_msg_nums") else PULL_BATCH_DEFAULT
-        if not 1 <= max_nums <= PULL_BATCH_MAX:
-            invalid(
-                common_pb2.ILLEGAL_ARGUMENT,
-                f"max_msg_nums {max_nums} is outside 1..{PULL_BATCH_MAX}",
-            )
-        if req.sys_flag & FLAG_CLASS_FILTER:
-            invalid(
-                common_pb2.ILLEGAL_ARGUMENT,
-                "FLAG_CLASS_FILTER (0x8): class-filter mode is not supported; subscribe by TAG",
-            )
-        if req.suspend_timeout_ms < 0:
-            invalid(common_pb2.ILLEGAL_ARGUMENT, "suspend_timeout_ms must not be negative")
+        """Every refusal of a pull, in order: the request itself, this broker readable, the
+        group, the topic; the batch size and the group's config."""
+        max_nums = _check_request(req)
         if not is_readable(self.config.broker_permission):
             denied(f"broker {self.config.broker_name} is not readable")
+        group_cfg = self._check_group(req)
+        self._check_topic(req)
+        return max_nums, group_cfg
+
+    def _check_group(self, req: messaging_pb2.PullRequest) -> SubscriptionGroupConfig:
+        """The group's config (auto-created if allowed), if it may consume this way."""
         group_cfg = self.groups.find_or_create(req.consumer_group)
         if group_cfg is None:
             not_found(
@@ -263,6 +250,10 @@ class PullProcessor:
             and not group_cfg.consume_broadcast_enable
         ):
             denied(f"consumer group {req.consumer_group} may not consume in broadcasting mode")
+        return group_cfg
+
+    def _check_topic(self, req: messaging_pb2.PullRequest) -> None:
+        """The topic exists here, is readable by this group, and has the queue."""
         topic_cfg = self.topics.get(req.topic)
         if topic_cfg is None:
             not_found(
@@ -285,7 +276,6 @@ class PullProcessor:
                 f"topic {req.topic}",
                 topic=req.topic,
             )
-        return max_nums, group_cfg
 
     def _subscription(self, req: messaging_pb2.PullRequest) -> SubscriptionData:
         if req.sys_flag & FLAG_SUBSCRIPTION:
@@ -368,3 +358,30 @@ class PullProcessor:
             else:
                 resp.records = b"".join(result.records)
         return resp
+
+
+def _check_request(req: messaging_pb2.PullRequest) -> int:
+    """The request's own fields (names, offsets, batch size, flags); the batch size."""
+    try:
+        check_group(req.consumer_group)
+        check_topic(req.topic)
+    except ValueError as exc:
+        invalid(common_pb2.ILLEGAL_ARGUMENT, str(exc))
+    if req.queue_offset < 0:
+        invalid(common_pb2.ILLEGAL_ARGUMENT, f"queue_offset {req.queue_offset} is negative")
+    if req.queue_id < 0:
+        invalid(common_pb2.ILLEGAL_ARGUMENT, f"queue id {req.queue_id} is negative")
+    max_nums = req.max_msg_nums if req.HasField("max_msg_nums") else PULL_BATCH_DEFAULT
+    if not 1 <= max_nums <= PULL_BATCH_MAX:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT,
+            f"max_msg_nums {max_nums} is outside 1..{PULL_BATCH_MAX}",
+        )
+    if req.sys_flag & FLAG_CLASS_FILTER:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT,
+            "FLAG_CLASS_FILTER (0x8): class-filter mode is not supported; subscribe by TAG",
+        )
+    if req.suspend_timeout_ms < 0:
+        invalid(common_pb2.ILLEGAL_ARGUMENT, "suspend_timeout_ms must not be negative")
+    return max_nums

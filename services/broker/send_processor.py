@@ -49,7 +49,7 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 from urllib.parse import unquote
 
 import grpc
@@ -378,26 +378,21 @@ class SendProcessor:
     def _build_messages(
         self, request: messaging_pb2.SendRequest, topic: str, peer: str, transactional: bool
     ) -> SendPlan:
+        """Check each message and turn it into what the store appends. The loop runs per message:
+        it keeps its constants in locals and calls out only for the checks of rare cases (special
+        properties, a delay, an oversized batch); a call per step would cost more than the step."""
         messages = request.messages
         count = len(messages)
         is_retry = topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
         qid = request.queue_id
         now_ms = self.clock.now_ms()
-        born_ms = request.born_timestamp_ms or now_ms
-        host = self._born_host(peer)
-        sys_flag = request.sys_flag & SysFlag.COMPRESSED
-        reconsume = request.reconsume_times
+        born_ms, host, sys_flag, reconsume = self._request_fields(request, peer, now_ms)
+        max_reconsume = _max_reconsume(request, is_retry)
         limit = self.config.max_message_size_bytes
-        total = 0
-        wait = False
-        delayed = False
         tags_hash = codec.tags_hash
         new_id = self._unique_ids.factory(now_ms)
-        max_reconsume = (
-            str(request.max_reconsume_times)
-            if is_retry and request.HasField("max_reconsume_times")
-            else None
-        )
+        total = 0
+        wait = False
         plan = SendPlan([], [], False)
         out = plan.to_store
         for i, m in enumerate(messages):
@@ -406,8 +401,7 @@ class SendProcessor:
             if not _CHECKED_PROPERTIES.isdisjoint(props):
                 hop = self._special_properties(props, i, count, topic, is_retry, now_ms)
                 transactional = transactional or hop.transactional
-                out_ms = hop.out_ms
-                source = hop.source
+                out_ms, source = hop.out_ms, hop.source
                 if source is not None and plan.repeat_of(i, source, self.dedup):
                     continue  # stored once already: answered with that store's position
             if max_reconsume is not None:
@@ -416,18 +410,11 @@ class SendProcessor:
             if not uniq:
                 uniq = props[Prop.UNIQ_KEY] = new_id()
             if out_ms is not None:
-                delayed = True
                 props, to_topic, to_qid = self._to_timer(props, topic, qid, out_ms, uniq)
             encoded = _encode_properties(props, i, topic)
             total += len(to_topic) + len(m.body) + len(encoded)
             if total > limit:
-                invalid(
-                    common_pb2.MESSAGE_TOO_LARGE,
-                    f"the {'batch' if count > 1 else 'message'} exceeds maxMessageSize "
-                    f"({limit} bytes, counting topic, bodies and properties) at message {i}; "
-                    "split it or raise maxMessageSize on producer and broker",
-                    topic=topic,
-                )
+                _too_large(limit, count, i, topic)
             if props.get(Prop.WAIT_STORE_MSG_OK) != "false":
                 wait = True
             out.append(
@@ -450,14 +437,30 @@ class SendProcessor:
             if source is not None:
                 plan.sources[source] = len(out) - 1
         if transactional:
-            self._refuse_transactional(count, delayed, topic)
-            if out:
-                out[0] = half_message(
-                    out[0], producer_group=request.producer_group, topics=self.topics
-                )
-                plan.half = True
+            self._make_half(plan, request, topic)
         plan.wait = wait
         return plan
+
+    def _request_fields(
+        self, request: messaging_pb2.SendRequest, peer: str, now_ms: int
+    ) -> tuple[int, HostAddress, int, int]:
+        """What every message of one request shares: born time, born host, the sys flag the
+        producer may set per request (compressed), reconsume times."""
+        born_ms = request.born_timestamp_ms or now_ms
+        sys_flag = request.sys_flag & SysFlag.COMPRESSED
+        return born_ms, self._born_host(peer), sys_flag, request.reconsume_times
+
+    def _make_half(self, plan: SendPlan, request: messaging_pb2.SendRequest, topic: str) -> None:
+        """Turn the planned message into a transactional half message (SPEC §8), after
+        refusing what a transaction cannot be (a batch, a delay)."""
+        out = plan.to_store
+        # Only a lone message reaches here delayed (a batch with a delay is refused per message),
+        # and only a delayed one is planned into the timer topic (producers may not send to it).
+        delayed = bool(out) and out[0].topic == TIMER_TOPIC
+        self._refuse_transactional(len(request.messages), delayed, topic)
+        if out:
+            out[0] = half_message(out[0], producer_group=request.producer_group, topics=self.topics)
+            plan.half = True
 
     @staticmethod
     def _message_properties(m: common_pb2.Message, index: int, topic: str) -> dict[str, str]:
@@ -513,14 +516,7 @@ class SendProcessor:
         if not is_retry:
             # A consumer's local resubmission to %RETRY%{group} legitimately carries the retry
             # properties (RETRY_TOPIC, ORIGIN_MESSAGE_ID, RECONSUME_TIME, ...).
-            forbidden = sorted(_FORBIDDEN_PROPERTIES.intersection(props))
-            if forbidden:
-                invalid(
-                    common_pb2.ILLEGAL_ARGUMENT,
-                    f"message {index} sets reserved propert{'ies' if len(forbidden) > 1 else 'y'}"
-                    f" {', '.join(forbidden)}; RocketQ sets those itself",
-                    topic=topic,
-                )
+            _refuse_reserved(props, index, topic)
         transactional = props.get(Prop.TRANSACTION_PREPARED, "").lower() == "true"
         try:
             out_ms = delivery_ms(
@@ -683,6 +679,36 @@ def _service_error(exc: BaseException, messages: Sequence[MessageToStore]) -> Se
         grpc.StatusCode.INTERNAL,
         common_pb2.ERROR_REASON_UNSPECIFIED,
         f"store append failed: {type(exc).__name__}: {exc}",
+    )
+
+
+def _max_reconsume(request: messaging_pb2.SendRequest, is_retry: bool) -> str | None:
+    """MAX_RECONSUME_TIMES to set on every message of a consumer's resubmission to
+    %RETRY%{group}, or None (not a retry topic, or the consumer named no limit)."""
+    if is_retry and request.HasField("max_reconsume_times"):
+        return str(request.max_reconsume_times)
+    return None
+
+
+def _refuse_reserved(props: dict[str, str], index: int, topic: str) -> None:
+    """Refuse a message that sets a property name RocketQ reserves for itself."""
+    forbidden = sorted(_FORBIDDEN_PROPERTIES.intersection(props))
+    if forbidden:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT,
+            f"message {index} sets reserved propert{'ies' if len(forbidden) > 1 else 'y'}"
+            f" {', '.join(forbidden)}; RocketQ sets those itself",
+            topic=topic,
+        )
+
+
+def _too_large(limit: int, count: int, index: int, topic: str) -> NoReturn:
+    invalid(
+        common_pb2.MESSAGE_TOO_LARGE,
+        f"the {'batch' if count > 1 else 'message'} exceeds maxMessageSize "
+        f"({limit} bytes, counting topic, bodies and properties) at message {index}; "
+        "split it or raise maxMessageSize on producer and broker",
+        topic=topic,
     )
 
 

@@ -353,28 +353,9 @@ class PullService:
         pq.last_pull_timestamp_ms = wall_clock_ms()
         if self._is_paused():
             return PULL_DELAY_WHEN_SUSPENDED_S
-        s = self._s
-        reason = flow_control_reason(
-            msg_count=pq.msg_count,
-            size_bytes=pq.msg_size_bytes,
-            span=pq.max_span(),
-            threshold_count=s.pull_threshold_for_queue,
-            threshold_size_mib=s.pull_threshold_size_for_queue_mib,
-            max_span=s.consume_concurrently_max_span,
-        )
-        if reason is not None:
-            if self.flow_control_times % FLOW_CONTROL_LOG_EVERY == 0:
-                log.warning(
-                    "group %s: flow control on %s: %s (offsets %d..%d, flow control times %d)",
-                    self._group,
-                    mq,
-                    reason,
-                    pq.first_offset(),
-                    pq.last_offset(),
-                    self.flow_control_times,
-                )
-            self.flow_control_times += 1
+        if self._flow_controlled(mq, pq):
             return PULL_DELAY_WHEN_FLOW_CONTROL_S
+        s = self._s
         sub = self._subscription_of(mq.topic)
         if sub is None:
             log.warning("group %s: no subscription for %s; pulling later", self._group, mq)
@@ -393,7 +374,41 @@ class PullService:
                 suspend_ms=s.broker_suspend_max_time_ms,
                 timeout_ms=s.consumer_timeout_when_suspend_ms,
             )
-        except FailedPreconditionError as exc:
+        except RocketQError as exc:
+            return await self._pull_failed(mq, exc)
+        if pq.dropped:
+            return None
+        return await self._on_result(req, result)
+
+    def _flow_controlled(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
+        """Whether ``pq`` holds too much to pull more now (logged every so often)."""
+        s = self._s
+        reason = flow_control_reason(
+            msg_count=pq.msg_count,
+            size_bytes=pq.msg_size_bytes,
+            span=pq.max_span(),
+            threshold_count=s.pull_threshold_for_queue,
+            threshold_size_mib=s.pull_threshold_size_for_queue_mib,
+            max_span=s.consume_concurrently_max_span,
+        )
+        if reason is None:
+            return False
+        if self.flow_control_times % FLOW_CONTROL_LOG_EVERY == 0:
+            log.warning(
+                "group %s: flow control on %s: %s (offsets %d..%d, flow control times %d)",
+                self._group,
+                mq,
+                reason,
+                pq.first_offset(),
+                pq.last_offset(),
+                self.flow_control_times,
+            )
+        self.flow_control_times += 1
+        return True
+
+    async def _pull_failed(self, mq: MessageQueue, exc: RocketQError) -> float:
+        """What a refused or failed pull does before the next one; the delay."""
+        if isinstance(exc, FailedPreconditionError):
             if is_subscription_inconsistent(exc):
                 # Members disagree: a heartbeat cannot help, and each one would make the broker
                 # recompute the group. Wait; the conflict notice says when it is resolved.
@@ -404,13 +419,9 @@ class PullService:
             log.info("group %s: pull of %s refused (%s); heartbeating", self._group, mq, exc)
             await self._heartbeat_quietly()
             return PULL_DELAY_WHEN_EXCEPTION_S
-        except RocketQError as exc:
-            if not self._closed:
-                log.warning("group %s: pull of %s failed: %s", self._group, mq, exc)
-            return PULL_DELAY_WHEN_EXCEPTION_S
-        if pq.dropped:
-            return None
-        return await self._on_result(req, result)
+        if not self._closed:
+            log.warning("group %s: pull of %s failed: %s", self._group, mq, exc)
+        return PULL_DELAY_WHEN_EXCEPTION_S
 
     async def _orderly_ready(self, req: PullRequest) -> bool:
         """Orderly, clustering: True if ``req`` may be pulled now (lock held and fresh, start

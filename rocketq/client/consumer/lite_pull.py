@@ -266,18 +266,7 @@ class LitePullConsumer:
         if self._state != "CREATED":
             raise ClientStateError(f"this consumer is {self._state.lower()}; create a new one")
         cfg = self.config
-        instance = ClientInstance.get(
-            client_config(
-                namesrv_addrs=cfg.namesrv_addrs,
-                instance_name=cfg.instance_name,
-                client_ip=cfg.client_ip,
-                message_model=cfg.message_model,
-                poll_name_server_interval_ms=cfg.poll_name_server_interval_ms,
-                heartbeat_broker_interval_ms=cfg.heartbeat_broker_interval_ms,
-                request_timeout_ms=cfg.request_timeout_ms,
-            )
-        )
-        self._instance = instance
+        instance = self._instance = self._client_instance()
         self.client_id = instance.client_id
         api = self._api = BrokerApi(instance, cfg.consumer_group, cfg.request_timeout_ms)
         self._puller = Puller(api, cfg.consumer_group, cfg.pull_inflight_max)
@@ -290,18 +279,7 @@ class LitePullConsumer:
         )
         await store.load()
         self._offset_store = store
-        self._rebalance = RebalanceImpl(
-            group=cfg.consumer_group,
-            client_id=self.client_id,
-            message_model=cfg.message_model,
-            strategy=cfg.allocate_strategy or AllocateAveragely(),
-            queues_of=lambda topic: readable_queues(instance, topic),
-            consumer_ids=api.consumer_ids,
-            compute_offset=self._compute_offset,
-            remove_queue=self._remove_queue,
-            dispatch=self._start_queues,
-            check_pull_expired=False,
-        )
+        self._rebalance = self._new_rebalance(instance, api)
         self._rebalance.topics = set(self._subscriptions)
         try:
             instance.register_consumer(cfg.consumer_group, self._handle)
@@ -327,6 +305,37 @@ class LitePullConsumer:
             )
             self._rebalance_service.start()
         self._spawn(self._persist_loop())
+
+    def _client_instance(self) -> ClientInstance:
+        """The process's client instance for this consumer's settings (shared when equal)."""
+        cfg = self.config
+        return ClientInstance.get(
+            client_config(
+                namesrv_addrs=cfg.namesrv_addrs,
+                instance_name=cfg.instance_name,
+                client_ip=cfg.client_ip,
+                message_model=cfg.message_model,
+                poll_name_server_interval_ms=cfg.poll_name_server_interval_ms,
+                heartbeat_broker_interval_ms=cfg.heartbeat_broker_interval_ms,
+                request_timeout_ms=cfg.request_timeout_ms,
+            )
+        )
+
+    def _new_rebalance(self, instance: ClientInstance, api: BrokerApi) -> RebalanceImpl:
+        """Queue allocation for subscribe mode (assign mode keeps it only for its topics)."""
+        cfg = self.config
+        return RebalanceImpl(
+            group=cfg.consumer_group,
+            client_id=self.client_id,
+            message_model=cfg.message_model,
+            strategy=cfg.allocate_strategy or AllocateAveragely(),
+            queues_of=lambda topic: readable_queues(instance, topic),
+            consumer_ids=api.consumer_ids,
+            compute_offset=self._compute_offset,
+            remove_queue=self._remove_queue,
+            dispatch=self._start_queues,
+            check_pull_expired=False,
+        )
 
     async def close(self) -> None:
         """Commit (with auto_commit), persist offsets, leave the group and stop fetching."""
