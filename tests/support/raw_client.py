@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import grpc
 from grpc_status import rpc_status
@@ -54,7 +54,7 @@ class RawClient:
         self.replication = replication_pb2_grpc.ReplicationStub(self.channel)
         self.timer = timer_pb2_grpc.TimerAdminStub(self.channel)
 
-    async def __aenter__(self) -> RawClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
