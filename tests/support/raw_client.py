@@ -93,6 +93,14 @@ class RawClient:
         )
         return resp
 
+    async def held_pulls(self) -> int:
+        """Pulls the broker holds now (long polling), from GetRuntimeStats."""
+        return (await self.runtime_stats()).held_pull_requests
+
+    async def arrivals_checked(self) -> int:
+        """Arrived messages the broker has checked against held pulls so far."""
+        return int((await self.runtime_stats()).extra["held_pull_arrivals_checked"])
+
     async def route(
         self, topic: str, timeout_s: float = 5.0
     ) -> nameserver_pb2.GetRouteInfoByTopicResponse:
