@@ -104,6 +104,15 @@ class Group:
         stop_all([*self.replicas.values(), self.etcd, self.nameserver])
 
 
+def is_stopped(sp: ServiceProcess) -> bool:
+    """Whether the kernel shows ``sp`` stopped (SIGSTOP taken: state T in /proc)."""
+    try:
+        stat = Path(f"/proc/{sp.proc.pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def stop_all(processes: list[ServiceProcess]) -> None:
     """Stop each live process (resumed first: a paused one cannot take SIGTERM); one that does
     not stop in time is killed, and the others are still stopped."""
@@ -234,7 +243,8 @@ def cluster(
                 c.group.start_replica(rid)
         yield c
     finally:
-        group = list(c.group.replicas.values()) if c.group is not None else []
+        # the group's etcd may have been restarted by the test (a new process)
+        group = [*c.group.replicas.values(), c.group.etcd] if c.group is not None else []
         stop_all([*group, *reversed(c.replaced), *reversed(c.processes()), *c.etcd_members])
 
 
@@ -243,14 +253,14 @@ async def wait_routed(
 ) -> None:
     """Until the nameservers route ``topic`` with ``queues`` write queues (SDK Admin)."""
     from rocketq.client.admin import Admin  # only the async tests that use it need the SDK
-    from rocketq.client.errors import TopicNotFoundError
+    from rocketq.client.errors import RocketQError
 
     async with Admin(namesrv_addrs) as admin:
 
         async def routed() -> bool:
             try:
                 route = await admin.route(topic)
-            except TopicNotFoundError:
+            except RocketQError:  # not routed yet (or a transient lookup error)
                 return False
             return bool(route.queues) and route.queues[0].write_queue_nums == queues
 
@@ -270,8 +280,12 @@ def _start(
     env = c.env or None
     for i in range(nameservers):
         name = f"namesrv{i}" if nameservers > 1 else "namesrv"
-        args = ["--listen", "127.0.0.1:0"]
-        c.nameservers.append(spawning.spawn(name, "services.nameserver", args, c.root / name, env))
+        if env is None:
+            c.nameservers.append(spawning.start_nameserver(c.root, name=name))
+        else:  # start_nameserver takes no environment; the scaled clock needs one
+            args = ["--listen", "127.0.0.1:0"]
+            ns = spawning.spawn(name, "services.nameserver", args, c.root / name, env)
+            c.nameservers.append(ns)
     keys: dict[str, object] = {}
     if c.env:
         keys["channelExpiredTimeout"] = int(CHANNEL_EXPIRED_TIMEOUT_MS * c.speed)
