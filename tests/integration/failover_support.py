@@ -23,7 +23,7 @@ import ipaddress
 import itertools
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -32,24 +32,13 @@ from grpc_status import rpc_status
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
     messaging_pb2_grpc,
-    nameserver_pb2,
-    nameserver_pb2_grpc,
 )
 from rocketq.client.errors import RocketQError
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, SendStatus
-from tests.integration.cluster import (
-    ServiceProcess,
-    broker_args,
-    restart,
-    spawn,
-    start_etcd,
-    start_nameserver,
-)
 from tests.integration.replication_support import (
     HA_KEYS,
     create_topics,
@@ -57,6 +46,12 @@ from tests.integration.replication_support import (
     wait_in_sync,
     wait_route,
 )
+from tests.support.cluster import Group, cluster
+from tests.support.raw_client import RawClient
+from tests.support.until import until
+
+# Re-exported (the failover tests and tools/bench import it from here).
+__all__ = ["Group"]
 
 TOPIC = "Failover"
 QUEUES = 4
@@ -78,65 +73,6 @@ GROUP_KEYS: dict[str, object] = {
 # ---- the group -------------------------------------------------------------------------------
 
 
-@dataclass
-class Group:
-    """Replicas of one broker group in controller mode, by replica id."""
-
-    tmp_path: Path
-    nameserver: ServiceProcess
-    etcd: ServiceProcess
-    broker_name: str
-    keys: dict[str, object]
-    replicas: dict[int, ServiceProcess] = field(default_factory=dict)
-
-    @property
-    def namesrv_addrs(self) -> list[str]:
-        return [self.nameserver.addr]
-
-    def start_replica(self, rid: int, **extra: object) -> ServiceProcess:
-        name = f"{self.broker_name}-r{rid}"
-        workdir = self.tmp_path / name
-        keys = {**self.keys, "brokerId": rid, "etcdEndpoints": self.etcd.addr, **extra}
-        args = broker_args(workdir / "store", self.namesrv_addrs, self.broker_name, keys)
-        sp = spawn(name, "services.broker", args, workdir)
-        self.replicas[rid] = sp
-        return sp
-
-    def store(self, rid: int) -> Path:
-        return self.tmp_path / f"{self.broker_name}-r{rid}" / "store"
-
-    def addr(self, rid: int) -> str:
-        return self.replicas[rid].addr
-
-    def rid_of(self, addr: str) -> int:
-        for rid, sp in self.replicas.items():
-            if sp.addr == addr:
-                return rid
-        raise KeyError(f"no replica at {addr}")
-
-    def live(self) -> dict[int, ServiceProcess]:
-        return {rid: sp for rid, sp in self.replicas.items() if sp.alive()}
-
-    def restart(self, rid: int) -> ServiceProcess:
-        sp = restart(self.replicas[rid])
-        self.replicas[rid] = sp
-        return sp
-
-    def logs(self, lines: int = 40) -> str:
-        """The tail of every replica's log, for assertion messages."""
-        return "\n".join(
-            f"--- {sp.name} ({sp.addr}) ---\n{sp.log_tail(lines)}" for sp in self.replicas.values()
-        )
-
-    def stop_all(self) -> None:
-        for sp in [*self.replicas.values(), self.etcd, self.nameserver]:
-            if sp.alive():
-                with contextlib.suppress(OSError):
-                    sp.resume()  # a paused process cannot take SIGTERM
-                with contextlib.suppress(AssertionError):
-                    sp.stop(timeout_s=15)
-
-
 @contextlib.contextmanager
 def ha_group(
     tmp_path: Path,
@@ -146,16 +82,18 @@ def ha_group(
 ) -> Iterator[Group]:
     """A nameserver, an etcd and replicas 1..``replicas`` started in id order (a fresh group
     elects the lowest live id, so replica 1 leads first), with :data:`GROUP_KEYS` and ``keys``
-    (which win); everything stopped afterwards."""
-    ns = start_nameserver(tmp_path)
-    etcd = start_etcd(tmp_path)
-    group = Group(tmp_path, ns, etcd, broker_name, {**GROUP_KEYS, **(keys or {})})
-    try:
-        for rid in range(1, replicas + 1):
-            group.start_replica(rid)
-        yield group
-    finally:
-        group.stop_all()
+    (which win); everything stopped afterwards. A thin wrapper of
+    :func:`tests.support.cluster.cluster`."""
+    group_keys = {**GROUP_KEYS, **(keys or {})}
+    with cluster(
+        tmp_path,
+        brokers=0,
+        replicas=replicas,
+        group_name=broker_name,
+        group_keys=group_keys,
+    ) as c:
+        assert c.group is not None
+        yield c.group
 
 
 # ---- who leads -------------------------------------------------------------------------------
@@ -164,11 +102,8 @@ def ha_group(
 async def stats_of(addr: str, timeout_s: float = 2.0) -> admin_pb2.GetRuntimeStatsResponse | None:
     """The replica's GetRuntimeStats, or None when it does not answer in time."""
     try:
-        async with grpc.aio.insecure_channel(addr) as ch:
-            resp: admin_pb2.GetRuntimeStatsResponse = await admin_pb2_grpc.AdminStub(
-                ch
-            ).GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest(), timeout=timeout_s)
-            return resp
+        async with RawClient(addr) as c:
+            return await c.runtime_stats(timeout_s)
     except grpc.aio.AioRpcError:
         return None
 
@@ -196,36 +131,42 @@ async def wait_master(
     """The replica id of the group's master once exactly one answering replica (outside
     ``exclude``) says it is master, other than ``not_rid``; with ``converged`` also every
     other answering replica names it as leader and is a slave."""
-    deadline = time.monotonic() + timeout_s
     last: dict[int, admin_pb2.GetRuntimeStatsResponse] = {}
-    while time.monotonic() < deadline:
+
+    async def single_master() -> int | None:
+        nonlocal last
         last = await group_stats(group, exclude)
         masters = [rid for rid, st in last.items() if is_master(st)]
-        if len(masters) == 1 and masters[0] != not_rid:
-            rid = masters[0]
-            others = [st for r, st in last.items() if r != rid]
-            if not converged or all(
-                st.leader_addr == group.addr(rid) and st.role == admin_pb2.SLAVE for st in others
-            ):
-                return rid
-        await asyncio.sleep(0.1)
-    summary = {
-        rid: (st.broker_id, admin_pb2.BrokerRole.Name(st.role), st.epoch, st.leader_addr)
-        for rid, st in last.items()
-    }
-    raise AssertionError(
-        f"no single master within {timeout_s}s (not {not_rid}); replicas say {summary}\n"
-        f"{group.logs()}"
-    )
+        if len(masters) != 1 or masters[0] == not_rid:
+            return None
+        rid = masters[0]
+        others = [st for r, st in last.items() if r != rid]
+        if converged and not all(
+            st.leader_addr == group.addr(rid) and st.role == admin_pb2.SLAVE for st in others
+        ):
+            return None
+        return rid
+
+    try:
+        found = await until(single_master, "a single master", timeout_s, 0.1)
+    except AssertionError:
+        summary = {
+            rid: (st.broker_id, admin_pb2.BrokerRole.Name(st.role), st.epoch, st.leader_addr)
+            for rid, st in last.items()
+        }
+        raise AssertionError(
+            f"no single master within {timeout_s}s (not {not_rid}); replicas say {summary}\n"
+            f"{group.logs()}"
+        ) from None
+    assert found is not None
+    return found
 
 
 async def route_master(namesrv: str, topic: str, broker_name: str) -> str:
     """The address the nameserver gives for ``broker_name``'s brokerId 0 ("" if none)."""
-    async with grpc.aio.insecure_channel(namesrv) as ch:
+    async with RawClient(namesrv) as c:
         try:
-            resp = await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
-                nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=3
-            )
+            resp = await c.route(topic, timeout_s=3)
         except grpc.aio.AioRpcError:
             return ""
     for bd in resp.route.brokers:
@@ -238,17 +179,19 @@ async def wait_synced(group: Group, topic: str = TOPIC, timeout_s: float = 20) -
     """Until every live replica knows ``topic`` (slaves get it through config sync)."""
     deadline = time.monotonic() + timeout_s
     for rid in group.live():
-        async with grpc.aio.insecure_channel(group.addr(rid)) as ch:
-            stub = messaging_pb2_grpc.MessagingStub(ch)
-            while True:
+        async with RawClient(group.addr(rid)) as c:
+
+            async def knows_topic() -> bool:
                 try:
-                    await stub.GetMaxOffset(
+                    await c.messaging.GetMaxOffset(
                         messaging_pb2.GetMaxOffsetRequest(topic=topic, queue_id=0), timeout=3
                     )
-                    break
                 except grpc.aio.AioRpcError:
-                    assert time.monotonic() < deadline, f"replica {rid} never got {topic}"
-                    await asyncio.sleep(0.2)
+                    return False
+                return True
+
+            left_s = max(0.0, deadline - time.monotonic())
+            await until(knows_topic, f"replica {rid} to get {topic}", left_s, 0.2)
 
 
 # ---- recorded traffic ------------------------------------------------------------------------
@@ -350,20 +293,19 @@ class Traffic:
     async def wait_ok_after(
         self, t: float, count: int, store_addr: str | None = None, timeout_s: float = 20
     ) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.ok_after(t, store_addr)) < count:
-            if time.monotonic() > deadline:
-                outcomes: dict[str, int] = {}
-                details: dict[str, str] = {}
-                for a in self.acks:
-                    if a.t_start >= t:
-                        outcomes[a.outcome] = outcomes.get(a.outcome, 0) + 1
-                        details.setdefault(a.outcome, a.detail or a.store_addr)
-                raise AssertionError(
-                    f"fewer than {count} SEND_OK on {store_addr or 'any replica'} within "
-                    f"{timeout_s}s; outcomes since then: {outcomes}; first of each: {details}"
-                )
-            await asyncio.sleep(0.05)
+        try:
+            await until(lambda: len(self.ok_after(t, store_addr)) >= count, "SEND_OK", timeout_s)
+        except AssertionError:
+            outcomes: dict[str, int] = {}
+            details: dict[str, str] = {}
+            for a in self.acks:
+                if a.t_start >= t:
+                    outcomes[a.outcome] = outcomes.get(a.outcome, 0) + 1
+                    details.setdefault(a.outcome, a.detail or a.store_addr)
+            raise AssertionError(
+                f"fewer than {count} SEND_OK on {store_addr or 'any replica'} within "
+                f"{timeout_s}s; outcomes since then: {outcomes}; first of each: {details}"
+            ) from None
 
 
 async def raw_sender(
@@ -381,8 +323,8 @@ async def raw_sender(
     Requests wait up to ``timeout_s``, so ones sent to a paused broker are answered (or
     refused) once it wakes."""
     counter = iter(range(1 << 40))
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as c:
+        stub = c.messaging
 
         async def loop() -> None:
             while not stop.is_set():
@@ -471,18 +413,22 @@ async def wait_all_readable(
 ) -> set[str]:
     """Until every key of ``keys`` is readable from ``addr``; returns everything readable.
     Fails with how many (and which, a sample) are missing: acknowledged messages lost."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    have: set[str] = set()
+
+    async def all_readable() -> bool:
+        nonlocal have
         have = await readable_keys(addr)
+        return keys <= have
+
+    try:
+        await until(all_readable, f"every one of {what}", timeout_s, 0.3)
+    except AssertionError:
         missing = keys - have
-        if not missing:
-            return have
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"{len(missing)} of {len(keys)} {what} not readable from {addr} after "
-                f"{timeout_s}s (lost?): {sorted(missing)[:10]}"
-            )
-        await asyncio.sleep(0.3)
+        raise AssertionError(
+            f"{len(missing)} of {len(keys)} {what} not readable from {addr} after "
+            f"{timeout_s}s (lost?): {sorted(missing)[:10]}"
+        ) from None
+    return have
 
 
 def gaps(acks: list[Ack], since: float = 0.0) -> float:

@@ -5,7 +5,6 @@ name), partial-failure reporting, and dead letters (listed per broker, paged, re
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -30,26 +29,26 @@ from rocketq.client.errors import (
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.codec import Prop
 from rocketq.message import Message, ReceivedMessage
-from tests.integration.cluster import ServiceProcess, cluster
+from tests.integration.cluster import ServiceProcess
+from tests.support.cluster import cluster
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
 
 async def _wait_route(admin: Admin, topic: str, brokers: int) -> None:
-    deadline = time.monotonic() + 10
-    while True:
+    async def routed() -> bool:
         try:
-            if len((await admin.route(topic)).brokers) == brokers:
-                return
+            return len((await admin.route(topic)).brokers) == brokers
         except TopicNotFoundError:
-            pass
-        assert time.monotonic() < deadline, f"route of {topic} never showed {brokers} brokers"
-        await asyncio.sleep(0.05)
+            return False
+
+    await until(routed, f"route of {topic} to show {brokers} brokers", 10)
 
 
-def test_fan_out_over_two_brokers(tmp_path: Path) -> None:
+async def test_fan_out_over_two_brokers(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=2) as c:
-        asyncio.run(_fan_out(c.namesrv_addrs, c.brokers[1]))
+        await _fan_out(c.namesrv_addrs, c.brokers[1])
 
 
 async def _fan_out(namesrv: list[str], broker_b: ServiceProcess) -> None:
@@ -138,12 +137,12 @@ async def _fan_out(namesrv: list[str], broker_b: ServiceProcess) -> None:
         assert (await admin.query_by_key("fan", "k-fan")) != []
 
 
-def test_consumer_connection_merges_members_conflicts_and_locks(tmp_path: Path) -> None:
+async def test_consumer_connection_merges_members_conflicts_and_locks(tmp_path: Path) -> None:
     """Two orderly members that subscribe to a topic on two brokers differently: both brokers
     report the conflict, each member is seen by both, and every queue lock is listed with its
     broker."""
     with cluster(tmp_path, brokers=2) as c:
-        asyncio.run(_consumer_connection(c.namesrv_addrs))
+        await _consumer_connection(c.namesrv_addrs)
 
 
 async def _consumer_connection(namesrv: list[str]) -> None:
@@ -172,8 +171,7 @@ async def _consumer_connection(namesrv: list[str]) -> None:
             def conn_locks(info: ConsumerConnectionInfo) -> set[tuple[str, int]]:
                 return {(lk.broker_name, lk.queue_id) for lk in info.locks if lk.topic == "conn"}
 
-            deadline = time.monotonic() + 15
-            while True:
+            async def complete() -> ConsumerConnectionInfo | None:
                 info = await admin.consumer_connection("conn-g")
                 ready = (
                     [m.client_id for m in info.members] == ids
@@ -181,10 +179,10 @@ async def _consumer_connection(namesrv: list[str]) -> None:
                     and [c.broker_names for c in info.conflicts] == [("broker-a", "broker-b")]
                     and conn_locks(info) == conn_queues
                 )
-                if ready:
-                    break
-                assert time.monotonic() < deadline, f"connection never complete: {info}"
-                await asyncio.sleep(0.1)
+                return info if ready else None
+
+            info = await until(complete, "the consumer connection to be complete", 15, 0.1)
+            assert info is not None
             assert info.consume_orderly and info.message_model == "CLUSTERING"
             assert not info.errors
             [conflict] = info.conflicts
@@ -202,13 +200,13 @@ async def _consumer_connection(namesrv: list[str]) -> None:
 
 
 # ---- dead letters -------------------------------------------------------------------------------
-def test_dead_letters_listed_per_broker_paged_and_resent(tmp_path: Path) -> None:
+async def test_dead_letters_listed_per_broker_paged_and_resent(tmp_path: Path) -> None:
     """A group whose listener always fails, with no redelivery allowed, sends every message of a
     topic on two brokers to its DLQ on each; the admin lists them per broker (oldest first, with
     where they came from), pages one broker by offset, and resends one to its original topic as
     a new message while it stays in the DLQ."""
     with cluster(tmp_path, brokers=2) as c:
-        asyncio.run(_dead_letters(c.namesrv_addrs))
+        await _dead_letters(c.namesrv_addrs)
 
 
 async def _fail_into_dlq(namesrv: list[str], topic: str, group: str, bodies: list[bytes]) -> None:
@@ -229,10 +227,14 @@ async def _fail_into_dlq(namesrv: list[str], topic: str, group: str, bodies: lis
     await consumer.start()
     try:
         async with Admin(namesrv) as admin:
-            deadline = time.monotonic() + 20
-            while (await admin.dead_letters(group)).total < len(bodies):
-                assert time.monotonic() < deadline, f"only {failed} failed into the DLQ"
-                await asyncio.sleep(0.1)
+
+            async def all_dead() -> bool:
+                return (await admin.dead_letters(group)).total >= len(bodies)
+
+            try:
+                await until(all_dead, "every message in the DLQ", 20, 0.1)
+            except AssertionError:
+                raise AssertionError(f"only {failed} failed into the DLQ") from None
     finally:
         await consumer.close()
 
