@@ -5,13 +5,7 @@ nameserver and broker, then the admin, produce/consume and bench commands talk t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,42 +14,12 @@ import pytest
 
 from rocketq.client.consumer import ConsumeContext, ConsumeResult, PushConsumer, PushConsumerConfig
 from rocketq.message import ReceivedMessage
+from tests.e2e.conftest import alive, dev_up, json_lines, ok, rocketq
+from tests.support.until import until, until_sync
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
 TOPIC = "E2EOrders"
-
-
-def rocketq(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ROCKETQ, *args],
-        check=False,
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def ok(*args: str, stdin: str | None = None) -> str:
-    out = rocketq(*args, stdin=stdin)
-    assert out.returncode == 0, f"rocketq {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
-    return out.stdout
-
-
-def json_lines(text: str) -> list[dict[str, object]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 class Dev:
@@ -73,27 +37,21 @@ class Dev:
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
     base = tmp_path_factory.mktemp("dev") / "rq"
-    up = rocketq(
-        *("dev", "up", "--dir", str(base), "--namesrv-port", "0", "--broker-port", "0"),
+    with dev_up(
+        base,
+        # every port 0: runs side by side on one machine never collide
+        *("--namesrv-port", "0", "--broker-port", "0", "--timer-port", "0"),
         *("--detach", "--set", "mappedFileSizeCommitLog=67108864"),
         *("--set", "mappedFileUnitsConsumeQueue=30000"),
-    )
-    assert up.returncode == 0, f"dev up failed:\n{up.stdout}\n{up.stderr}"
-    d = Dev(base, up.stdout)
-    try:
-        yield d
-    finally:
-        rocketq("dev", "down", "--dir", str(base))  # a no-op if the last test already did it
-        for pid in d.pids:  # never leak a server, whatever happened above
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    ) as up:
+        yield Dev(base, up.stdout)
 
 
 def test_dev_up_proves_a_round_trip_before_saying_running(dev: Dev) -> None:
     assert "sent 3 messages, consumed 3 back" in dev.up_stdout
     assert "RocketQ is running" in dev.up_stdout
     assert dev.namesrv in dev.up_stdout
-    assert all(_alive(pid) for pid in dev.pids)
+    assert all(alive(pid) for pid in dev.pids)
     brokers = json.loads(dev("cluster", "list", "--json"))
     assert [(b["broker_name"], b["broker_id"]) for b in brokers] == [("broker-a", 0)]
     assert brokers[0]["stats"]["role"] == "ASYNC_MASTER"
@@ -152,37 +110,32 @@ def test_group_describe_shows_lag(dev: Dev) -> None:
     assert "total lag: 2" in table
 
 
-def test_group_describe_shows_members_and_a_subscription_conflict(dev: Dev) -> None:
+async def test_group_describe_shows_members_and_a_subscription_conflict(dev: Dev) -> None:
     topic, group = "E2EConflict", "e2e-conflict"
     dev("topic", "create", topic, "-q", "2")
 
     def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
         return ConsumeResult.CONSUME_SUCCESS
 
-    async def main() -> tuple[dict[str, Any], str, dict[str, str]]:
-        consumers = []
-        try:
-            for expression in ("tagA || tagB", "tagC"):
-                consumer = PushConsumer(PushConsumerConfig(group, (dev.namesrv,)), listener)
-                consumer.subscribe(topic, expression)
-                await consumer.start()
-                consumers.append(consumer)
-            deadline = time.monotonic() + 15
-            while True:
-                out = await asyncio.to_thread(dev, "group", "describe", group, "--json")
-                data = json.loads(out)
-                if data["connection"] and data["connection"]["conflicts"]:
-                    break
-                assert time.monotonic() < deadline, f"no conflict shown: {data}"
-                await asyncio.sleep(0.2)
-            table = await asyncio.to_thread(dev, "group", "describe", group)
-            exprs = {c.client_id: c.subscriptions()[topic] for c in consumers}
-            return data, table, exprs
-        finally:
-            for consumer in consumers:
-                await consumer.close()
+    async def conflict_shown() -> dict[str, Any] | None:
+        data: dict[str, Any] = json.loads(
+            await asyncio.to_thread(dev, "group", "describe", group, "--json")
+        )
+        return data if data["connection"] and data["connection"]["conflicts"] else None
 
-    data, table, exprs = asyncio.run(main())
+    consumers = []
+    try:
+        for expression in ("tagA || tagB", "tagC"):
+            consumer = PushConsumer(PushConsumerConfig(group, (dev.namesrv,)), listener)
+            consumer.subscribe(topic, expression)
+            await consumer.start()
+            consumers.append(consumer)
+        data = await until(conflict_shown, "a conflict in `group describe --json`", 15, 0.2)
+        table = await asyncio.to_thread(dev, "group", "describe", group)
+        exprs = {c.client_id: c.subscriptions()[topic] for c in consumers}
+    finally:
+        for consumer in consumers:
+            await consumer.close()
     conn = data["connection"]
     assert sorted(data["consumer_ids"]) == sorted(exprs)
     subs = {
@@ -223,10 +176,7 @@ def test_bad_input_is_a_clear_error(dev: Dev) -> None:
 def test_dev_down_stops_both_processes(dev: Dev) -> None:
     out = ok("dev", "down", "--dir", str(dev.base))
     assert "RocketQ stopped" in out
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in dev.pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(pid) for pid in dev.pids)
+    until_sync(lambda: not any(alive(pid) for pid in dev.pids), "both processes gone", 10)
     assert not (dev.base / "pids.json").exists()
     again = rocketq("dev", "down", "--dir", str(dev.base))
     assert again.returncode != 0 and "no detached RocketQ" in again.stderr

@@ -4,40 +4,17 @@ broker, every command is a separate `rocketq` process, `dev down` stops them."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rocketq.java_hash import java_string_hash
+from tests.e2e.conftest import dev_up, json_lines, ok, rocketq
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
-
-
-def rocketq(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ROCKETQ, *args],
-        check=False,
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def json_lines(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 class Dev:
@@ -51,16 +28,16 @@ class Dev:
         return rocketq(*args, "-n", self.namesrv, stdin=stdin)
 
     def __call__(self, *args: str, stdin: str | None = None) -> str:
-        out = self.run(*args, stdin=stdin)
-        assert out.returncode == 0, f"rocketq {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
-        return out.stdout
+        return ok(*args, "-n", self.namesrv, stdin=stdin)
 
 
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
     base = tmp_path_factory.mktemp("dev") / "rq"
-    up = rocketq(
-        *("dev", "up", "--dir", str(base), "--namesrv-port", "0", "--broker-port", "0"),
+    with dev_up(
+        base,
+        # every port 0: runs side by side on one machine never collide
+        *("--namesrv-port", "0", "--broker-port", "0", "--timer-port", "0"),
         *("--detach", "--no-demo", "--set", "enablePropertyFilter=true"),
         *(
             "--set",
@@ -68,16 +45,8 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
             "--set",
             "mappedFileUnitsConsumeQueue=30000",
         ),
-    )
-    assert up.returncode == 0, f"dev up failed:\n{up.stdout}\n{up.stderr}"
-    d = Dev(base)
-    try:
-        yield d
-    finally:
-        rocketq("dev", "down", "--dir", str(base))
-        for pid in d.pids:  # never leak a server, whatever happened above
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    ):
+        yield Dev(base)
 
 
 def test_produce_with_a_sharding_key_keeps_one_queue_in_order(dev: Dev) -> None:

@@ -7,14 +7,11 @@ elects another; every acknowledged message is consumed afterwards."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,27 +27,17 @@ from rocketq.client.consumer import (
 from rocketq.client.errors import RocketQError
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, ReceivedMessage, SendStatus
+from tests.e2e.conftest import dev_up, ok, rocketq
+from tests.support.until import until, until_sync
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
 TOPIC = "FailoverOrders"
 ISR_WAIT_S = 20.0
 ELECTION_WAIT_S = 20.0
 LEASE_TTL_S = 2
-
-
-def rocketq(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ROCKETQ, *args],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env={**os.environ, "COLUMNS": "220"},
-    )
+CLI_TIMEOUT_S = 90.0
+WIDE = {"COLUMNS": "220"}  # tables one row per line, whatever the terminal
 
 
 class Dev:
@@ -62,27 +49,33 @@ class Dev:
         self.etcd: str = data["etcd"]
         self.processes: dict[str, dict[str, Any]] = data["processes"]
 
-    def __call__(self, *args: str, timeout_s: float = 90) -> str:
-        out = rocketq(*args, "-n", self.namesrv, timeout_s=timeout_s)
-        assert out.returncode == 0, f"rocketq {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
-        return out.stdout
+    def __call__(self, *args: str, timeout_s: float = CLI_TIMEOUT_S) -> str:
+        return ok(*args, "-n", self.namesrv, timeout_s=timeout_s, env=WIDE)
 
     def status(self) -> dict[str, Any]:
         """broker-a's HaGroup as `ha status --json` prints it (exit 1 = no master is fine)."""
-        out = rocketq("ha", "status", "broker-a", "--json", "-n", self.namesrv)
+        out = rocketq(
+            *("ha", "status", "broker-a", "--json", "-n", self.namesrv),
+            timeout_s=CLI_TIMEOUT_S,
+            env=WIDE,
+        )
         assert out.stdout, out.stderr
         [group] = json.loads(out.stdout)
         return dict(group)
 
-    def wait_status(self, what: str, ok: Any, timeout_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        group = self.status()
-        while not ok(group):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what} not seen within {timeout_s} s; last status: {group}")
-            time.sleep(0.3)
-            group = self.status()
-        return group
+    def wait_status(
+        self, what: str, ok: Callable[[dict[str, Any]], bool], timeout_s: float
+    ) -> dict[str, Any]:
+        last: list[dict[str, Any]] = []
+
+        def matching() -> dict[str, Any] | None:
+            last[:] = [self.status()]
+            return last[0] if ok(last[0]) else None
+
+        try:
+            return until_sync(matching, what, timeout_s, 0.3)
+        except AssertionError:
+            pytest.fail(f"{what} not seen within {timeout_s} s; last status: {last}")
 
     def pid_of(self, replica_id: int) -> int:
         return int(self.processes[f"replica-{replica_id}"]["pid"])
@@ -91,48 +84,41 @@ class Dev:
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
     base = tmp_path_factory.mktemp("dev-ha") / "rq"
-    up = rocketq(
-        *("dev", "up", "--ha", "--dir", str(base), "--namesrv-port", "0", "--broker-port", "0"),
+    with dev_up(
+        base,
+        *("--ha", "--namesrv-port", "0", "--broker-port", "0"),
         *("--detach", "--no-timer", "--set", f"controllerLeaseTtlSec={LEASE_TTL_S}"),
         *("--set", "mappedFileSizeCommitLog=67108864", "--set", "slaveSyncConfigInterval=1000"),
-    )
-    pids: list[int] = []
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        processes = json.loads((base / "pids.json").read_text())["processes"]
-        pids = [int(p["pid"]) for p in processes.values()]
-    try:
-        assert up.returncode == 0, f"dev up --ha failed:\n{up.stdout}\n{up.stderr}"
+        timeout_s=CLI_TIMEOUT_S,
+        env=WIDE,
+    ) as up:
         yield Dev(base, up.stdout)
-    finally:
-        rocketq("dev", "down", "--dir", str(base))
-        for pid in pids:  # never leak a server, whatever happened above
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
-def _send_all(namesrv: str, bodies: list[str], failed: list[str], between: Any = None) -> list[str]:
+async def _send_all(
+    namesrv: str,
+    bodies: list[str],
+    failed: list[str],
+    between: Callable[[], None] | None = None,
+) -> list[str]:
     """Send ``bodies`` with one long-lived producer, calling ``between()`` (blocking, in a
     thread) after the first half; returns the bodies whose send was SEND_OK and appends the
     errors to ``failed``."""
-
-    async def main() -> list[str]:
-        ok: list[str] = []
-        config = ProducerConfig("ha-e2e-producer", [namesrv], send_msg_timeout_ms=10_000)
-        async with Producer(config) as producer:
-            half = len(bodies) // 2
-            for i, body in enumerate(bodies):
-                if i == half and between is not None:
-                    await asyncio.to_thread(between)
-                try:
-                    result = await producer.send(Message(TOPIC, body.encode()))
-                except RocketQError as exc:
-                    failed.append(f"{body}: {exc}")
-                    continue
-                if result.status is SendStatus.SEND_OK:
-                    ok.append(body)
-        return ok
-
-    return asyncio.run(main())
+    sent: list[str] = []
+    config = ProducerConfig("ha-e2e-producer", [namesrv], send_msg_timeout_ms=10_000)
+    async with Producer(config) as producer:
+        half = len(bodies) // 2
+        for i, body in enumerate(bodies):
+            if i == half and between is not None:
+                await asyncio.to_thread(between)
+            try:
+                result = await producer.send(Message(TOPIC, body.encode()))
+            except RocketQError as exc:
+                failed.append(f"{body}: {exc}")
+                continue
+            if result.status is SendStatus.SEND_OK:
+                sent.append(body)
+    return sent
 
 
 def _consume_all(dev: Dev, count: int) -> list[str]:
@@ -165,7 +151,7 @@ def test_ha_status_shows_one_master_its_epoch_and_the_in_sync_set(dev: Dev) -> N
     assert f"epoch {group['epoch']}, ISR 1,2,3" in table
 
 
-def test_switchover_moves_the_master_under_a_sending_producer(dev: Dev) -> None:
+async def test_switchover_moves_the_master_under_a_sending_producer(dev: Dev) -> None:
     before = dev.wait_status(
         "all three replicas in sync", lambda g: g["in_sync_replica_ids"] == [1, 2, 3], ISR_WAIT_S
     )
@@ -179,7 +165,7 @@ def test_switchover_moves_the_master_under_a_sending_producer(dev: Dev) -> None:
 
     bodies = [f"switch-{i}" for i in range(40)]
     failed: list[str] = []
-    ok = _send_all(dev.namesrv, bodies, failed, between=switchover)
+    ok = await _send_all(dev.namesrv, bodies, failed, between=switchover)
     assert switched["new_master_replica_id"] == target
     assert switched["old_master_replica_id"] == old
     assert switched["epoch"] > before["epoch"]
@@ -192,7 +178,7 @@ def test_switchover_moves_the_master_under_a_sending_producer(dev: Dev) -> None:
     assert sorted(consumed) == sorted(bodies)
 
 
-def test_group_offsets_commit_to_the_new_master_after_a_switchover(dev: Dev) -> None:
+async def test_group_offsets_commit_to_the_new_master_after_a_switchover(dev: Dev) -> None:
     """A push consumer group reads everything, the master moves under it, it reads what is
     sent next and commits its offsets - to the new master, which then reports no lag."""
     before = dev.wait_status(
@@ -206,40 +192,42 @@ def test_group_offsets_commit_to_the_new_master_after_a_switchover(dev: Dev) -> 
         return ConsumeResult.CONSUME_SUCCESS
 
     async def wait_for(bodies: set[str]) -> None:
-        deadline = time.monotonic() + 30
-        while not bodies <= got:
-            assert time.monotonic() < deadline, f"missing {sorted(bodies - got)[:5]}"
-            await asyncio.sleep(0.1)
+        await until(lambda: bodies <= got, f"{len(bodies)} bodies consumed", 30, 0.1)
 
-    async def main() -> None:
-        config = PushConsumerConfig(
-            "ha-e2e-group",
-            (dev.namesrv,),
-            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-            persist_consumer_offset_interval_ms=500,
-        )
-        consumer = PushConsumer(config, listener)
-        consumer.subscribe(TOPIC, "*")
-        await consumer.start()
-        try:
-            await wait_for({f"switch-{i}" for i in range(40)})
-            await asyncio.to_thread(dev, "ha", "switchover", "broker-a", "--to", str(target))
-            later = [f"after-{i}" for i in range(10)]
-            failed: list[str] = []
-            assert await asyncio.to_thread(_send_all, dev.namesrv, later, failed) == later
-            await wait_for(set(later))
-            await asyncio.sleep(1.5)  # a few offset persist rounds, to the new master
-        finally:
-            await consumer.close()
+    async def no_lag() -> bool:
+        out = await asyncio.to_thread(dev, "group", "describe", "ha-e2e-group", "--json")
+        queues = [q for q in json.loads(out)["queues"] if q["topic"] == TOPIC]
+        return bool(queues) and all(q["consumer_offset"] == q["broker_offset"] for q in queues)
 
-    asyncio.run(main())
+    config = PushConsumerConfig(
+        "ha-e2e-group",
+        (dev.namesrv,),
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        persist_consumer_offset_interval_ms=500,
+    )
+    consumer = PushConsumer(config, listener)
+    consumer.subscribe(TOPIC, "*")
+    await consumer.start()
+    try:
+        await wait_for({f"switch-{i}" for i in range(40)})
+        await asyncio.to_thread(dev, "ha", "switchover", "broker-a", "--to", str(target))
+        later = [f"after-{i}" for i in range(10)]
+        failed: list[str] = []
+        assert await _send_all(dev.namesrv, later, failed) == later
+        await wait_for(set(later))
+        # the offset persist rounds reach the new master (checked again below, after close)
+        await until(no_lag, "the group's offsets committed to the new master", 15, 0.5)
+    finally:
+        await consumer.close()
     assert dev.status()["master_replica_id"] == target
     stats = json.loads(dev("group", "describe", "ha-e2e-group", "--json"))
     queues = [q for q in stats["queues"] if q["topic"] == TOPIC]
     assert queues and all(q["consumer_offset"] == q["broker_offset"] for q in queues), queues
 
 
-def test_killing_the_master_elects_another_and_nothing_acknowledged_is_lost(dev: Dev) -> None:
+async def test_killing_the_master_elects_another_and_nothing_acknowledged_is_lost(
+    dev: Dev,
+) -> None:
     before = dev.wait_status(
         "all three replicas in sync", lambda g: g["in_sync_replica_ids"] == [1, 2, 3], ISR_WAIT_S
     )
@@ -251,7 +239,7 @@ def test_killing_the_master_elects_another_and_nothing_acknowledged_is_lost(dev:
 
     bodies = [f"kill-{i}" for i in range(40)]
     failed: list[str] = []
-    ok = _send_all(dev.namesrv, bodies, failed, between=kill_master)
+    ok = await _send_all(dev.namesrv, bodies, failed, between=kill_master)
     recovered_s = time.monotonic() - killed_at
     after = dev.wait_status(
         "a new master",

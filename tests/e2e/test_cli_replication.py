@@ -5,13 +5,9 @@ the slave after the master is SIGKILLed, as a user would see it from the CLI."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +16,11 @@ import grpc
 import pytest
 
 from rocketq._api.rocketq.v1 import messaging_pb2, messaging_pb2_grpc
+from tests.e2e.conftest import dev_up, ok
+from tests.support.until import until_sync
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
 TOPIC = "ReplicatedOrders"
 MESSAGES = 20
 CATCH_UP_WAIT_S = 20.0
@@ -34,22 +30,7 @@ PHYSICAL_MEMORY_BYTES = 2000
 """The brokers pretend to have this much memory: a backlog beyond 40 % of it (800 bytes, a few
 records) makes the master suggest the slave (slaveReadEnable, SPEC §6.7)."""
 
-
-def rocketq(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "COLUMNS": "220",
-        "ROCKETQ_PHYSICAL_MEMORY_BYTES": str(PHYSICAL_MEMORY_BYTES),
-    }
-    return subprocess.run(
-        [*ROCKETQ, *args],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
-    )
+ENV = {"COLUMNS": "220", "ROCKETQ_PHYSICAL_MEMORY_BYTES": str(PHYSICAL_MEMORY_BYTES)}
 
 
 class Dev:
@@ -61,9 +42,7 @@ class Dev:
         self.processes: dict[str, dict[str, Any]] = data["processes"]
 
     def __call__(self, *args: str, timeout_s: float = 60) -> str:
-        out = rocketq(*args, "-n", self.namesrv, timeout_s=timeout_s)
-        assert out.returncode == 0, f"rocketq {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
-        return out.stdout
+        return ok(*args, "-n", self.namesrv, timeout_s=timeout_s, env=ENV)
 
     def brokers(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = json.loads(self("cluster", "list", "--json"))
@@ -73,8 +52,9 @@ class Dev:
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
     base = tmp_path_factory.mktemp("dev-ha") / "rq"
-    up = rocketq(
-        *("dev", "up", "--dir", str(base), "--namesrv-port", "0", "--broker-port", "0"),
+    with dev_up(
+        base,
+        *("--namesrv-port", "0", "--broker-port", "0"),
         *("--detach", "--no-timer", "--slaves", "1", "--set", "slaveSyncConfigInterval=1000"),
         *("--set", "slaveReadEnable=true"),
         *(
@@ -83,16 +63,9 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
             "--set",
             "mappedFileUnitsConsumeQueue=30000",
         ),
-    )
-    assert up.returncode == 0, f"dev up failed:\n{up.stdout}\n{up.stderr}"
-    d = Dev(base, up.stdout)
-    try:
-        yield d
-    finally:
-        rocketq("dev", "down", "--dir", str(base))
-        for p in d.processes.values():  # never leak a server, whatever happened above
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(p["pid"]), signal.SIGKILL)
+        env=ENV,
+    ) as up:
+        yield Dev(base, up.stdout)
 
 
 def test_dev_up_starts_a_slave_with_its_own_store(dev: Dev) -> None:
@@ -111,16 +84,15 @@ def test_dev_up_starts_a_slave_with_its_own_store(dev: Dev) -> None:
 def test_cluster_list_shows_each_slaves_acked_offset_and_lag(dev: Dev) -> None:
     dev("topic", "create", TOPIC, "-q", "2")
     dev("produce", TOPIC, "--body", "replicate me", "--count", str(MESSAGES))
-    deadline = time.monotonic() + CATCH_UP_WAIT_S
-    master: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        master = dev.brokers()[0]["stats"]
-        slaves = master["slaves"]
-        if slaves and slaves[0]["acked_offset"] == master["commitlog_max_offset"]:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail(f"the slave did not catch up within {CATCH_UP_WAIT_S} s: {master}")
+
+    def caught_up() -> dict[str, Any] | None:
+        stats: dict[str, Any] = dev.brokers()[0]["stats"]
+        slaves = stats["slaves"]
+        return (
+            stats if slaves and slaves[0]["acked_offset"] == stats["commitlog_max_offset"] else None
+        )
+
+    master = until_sync(caught_up, "the slave to catch up", CATCH_UP_WAIT_S, 0.2)
     (slave,) = master["slaves"]
     assert slave["broker_id"] == 1
     assert slave["broker_addr"] == dev.processes["slave-1"]["addr"]
@@ -178,10 +150,12 @@ def slave_messages(addr: str, queues: int) -> int:
 
 def test_a_group_keeps_consuming_from_the_slave_after_the_master_is_killed(dev: Dev) -> None:
     # The slave learns the topic from its config sync (slaveSyncConfigInterval, 1 s here).
-    deadline = time.monotonic() + CATCH_UP_WAIT_S
-    while slave_messages(dev.processes["slave-1"]["addr"], 2) < MESSAGES:
-        assert time.monotonic() < deadline, "the slave never served the topic's messages"
-        time.sleep(0.2)
+    until_sync(
+        lambda: slave_messages(dev.processes["slave-1"]["addr"], 2) >= MESSAGES,
+        "the slave to serve the topic's messages",
+        CATCH_UP_WAIT_S,
+        0.2,
+    )
     os.kill(int(dev.processes["broker"]["pid"]), signal.SIGKILL)
     out = dev(
         *("consume", TOPIC, "-g", "e2e-slave-readers", "--from", "first"),

@@ -3,28 +3,21 @@
 --deliver-at-ms` delays messages, `timer stats|cancel` watches and cancels timers, and
 `dlq list|resend` shows and resends a group's dead letters.
 
-The timer tests need the timer-wheel module (services.timer_wheel) in the build; without it
-`dev up` starts the other two, says so, and those tests are skipped. The dead-letter tests need
-no timer: a group with retryMaxTimes 0 sends its first failure straight to its DLQ.
+The dead-letter tests need no timer: a group with retryMaxTimes 0 sends its first failure
+straight to its DLQ.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from rocketq.cli.server_cmd import timer_wheel_available
 from rocketq.client.consumer import (
     ConsumeContext,
     ConsumeFromWhere,
@@ -33,38 +26,10 @@ from rocketq.client.consumer import (
     PushConsumerConfig,
 )
 from rocketq.message import ReceivedMessage
+from tests.e2e.conftest import alive, dev_up, json_lines, ok, rocketq
+from tests.support.until import until, until_sync
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
-needs_timer = pytest.mark.skipif(
-    not timer_wheel_available(), reason="this build has no timer-wheel (services.timer_wheel)"
-)
-
-
-def rocketq(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ROCKETQ, *args],
-        check=False,
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def json_lines(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 class Dev:
@@ -80,9 +45,7 @@ class Dev:
         return rocketq(*args, "-n", self.namesrv)
 
     def __call__(self, *args: str) -> str:
-        out = self.run(*args)
-        assert out.returncode == 0, f"rocketq {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
-        return out.stdout
+        return ok(*args, "-n", self.namesrv)
 
     def timer_cmd(self, *args: str) -> subprocess.CompletedProcess[str]:
         return rocketq("timer", *args, "--timer", self.timer)
@@ -91,8 +54,9 @@ class Dev:
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
     base = tmp_path_factory.mktemp("dev") / "rq"
-    up = rocketq(
-        *("dev", "up", "--dir", str(base), "--namesrv-port", "0", "--broker-port", "0"),
+    with dev_up(
+        base,
+        *("--namesrv-port", "0", "--broker-port", "0"),
         *("--timer-port", "0", "--detach", "--no-demo"),
         *(
             "--set",
@@ -100,32 +64,19 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
             "--set",
             "mappedFileUnitsConsumeQueue=30000",
         ),
-    )
-    assert up.returncode == 0, f"dev up failed:\n{up.stdout}\n{up.stderr}"
-    d = Dev(base, up.stdout)
-    try:
-        yield d
-    finally:
-        rocketq("dev", "down", "--dir", str(base))  # a no-op if the last test already did it
-        for pid in d.processes.values():  # never leak a server, whatever happened above
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    ) as up:
+        yield Dev(base, up.stdout)
 
 
 def test_dev_up_reports_the_timer_wheel(dev: Dev) -> None:
     assert "RocketQ is running" in dev.up_stdout
-    if not timer_wheel_available():
-        assert "timer-wheel skipped" in dev.up_stdout and dev.timer == ""
-        assert set(dev.processes) == {"namesrv", "broker"}
-        return
     assert set(dev.processes) == {"namesrv", "broker", "timer"}
-    assert all(_alive(pid) for pid in dev.processes.values())
+    assert all(alive(pid) for pid in dev.processes.values())
     assert f"timer-wheel {dev.timer}  (data {dev.base / 'timer-0'})" in dev.up_stdout
     assert f"ROCKETQ_TIMER={dev.timer}" in dev.up_stdout
     assert (dev.base / "timer-0").is_dir()
 
 
-@needs_timer
 def test_timer_stats_json_and_table(dev: Dev) -> None:
     out = dev.timer_cmd("stats", "--json")
     assert out.returncode == 0, out.stderr
@@ -138,7 +89,6 @@ def test_timer_stats_json_and_table(dev: Dev) -> None:
     assert f"timer-wheel {dev.timer}" in table.stdout
 
 
-@needs_timer
 def test_delayed_produce_is_delivered_no_earlier_than_its_time(dev: Dev) -> None:
     topic = "E2EDelayed"
     dev("topic", "create", topic, "-q", "2")
@@ -170,19 +120,19 @@ def test_delayed_produce_is_delivered_no_earlier_than_its_time(dev: Dev) -> None
     assert got["at-time"]["store_timestamp_ms"] >= at_ms
 
 
-@needs_timer
 def test_timer_cancel_by_the_printed_msg_id(dev: Dev) -> None:
     topic = "E2ECancel"
     dev("topic", "create", topic, "-q", "1")
     before_ms = int(time.time() * 1000)
     [sent] = json_lines(dev("produce", topic, "--body", "never", "--delay-ms", "60000", "--json"))
     handle = sent["msg_id"]
-    deadline = time.monotonic() + 15
-    while True:  # the timer-wheel cancels what it has read from the broker
+
+    def cancel() -> subprocess.CompletedProcess[str] | None:
         out = dev.timer_cmd("cancel", "-t", topic, handle, "--json")
-        if out.returncode == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+        return out if out.returncode == 0 else None
+
+    # the timer-wheel cancels what it has read from the broker
+    out = until_sync(cancel, f"timer cancel of {handle}", 15, 0.2)
     assert out.returncode == 0, f"cancel failed:\n{out.stdout}\n{out.stderr}"
     cancelled = json.loads(out.stdout)
     assert (cancelled["topic"], cancelled["handle"], cancelled["addr"]) == (
@@ -208,40 +158,37 @@ def test_produce_refuses_bad_delays(dev: Dev) -> None:
     assert nobody.returncode == 1 and "cannot reach 127.0.0.1:1" in nobody.stderr
 
 
-def _fail_into_dlq(dev: Dev, topic: str, group: str, count: int) -> None:
+async def _fail_into_dlq(dev: Dev, topic: str, group: str, count: int) -> None:
     """A push consumer whose listener always fails; the group allows no redelivery."""
 
     def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
         return ConsumeResult.RECONSUME_LATER
 
-    async def main() -> None:
-        config = PushConsumerConfig(
-            group, (dev.namesrv,), consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
-        )
-        consumer = PushConsumer(config, listener)
-        consumer.subscribe(topic, "*")
-        await consumer.start()
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                out = await asyncio.to_thread(dev, "dlq", "list", group, "--json")
-                total = sum(p["total"] for p in json.loads(out)["pages"])
-                if total >= count:
-                    return
-                assert time.monotonic() < deadline, f"only {total} of {count} dead letters"
-                await asyncio.sleep(0.2)
-        finally:
-            await consumer.close()
+    async def dead_letters() -> int:
+        out = await asyncio.to_thread(dev, "dlq", "list", group, "--json")
+        return sum(p["total"] for p in json.loads(out)["pages"])
 
-    asyncio.run(main())
+    async def all_dead() -> bool:
+        return await dead_letters() >= count
+
+    config = PushConsumerConfig(
+        group, (dev.namesrv,), consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+    )
+    consumer = PushConsumer(config, listener)
+    consumer.subscribe(topic, "*")
+    await consumer.start()
+    try:
+        await until(all_dead, f"{count} dead letters in {group}'s DLQ", 20, 0.2)
+    finally:
+        await consumer.close()
 
 
-def test_dlq_list_and_resend(dev: Dev) -> None:
+async def test_dlq_list_and_resend(dev: Dev) -> None:
     topic, group = "E2EDead", "e2e-dead"
     dev("topic", "create", topic, "-q", "1")
     dev("group", "create", group, "--retry-max-times", "0")
     dev("produce", topic, "--body", "poison", "-c", "3", "-t", "Bad", "-k", "order-9")
-    _fail_into_dlq(dev, topic, group, 3)
+    await _fail_into_dlq(dev, topic, group, 3)
 
     listed = json.loads(dev("dlq", "list", group, "--json"))
     assert listed["group"] == group and not listed["errors"]
@@ -280,7 +227,4 @@ def test_dlq_list_and_resend(dev: Dev) -> None:
 def test_dev_down_stops_every_process(dev: Dev) -> None:
     out = rocketq("dev", "down", "--dir", str(dev.base))
     assert out.returncode == 0 and "RocketQ stopped" in out.stdout
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in dev.processes.values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(p) for p in dev.processes.values())
+    until_sync(lambda: not any(alive(p) for p in dev.processes.values()), "every process gone", 10)

@@ -14,25 +14,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import json_lines, ok, rocketq
 from tests.integration.cluster import Cluster, cluster
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
 CHECK_MS = 1000
-
-
-def json_lines(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 class Cli:
@@ -40,19 +33,10 @@ class Cli:
         self.namesrv = c.namesrv
 
     def run(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*ROCKETQ, *args, "-n", self.namesrv],
-            check=False,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
+        return rocketq(*args, "-n", self.namesrv, timeout_s=timeout_s)
 
     def __call__(self, *args: str, timeout_s: float = 60) -> str:
-        out = self.run(*args, timeout_s=timeout_s)
-        assert out.returncode == 0, f"rocketq {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
-        return out.stdout
+        return ok(*args, "-n", self.namesrv, timeout_s=timeout_s)
 
     def bodies(self, topic: str, wait_s: float = 3) -> list[str]:
         """Every message body of ``topic`` from the first offset (read only, no group)."""

@@ -9,28 +9,30 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import REPO_ROOT, rocketq
+
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
-
-
-def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*args], cwd=ROOT, capture_output=True, text=True, check=check, timeout=120
-    )
+TIMEOUT_S = 120.0
 
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("cli") / "demo-store"
-    out = run(sys.executable, "-m", "tools.demo_store", str(directory))
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.demo_store", str(directory)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=TIMEOUT_S,
+    )
     assert "wrote 300 messages" in out.stdout
     return directory
 
 
 def test_dump_json_lists_every_record_unit_and_index_entry(demo_store: Path) -> None:
-    out = run(*ROCKETQ, "store", "dump", str(demo_store), "--json")
+    out = rocketq("store", "dump", str(demo_store), "--json", check=True, timeout_s=TIMEOUT_S)
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     records = [r for r in rows if r["section"] == "commitlog" and not r.get("blank")]
     blanks = [r for r in rows if r["section"] == "commitlog" and r.get("blank")]
@@ -47,15 +49,29 @@ def test_dump_json_lists_every_record_unit_and_index_entry(demo_store: Path) -> 
 
 
 def test_dump_tables_for_people(demo_store: Path) -> None:
-    out = run(*ROCKETQ, "store", "dump", str(demo_store), "--section", "commitlog", "--limit", "2")
+    out = rocketq(
+        "store",
+        "dump",
+        str(demo_store),
+        "--section",
+        "commitlog",
+        "--limit",
+        "2",
+        check=True,
+        timeout_s=TIMEOUT_S,
+    )
     assert "commitlog" in out.stdout
     assert "OrderEvents" in out.stdout
 
 
 def test_verify_clean_store_exits_zero(demo_store: Path) -> None:
-    out = run(*ROCKETQ, "store", "verify", str(demo_store))
+    out = rocketq("store", "verify", str(demo_store), check=True, timeout_s=TIMEOUT_S)
     assert out.stdout.strip().endswith("OK")
-    report = json.loads(run(*ROCKETQ, "store", "verify", str(demo_store), "--json").stdout)
+    report = json.loads(
+        rocketq(
+            "store", "verify", str(demo_store), "--json", check=True, timeout_s=TIMEOUT_S
+        ).stdout
+    )
     assert report["ok"] and report["records"] == 300 and report["units"] == 300
 
 
@@ -68,12 +84,12 @@ def test_verify_reports_a_flipped_body_byte(demo_store: Path, tmp_path: Path) ->
     data = bytearray(first.read_bytes())
     data[200] ^= 0xFF  # inside the first record's body
     first.write_bytes(bytes(data))
-    out = run(*ROCKETQ, "store", "verify", str(copy), check=False)
+    out = rocketq("store", "verify", str(copy), timeout_s=TIMEOUT_S)
     assert out.returncode == 1
     assert "CRC" in out.stdout
 
 
 def test_not_a_store_is_a_clear_error(tmp_path: Path) -> None:
-    out = run(*ROCKETQ, "store", "verify", str(tmp_path), check=False)
+    out = rocketq("store", "verify", str(tmp_path), timeout_s=TIMEOUT_S)
     assert out.returncode != 0
     assert "not a RocketQ store directory" in out.stderr

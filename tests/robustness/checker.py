@@ -25,7 +25,6 @@ violations, under ``keep_dir``; the message says where.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import shutil
 import traceback
@@ -104,7 +103,7 @@ class CheckResult:
         )
 
 
-def check_store(
+async def check_store(
     store_dir: Path,
     acks: Sequence[Ack],
     runs: Sequence[int],
@@ -120,7 +119,7 @@ def check_store(
     shutil.rmtree(snapshot, ignore_errors=True)
     shutil.copytree(store_dir, snapshot)
     try:
-        _check(store_dir, acks, runs, dict(start_seqs or {}), result)
+        await _check(store_dir, acks, runs, dict(start_seqs or {}), result)
     except Exception:
         result.violations.append("the checker itself failed:\n" + traceback.format_exc())
     if result.violations:
@@ -129,7 +128,7 @@ def check_store(
     return result
 
 
-def _check(
+async def _check(
     store_dir: Path,
     acks: Sequence[Ack],
     runs: Sequence[int],
@@ -152,7 +151,7 @@ def _check(
         _check_prefixes(seen, runs, start_seqs, bad)
         _check_index(store, seen, {a.uniq_key for a in acks}, bad)
     finally:
-        asyncio.run(store.shutdown())
+        await store.shutdown()
     report = verify(detect_layout(store_dir))
     result.verify_report = report
     bad.extend(f"{VERIFY_PREFIX}{problem}" for problem in report.problems)

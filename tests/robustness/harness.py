@@ -19,6 +19,7 @@ from types import TracebackType
 
 from services.common import failpoints
 from tests.robustness.writer import Ack, read_acks
+from tests.support.until import until_sync
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIGKILLED = -signal.SIGKILL
@@ -100,15 +101,24 @@ class WriterProcess:
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Block until the writer printed READY (store open and recovered)."""
         assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        proc = self.proc
+
+        def ready() -> bool:
             if self.out_path.read_bytes().startswith(b"READY "):
-                return
-            if self.proc.poll() is not None:
+                return True
+            if proc.poll() is not None:
                 raise AssertionError(f"writer exited before READY\n{self.describe()}")
-            time.sleep(0.01)
-        self.kill()
-        raise AssertionError(f"writer not READY within {timeout_s} s\n{self.describe()}")
+            return False
+
+        try:
+            until_sync(ready, "the writer's READY line", timeout_s, 0.01)
+        except AssertionError:
+            if proc.poll() is not None:
+                raise
+            self.kill()
+            raise AssertionError(
+                f"writer not READY within {timeout_s} s\n{self.describe()}"
+            ) from None
 
     # -- results ---------------------------------------------------------------------------------
     @property

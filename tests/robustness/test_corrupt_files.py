@@ -16,11 +16,9 @@ Each case damages one file of a cleanly stopped store, then:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,7 @@ from services.store.inspect import detect_layout, iter_commitlog
 from services.store.mapped_file import file_name
 from services.store.message_store import GetStatus, MessageStore, PutStatus
 from services.store.recovery import RecoveryReport
-from tests.robustness.harness import REPO_ROOT, BaseStore
+from tests.robustness.harness import BaseStore
 from tests.robustness.writer import (
     COMMITLOG_FILE_BYTES,
     INDEX_SLOT_NUM,
@@ -42,6 +40,7 @@ from tests.robustness.writer import (
     store_config,
     to_store,
 )
+from tests.support.cli import rocketq
 
 pytestmark = pytest.mark.robustness
 
@@ -178,19 +177,7 @@ CASES: dict[str, Callable[[Path], Damage]] = {
 
 # -- the checks ----------------------------------------------------------------------------------
 def _cli_verify(store: Path) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("rocketq")
-    argv = [str(script)] if script.exists() else [sys.executable, "-c", _CLI_MAIN]
-    return subprocess.run(
-        [*argv, "store", "verify", str(store)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-_CLI_MAIN = "from rocketq.cli.main import main; main()"
+    return rocketq("store", "verify", str(store))
 
 
 def _report_names(report: RecoveryReport, damage: Damage) -> bool:
@@ -247,7 +234,7 @@ def test_corruption_is_reported_and_never_fatal(
 
 
 @pytest.mark.parametrize("case", ["truncated-cq-file", "cq-file-of-wrong-size"])
-def test_writes_to_a_damaged_queue_continue_its_offsets(
+async def test_writes_to_a_damaged_queue_continue_its_offsets(
     case: str, fresh_copy: Callable[[], Path]
 ) -> None:
     path = fresh_copy()
@@ -258,18 +245,15 @@ def test_writes_to_a_damaged_queue_continue_its_offsets(
         r["queue_offset"] for r in _records(path) if (r["topic"], r["queue_id"]) == damage.queue
     )
 
-    async def put_one() -> None:
-        store = MessageStore(store_config(path), disk_usage=lambda _path: 0.0)
-        store.open()
-        await store.start()
-        try:
-            planned = dataclasses.replace(plan(9, 0), topic=topic, queue_id=qid)
-            result = await store.put([to_store(planned, 0)])
-            assert result.status is PutStatus.PUT_OK
-            assert result.results[0].queue_offset == highest + 1, "queue offset reused"
-            got = store.get_messages(topic, qid, highest + 1, 1)
-            assert got.status is GetStatus.FOUND
-        finally:
-            await store.shutdown()
-
-    asyncio.run(put_one())
+    store = MessageStore(store_config(path), disk_usage=lambda _path: 0.0)
+    store.open()
+    await store.start()
+    try:
+        planned = dataclasses.replace(plan(9, 0), topic=topic, queue_id=qid)
+        result = await store.put([to_store(planned, 0)])
+        assert result.status is PutStatus.PUT_OK
+        assert result.results[0].queue_offset == highest + 1, "queue offset reused"
+        got = store.get_messages(topic, qid, highest + 1, 1)
+        assert got.status is GetStatus.FOUND
+    finally:
+        await store.shutdown()

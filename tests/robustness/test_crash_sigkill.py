@@ -26,7 +26,7 @@ from services.common import failpoints
 from services.store import mapped_file
 from services.store.inspect import detect_layout, iter_commitlog, verify
 from services.store.mapped_file import file_name
-from tests.robustness.checker import CheckResult, check_store
+from tests.robustness.checker import check_store
 from tests.robustness.harness import (
     SIGKILLED,
     BaseStore,
@@ -41,21 +41,16 @@ pytestmark = pytest.mark.robustness
 FAILPOINT_WAIT_S = 30.0
 
 
-def _assert_ok(result: CheckResult) -> None:
-    """No violation at all, the index included (recovery cuts the index with the log)."""
-    assert not result.violations, result.summary()
-
-
 # -- 1. SIGKILL at a random moment ---------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [101, 102, 103, 104])
-def test_sigkill_at_random_moment(seed: int, tmp_path: Path, keep_dir: Path) -> None:
+async def test_sigkill_at_random_moment(seed: int, tmp_path: Path, keep_dir: Path) -> None:
     delay_s = random.Random(seed).uniform(0.2, 1.5)
     writer = run_and_sigkill(tmp_path / "store", seed, tmp_path / "logs", delay_s)
     acks = writer.acks()
     assert acks, f"no message acknowledged in {delay_s:.2f} s\n{writer.describe()}"
     logs = [writer.out_path, writer.err_path]
-    check_store(tmp_path / "store", acks, [seed], keep_dir=keep_dir, logs=logs).assert_ok()
+    (await check_store(tmp_path / "store", acks, [seed], keep_dir=keep_dir, logs=logs)).assert_ok()
 
 
 # -- 2. failpoints ---------------------------------------------------------------------------------
@@ -106,17 +101,19 @@ def test_every_failpoint_is_covered_or_explained() -> None:
     "spec",
     [f"{name}=crash@{n}" for name, ns in WRITE_PATH_FAILPOINTS.items() for n in ns],
 )
-def test_crash_at_failpoint(spec: str, tmp_path: Path, keep_dir: Path) -> None:
+async def test_crash_at_failpoint(spec: str, tmp_path: Path, keep_dir: Path) -> None:
     seed = 200 + sum(map(ord, spec))
     with WriterProcess(tmp_path / "store", seed, tmp_path / "logs", failpoint=spec) as writer:
         rc = writer.wait(FAILPOINT_WAIT_S)
     assert rc == SIGKILLED, f"the failpoint did not kill the writer\n{writer.describe()}"
     logs = [writer.out_path, writer.err_path]
-    check_store(tmp_path / "store", writer.acks(), [seed], keep_dir=keep_dir, logs=logs).assert_ok()
+    (
+        await check_store(tmp_path / "store", writer.acks(), [seed], keep_dir=keep_dir, logs=logs)
+    ).assert_ok()
 
 
 @pytest.mark.slow
-def test_crash_inside_recovery(
+async def test_crash_inside_recovery(
     base_store: BaseStore, fresh_copy: Callable[[], Path], tmp_path: Path, keep_dir: Path
 ) -> None:
     """Recovery killed just before it truncates a torn tail; the next recovery finishes it."""
@@ -135,7 +132,7 @@ def test_crash_inside_recovery(
         report = verify(detect_layout(store))
         assert report.commitlog_end == end
         assert any("non-zero bytes after the last whole record" in p for p in report.problems)
-    result = check_store(store, base_store.acks, [base_store.seed], keep_dir=keep_dir)
+    result = await check_store(store, base_store.acks, [base_store.seed], keep_dir=keep_dir)
     result.assert_ok()
     assert result.recovery is not None and result.recovery.truncated_bytes > 0
 
@@ -184,27 +181,23 @@ def _write_garbage_tail(store: Path, rng: random.Random) -> int:
     return end
 
 
-def _check_torn(
-    store: Path, acks: list[Ack], seed: int, keep_dir: Path, *, index_bug: bool = False
-) -> None:
-    result = check_store(store, acks, [seed], keep_dir=keep_dir)
-    if index_bug:
-        _assert_ok(result)
+async def _check_torn(store: Path, acks: list[Ack], seed: int, keep_dir: Path) -> None:
+    result = await check_store(store, acks, [seed], keep_dir=keep_dir)
     result.assert_ok()
     assert result.recovery is not None and result.recovery.truncated_bytes > 0, result.summary()
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_garbage_after_the_last_record(
+async def test_garbage_after_the_last_record(
     seed: int, base_store: BaseStore, fresh_copy: Callable[[], Path], keep_dir: Path
 ) -> None:
     store = fresh_copy()
     _write_garbage_tail(store, random.Random(seed))
-    _check_torn(store, base_store.acks, base_store.seed, keep_dir)
+    await _check_torn(store, base_store.acks, base_store.seed, keep_dir)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_half_written_record_at_the_end(
+async def test_half_written_record_at_the_end(
     seed: int, base_store: BaseStore, fresh_copy: Callable[[], Path], keep_dir: Path
 ) -> None:
     """The first N bytes of a plausible next record: right size, magic, offset fields."""
@@ -220,10 +213,10 @@ def test_half_written_record_at_the_end(
     record[codec.OFFSET_QUEUEOFFSET : codec.OFFSET_QUEUEOFFSET + 8] = qoff.to_bytes(8, "big")
     cut = rng.randint(8, min(size - 1, _room_at(end)))
     _write_at(store, end, bytes(record[:cut]))
-    _check_torn(store, base_store.acks, base_store.seed, keep_dir)
+    await _check_torn(store, base_store.acks, base_store.seed, keep_dir)
 
 
-def test_flipped_byte_in_the_last_record(
+async def test_flipped_byte_in_the_last_record(
     base_store: BaseStore, fresh_copy: Callable[[], Path], keep_dir: Path
 ) -> None:
     """A CRC mismatch in the last record: it is cut, every earlier ACK survives."""
@@ -233,11 +226,11 @@ def test_flipped_byte_in_the_last_record(
     _flip_body_byte(store, at, int(last["body_bytes"]) // 2)
     kept = [a for a in base_store.acks if a.physical_offset != at]
     assert len(kept) == len(base_store.acks) - 1
-    _check_torn(store, kept, base_store.seed, keep_dir, index_bug=True)
+    await _check_torn(store, kept, base_store.seed, keep_dir)
 
 
 @pytest.mark.slow
-def test_writes_after_a_deep_truncation_are_indexed(
+async def test_writes_after_a_deep_truncation_are_indexed(
     base_store: BaseStore, fresh_copy: Callable[[], Path], tmp_path: Path, keep_dir: Path
 ) -> None:
     """A CRC mismatch 20 records before the end (a torn multi-record write); writing resumes."""
@@ -251,8 +244,10 @@ def test_writes_after_a_deep_truncation_are_indexed(
     writer = run_clean(store, 401, tmp_path / "logs", 200)
     ready = writer.stdout_text().split("\n", 1)[0].split()  # READY <end> <truncated bytes>
     assert int(ready[1]) == at and int(ready[2]) > 0, f"recovery did not cut at {at}: {ready}"
-    result = check_store(store, kept + writer.acks(), [base_store.seed, 401], keep_dir=keep_dir)
-    _assert_ok(result)
+    # no violation at all, the index included (recovery cuts the index with the log)
+    (
+        await check_store(store, kept + writer.acks(), [base_store.seed, 401], keep_dir=keep_dir)
+    ).assert_ok()
 
 
 def _flip_body_byte(store: Path, record_at: int, index: int) -> None:
@@ -265,7 +260,7 @@ def _flip_body_byte(store: Path, record_at: int, index: int) -> None:
 
 # -- 4. kill and restart, again and again -------------------------------------------------------
 @pytest.mark.slow
-def test_kill_and_restart_repeatedly(tmp_path: Path, keep_dir: Path) -> None:
+async def test_kill_and_restart_repeatedly(tmp_path: Path, keep_dir: Path) -> None:
     store = tmp_path / "store"
     rng = random.Random(4)
     runs = [501, 502, 503, 504]
@@ -277,7 +272,7 @@ def test_kill_and_restart_repeatedly(tmp_path: Path, keep_dir: Path) -> None:
         logs += [writer.out_path, writer.err_path]
     acked_runs = {parse_uniq_key(a.uniq_key)[0] for a in acks}  # type: ignore[index]
     assert acked_runs == set(runs), f"only runs {acked_runs} acknowledged anything"
-    check_store(store, acks, runs, keep_dir=keep_dir, logs=logs).assert_ok()
+    (await check_store(store, acks, runs, keep_dir=keep_dir, logs=logs)).assert_ok()
 
 
 # -- 5. regression targets -----------------------------------------------------------------------

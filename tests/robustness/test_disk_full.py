@@ -47,6 +47,7 @@ from tests.integration.replication_support import (
     wait_replicated,
 )
 from tests.robustness.chaos.disk import DiskFiller
+from tests.support.until import until
 
 pytestmark = [
     pytest.mark.robustness,
@@ -108,7 +109,7 @@ def _assert_logged_clearly(slave: ServiceProcess) -> None:
     assert text.count("replication paused") <= 5, text.count("replication paused")
 
 
-def test_async_master_keeps_serving_and_the_slave_recovers(tmp_path: Path) -> None:
+async def test_async_master_keeps_serving_and_the_slave_recovers(tmp_path: Path) -> None:
     procs: list[ServiceProcess] = []
     with DiskFiller(tmp_path / "slave-store", DISK_BYTES) as disk:
         try:
@@ -120,22 +121,21 @@ def test_async_master_keeps_serving_and_the_slave_recovers(tmp_path: Path) -> No
                 )
             )
 
-            async def main() -> int:
-                sent = await _prepare(master, slave)
-                assert disk.fill() == 0
-                before = (await runtime_stats(slave.addr)).commitlog_max_offset
-                full = await send_load(
-                    master.addr, TOPICS, QUEUES, batches_per_queue=20, body_bytes=1000, tag="full"
-                )
-                assert {status_name(s.status) for s in full} == {"SEND_OK"}
-                sent += full
-                await asyncio.sleep(2)  # the slave retries meanwhile; it must stay up
-                assert slave.alive(), slave.log_tail()
-                m, s = await asyncio.gather(runtime_stats(master.addr), runtime_stats(slave.addr))
-                assert before <= s.commitlog_max_offset < m.commitlog_max_offset
-                return await _after_free(master, slave, disk, sent)
-
-            end = asyncio.run(main())
+            sent = await _prepare(master, slave)
+            assert disk.fill() == 0
+            before = (await runtime_stats(slave.addr)).commitlog_max_offset
+            full = await send_load(
+                master.addr, TOPICS, QUEUES, batches_per_queue=20, body_bytes=1000, tag="full"
+            )
+            assert {status_name(s.status) for s in full} == {"SEND_OK"}
+            sent += full
+            # the slave meets the full volume and keeps retrying; it must stay up
+            paused = "this slave's store is full, replication paused"
+            await until(lambda: paused in _log(slave), "the slave to pause replication", 30)
+            assert slave.alive(), slave.log_tail()
+            m, s = await asyncio.gather(runtime_stats(master.addr), runtime_stats(slave.addr))
+            assert before <= s.commitlog_max_offset < m.commitlog_max_offset
+            end = await _after_free(master, slave, disk, sent)
             _stop(procs)
             _assert_logged_clearly(slave)
             assert_same_commitlogs(master.workdir / "store", disk.path, end)
@@ -152,7 +152,9 @@ async def _single_sends(addr: str, count: int, tag: str) -> list[Sent]:
     return out
 
 
-def test_sync_master_answers_slave_timeout_while_the_slave_disk_is_full(tmp_path: Path) -> None:
+async def test_sync_master_answers_slave_timeout_while_the_slave_disk_is_full(
+    tmp_path: Path,
+) -> None:
     procs: list[ServiceProcess] = []
     keys = {**KEYS, "brokerRole": "SYNC_MASTER", "syncFlushTimeout": 1000}
     with DiskFiller(tmp_path / "slave-store", DISK_BYTES) as disk:
@@ -165,28 +167,25 @@ def test_sync_master_answers_slave_timeout_while_the_slave_disk_is_full(tmp_path
                 )
             )
 
-            async def main() -> None:
-                sent = await _prepare(master, slave)
-                assert {status_name(s.status) for s in sent} == {"SEND_OK"}
-                # Fill, then one large batch the slave cannot store, then single sends.
-                assert disk.fill() == 0
-                stuck = await send_load(
-                    master.addr, TOPICS[:1], 1, batches_per_queue=1, batch_size=64,
-                    body_bytes=4000, tag="big",
-                )  # fmt: skip
-                stuck += await _single_sends(master.addr, 3, "while-full")
-                statuses = [status_name(s.status) for s in stuck]
-                # Stored on the master, never confirmed by the slave: never SEND_OK.
-                assert set(statuses) <= {"FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"}, statuses
-                assert all(s.queue_offset >= 0 and s.msg_id for s in stuck)
-                assert slave.alive(), slave.log_tail()
-                sent += stuck
-                await _after_free(master, slave, disk, sent)
-                again = await _single_sends(master.addr, 3, "after-free")
-                assert {status_name(s.status) for s in again} == {"SEND_OK"}
-
-            asyncio.run(main())
-            end = asyncio.run(wait_replicated(master.addr, slave.addr, TOPICS, QUEUES))
+            sent = await _prepare(master, slave)
+            assert {status_name(s.status) for s in sent} == {"SEND_OK"}
+            # Fill, then one large batch the slave cannot store, then single sends.
+            assert disk.fill() == 0
+            stuck = await send_load(
+                master.addr, TOPICS[:1], 1, batches_per_queue=1, batch_size=64,
+                body_bytes=4000, tag="big",
+            )  # fmt: skip
+            stuck += await _single_sends(master.addr, 3, "while-full")
+            statuses = [status_name(s.status) for s in stuck]
+            # Stored on the master, never confirmed by the slave: never SEND_OK.
+            assert set(statuses) <= {"FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"}, statuses
+            assert all(s.queue_offset >= 0 and s.msg_id for s in stuck)
+            assert slave.alive(), slave.log_tail()
+            sent += stuck
+            await _after_free(master, slave, disk, sent)
+            again = await _single_sends(master.addr, 3, "after-free")
+            assert {status_name(s.status) for s in again} == {"SEND_OK"}
+            end = await wait_replicated(master.addr, slave.addr, TOPICS, QUEUES)
             _stop(procs)
             _assert_logged_clearly(slave)
             assert_same_commitlogs(master.workdir / "store", disk.path, end)
@@ -194,7 +193,7 @@ def test_sync_master_answers_slave_timeout_while_the_slave_disk_is_full(tmp_path
             _stop(procs)
 
 
-def test_store_refuses_a_write_without_room_and_stays_consistent(tmp_path: Path) -> None:
+async def test_store_refuses_a_write_without_room_and_stays_consistent(tmp_path: Path) -> None:
     """The master's path, in-process: appends until the volume is full, each refused one
     undone (queue offsets too); after freeing, appends continue densely; reopened, the store
     holds exactly the acknowledged messages and passes the verifier."""
@@ -248,11 +247,11 @@ def test_store_refuses_a_write_without_room_and_stays_consistent(tmp_path: Path)
         for _ in range(20):
             assert append(n)
             n += 3
-        asyncio.run(store.shutdown())
+        await store.shutdown()
         reopened = MessageStore(config, clock=clock, disk_usage=lambda _p: 0.1)
         reopened.open()
         assert reopened.max_offset("Full", 0) + reopened.max_offset("Full", 1) == len(acked)
-        asyncio.run(reopened.shutdown())
+        await reopened.shutdown()
         report = verify(detect_layout(disk.path))
         assert report.ok, report.problems[:10]
         assert stored_uniq_keys(disk.path) == set(acked)

@@ -248,4 +248,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
+    # The writer is its own process (harness.WriterProcess starts and SIGKILLs it), so it owns
+    # its event loop; it is not a test body.
     sys.exit(asyncio.run(main_async(parse_args())))

@@ -361,19 +361,17 @@ def test_offsets_read_fastjson_file(tmp_path: Path) -> None:
     ]
 
 
-def test_offsets_persist_loop_writes_on_cancel(tmp_path: Path) -> None:
+async def test_offsets_persist_loop_writes_on_cancel(tmp_path: Path) -> None:
     mgr = ConsumerOffsetManager(tmp_path / "config", ManualClock())
     mgr.load()
 
-    async def main() -> None:
-        task = asyncio.create_task(mgr.run_persist_loop(3_600_000))
-        await asyncio.sleep(0)  # let the loop start waiting
-        mgr.commit("g1", "t1", 0, 7)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    task = asyncio.create_task(mgr.run_persist_loop(3_600_000))
+    await asyncio.sleep(0)  # let the loop start waiting
+    mgr.commit("g1", "t1", 0, 7)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
-    asyncio.run(main())
     assert mgr.persist_count == 1
     again = ConsumerOffsetManager(tmp_path / "config", ManualClock())
     again.load()

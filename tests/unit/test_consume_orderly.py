@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -30,8 +30,10 @@ from rocketq.client.consumer.config import (
 from rocketq.client.consumer.offset_store import ReadOffsetType
 from rocketq.client.consumer.process_queue import ProcessQueue
 from rocketq.message import MessageQueue, ReceivedMessage
+from tests.support.until import until
 
-pytestmark = pytest.mark.unit
+# A test that hangs on a never-fired sleeper fails in 10 s, not at the suite-wide timeout.
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 
 MQ = MessageQueue("T", "broker-a", 0)
 MQ2 = MessageQueue("T", "broker-a", 1)
@@ -185,19 +187,6 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def until(pred: Callable[[], bool]) -> None:
-    """Let the loop run (thread-pool listeners finish on other threads) until ``pred``."""
-    for _ in range(2000):
-        if pred():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition not reached")
-
-
-def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    asyncio.run(asyncio.wait_for(main(), 10))
-
-
 class Recorder:
     """An async listener returning scripted statuses and recording each call."""
 
@@ -217,31 +206,28 @@ class Recorder:
         return outcome
 
 
-def test_batches_come_in_offset_order_and_commit_one_past_each() -> None:
+async def test_batches_come_in_offset_order_and_commit_one_past_each() -> None:
     rec = Recorder()
     h = Harness(rec, batch=3)
 
-    async def main() -> None:
-        pq = h.queue()
-        assert h.put(pq, [3, 1, 0, 2, 4, 5, 6, 7, 8, 9])
-        await settle()
-        assert rec.calls == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
-        assert h.offsets.updates == [
-            (MQ, 3, False),
-            (MQ, 6, False),
-            (MQ, 9, False),
-            (MQ, 10, False),
-        ]
-        assert pq.msg_count == 0
-        assert h.put(pq, [10])  # the queue was drained: the next pull dispatches again
-        await settle()
-        assert rec.calls[-1] == [10] and h.offsets.table[MQ] == 11
-        await h.svc.shutdown(0)
-
-    run(main)
+    pq = h.queue()
+    assert h.put(pq, [3, 1, 0, 2, 4, 5, 6, 7, 8, 9])
+    await settle()
+    assert rec.calls == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert h.offsets.updates == [
+        (MQ, 3, False),
+        (MQ, 6, False),
+        (MQ, 9, False),
+        (MQ, 10, False),
+    ]
+    assert pq.msg_count == 0
+    assert h.put(pq, [10])  # the queue was drained: the next pull dispatches again
+    await settle()
+    assert rec.calls[-1] == [10] and h.offsets.table[MQ] == 11
+    await h.svc.shutdown(0)
 
 
-def test_messages_arriving_during_a_drain_join_it() -> None:
+async def test_messages_arriving_during_a_drain_join_it() -> None:
     gate = asyncio.Event()
     calls: list[list[int]] = []
 
@@ -252,182 +238,155 @@ def test_messages_arriving_during_a_drain_join_it() -> None:
 
     h = Harness(listener, batch=2)
 
-    async def main() -> None:
-        pq = h.queue()
-        assert h.put(pq, [0, 1])
-        await settle()
-        assert not h.put(pq, [2, 3])  # a drain runs: no second one
-        gate.set()
-        await settle()
-        assert calls == [[0, 1], [2, 3]] and h.offsets.table[MQ] == 4
-        await h.svc.shutdown(0)
-
-    run(main)
+    pq = h.queue()
+    assert h.put(pq, [0, 1])
+    await settle()
+    assert not h.put(pq, [2, 3])  # a drain runs: no second one
+    gate.set()
+    await settle()
+    assert calls == [[0, 1], [2, 3]] and h.offsets.table[MQ] == 4
+    await h.svc.shutdown(0)
 
 
-def test_suspend_redelivers_the_same_batch_after_the_suspend_time() -> None:
+async def test_suspend_redelivers_the_same_batch_after_the_suspend_time() -> None:
     rec = Recorder([SUSPEND, SUCCESS])
     h = Harness(rec, batch=2)
 
-    async def main() -> None:
-        pq = h.queue()
-        h.put(pq, [0, 1, 2])
-        await settle()
-        assert rec.calls == [[0, 1]]
-        assert h.sleeper.delays() == [1.0]  # suspend_current_queue_time_ms of the config
-        assert h.offsets.updates == [] and pq.msg_count == 3
-        h.sleeper.fire()
-        await settle()
-        assert rec.calls == [[0, 1], [0, 1], [2]]
-        assert rec.reconsumes == [[0, 0], [1, 1], [0]]
-        assert h.offsets.table[MQ] == 3 and h.sent_back == []
-        await h.svc.shutdown(0)
-
-    run(main)
+    pq = h.queue()
+    h.put(pq, [0, 1, 2])
+    await settle()
+    assert rec.calls == [[0, 1]]
+    assert h.sleeper.delays() == [1.0]  # suspend_current_queue_time_ms of the config
+    assert h.offsets.updates == [] and pq.msg_count == 3
+    h.sleeper.fire()
+    await settle()
+    assert rec.calls == [[0, 1], [0, 1], [2]]
+    assert rec.reconsumes == [[0, 0], [1, 1], [0]]
+    assert h.offsets.table[MQ] == 3 and h.sent_back == []
+    await h.svc.shutdown(0)
 
 
 @pytest.mark.parametrize(
     ("asked_ms", "delay_s"), [(-1, 1.0), (5, 0.01), (250, 0.25), (99_999, 30.0)]
 )
-def test_context_suspend_time_is_used_and_clamped(asked_ms: int, delay_s: float) -> None:
+async def test_context_suspend_time_is_used_and_clamped(asked_ms: int, delay_s: float) -> None:
     def suspend(ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
         ctx.suspend_current_queue_time_ms = asked_ms
         return SUSPEND
 
     h = Harness(Recorder([suspend]))
 
-    async def main() -> None:
-        h.put(h.queue(), [0])
-        await settle()
-        assert h.sleeper.delays() == [delay_s]
-        await h.svc.shutdown(0)
-
-    run(main)
+    h.put(h.queue(), [0])
+    await settle()
+    assert h.sleeper.delays() == [delay_s]
+    await h.svc.shutdown(0)
 
 
 @pytest.mark.parametrize("outcome", [None, RuntimeError("boom"), ConsumeResult.CONSUME_SUCCESS])
-def test_none_exception_or_wrong_type_suspend(outcome: Any) -> None:
+async def test_none_exception_or_wrong_type_suspend(outcome: Any) -> None:
     rec = Recorder([outcome])
     h = Harness(rec)
 
-    async def main() -> None:
-        h.put(h.queue(), [0])
-        await settle()
-        assert h.sleeper.delays() == [1.0] and h.offsets.updates == []
-        h.sleeper.fire()
-        await settle()
-        assert rec.calls == [[0], [0]] and h.offsets.table[MQ] == 1
-        await h.svc.shutdown(0)
-
-    run(main)
+    h.put(h.queue(), [0])
+    await settle()
+    assert h.sleeper.delays() == [1.0] and h.offsets.updates == []
+    h.sleeper.fire()
+    await settle()
+    assert rec.calls == [[0], [0]] and h.offsets.table[MQ] == 1
+    await h.svc.shutdown(0)
 
 
-def test_out_of_redeliveries_goes_to_the_dead_letter_topic_and_the_queue_moves_on() -> None:
+async def test_out_of_redeliveries_goes_to_the_dead_letter_topic_and_the_queue_moves_on() -> None:
     rec = Recorder([SUSPEND, SUSPEND, SUSPEND])
     h = Harness(rec, max_reconsume=2)
 
-    async def main() -> None:
-        pq = h.queue()
-        h.put(pq, [0, 1])
-        for _ in range(2):
-            await settle()
-            h.sleeper.fire()
+    pq = h.queue()
+    h.put(pq, [0, 1])
+    for _ in range(2):
         await settle()
-        # first delivery + 2 redeliveries, then the broker gets it with delay level -1
-        assert rec.calls == [[0], [0], [0], [1]]
-        assert rec.reconsumes[:3] == [[0], [1], [2]]
-        assert h.sent_back == [(0, DLQ_DELAY_LEVEL)] and h.svc.dead_lettered == 1
-        assert h.offsets.table[MQ] == 2 and pq.msg_count == 0
-        await h.svc.shutdown(0)
+        h.sleeper.fire()
+    await settle()
+    # first delivery + 2 redeliveries, then the broker gets it with delay level -1
+    assert rec.calls == [[0], [0], [0], [1]]
+    assert rec.reconsumes[:3] == [[0], [1], [2]]
+    assert h.sent_back == [(0, DLQ_DELAY_LEVEL)] and h.svc.dead_lettered == 1
+    assert h.offsets.table[MQ] == 2 and pq.msg_count == 0
+    await h.svc.shutdown(0)
 
-    run(main)
 
-
-def test_a_failed_send_back_keeps_the_queue_suspended() -> None:
+async def test_a_failed_send_back_keeps_the_queue_suspended() -> None:
     rec = Recorder([SUSPEND] * 5)
     h = Harness(rec, max_reconsume=1, send_back_ok=False)
 
-    async def main() -> None:
-        pq = h.queue()
-        h.put(pq, [0, 1])
-        for _ in range(3):
-            await settle()
-            h.sleeper.fire()
+    pq = h.queue()
+    h.put(pq, [0, 1])
+    for _ in range(3):
         await settle()
-        assert rec.calls == [[0], [0], [0], [0]]
-        # out of redeliveries after the 2nd call; the send-back is tried at each failure since
-        assert [o for o, _lvl in h.sent_back] == [0, 0, 0]
-        assert h.offsets.updates == [] and pq.msg_count == 2
-        h.send_back_ok = True
         h.sleeper.fire()
-        await settle()
-        assert len(h.sent_back) == 4 and rec.calls[-1] == [1] and h.offsets.table[MQ] == 2
-        await h.svc.shutdown(0)
+    await settle()
+    assert rec.calls == [[0], [0], [0], [0]]
+    # out of redeliveries after the 2nd call; the send-back is tried at each failure since
+    assert [o for o, _lvl in h.sent_back] == [0, 0, 0]
+    assert h.offsets.updates == [] and pq.msg_count == 2
+    h.send_back_ok = True
+    h.sleeper.fire()
+    await settle()
+    assert len(h.sent_back) == 4 and rec.calls[-1] == [1] and h.offsets.table[MQ] == 2
+    await h.svc.shutdown(0)
 
-    run(main)
 
-
-def test_unlimited_redeliveries_by_default() -> None:
+async def test_unlimited_redeliveries_by_default() -> None:
     rec = Recorder([SUSPEND] * 20)
     h = Harness(rec)
 
-    async def main() -> None:
-        h.put(h.queue(), [0])
-        for _ in range(20):
-            await settle()
-            h.sleeper.fire()
+    h.put(h.queue(), [0])
+    for _ in range(20):
         await settle()
-        assert len(rec.calls) == 21 and h.sent_back == []
-        assert h.offsets.table[MQ] == 1
-        await h.svc.shutdown(0)
+        h.sleeper.fire()
+    await settle()
+    assert len(rec.calls) == 21 and h.sent_back == []
+    assert h.offsets.table[MQ] == 1
+    await h.svc.shutdown(0)
 
-    run(main)
 
-
-def test_an_expired_lock_stops_consumption_until_the_lock_is_back() -> None:
+async def test_an_expired_lock_stops_consumption_until_the_lock_is_back() -> None:
     rec = Recorder()
     h = Harness(rec, lock_one_ok=False)
 
-    async def main() -> None:
-        pq = h.queue()
-        h.clock_ms += LOCK_MAX_LIVE_MS + 1  # not renewed for too long
-        h.put(pq, [0])
-        await settle()
-        assert rec.calls == [] and h.sleeper.delays() == [TRY_LOCK_FIRST_DELAY_S]
-        h.sleeper.fire()
-        await settle()
-        assert h.lock_one_calls == [MQ] and rec.calls == []
-        assert h.sleeper.delays() == [TRY_LOCK_RETRY_DELAY_S]  # refused: again in 1 s
-        h.lock_one_ok = True
-        h.sleeper.fire()
-        await settle()
-        assert h.sleeper.delays() == [RESUBMIT_DELAY_S]
-        h.sleeper.fire()
-        await settle()
-        assert rec.calls == [[0]] and h.offsets.table[MQ] == 1
-        await h.svc.shutdown(0)
-
-    run(main)
+    pq = h.queue()
+    h.clock_ms += LOCK_MAX_LIVE_MS + 1  # not renewed for too long
+    h.put(pq, [0])
+    await settle()
+    assert rec.calls == [] and h.sleeper.delays() == [TRY_LOCK_FIRST_DELAY_S]
+    h.sleeper.fire()
+    await settle()
+    assert h.lock_one_calls == [MQ] and rec.calls == []
+    assert h.sleeper.delays() == [TRY_LOCK_RETRY_DELAY_S]  # refused: again in 1 s
+    h.lock_one_ok = True
+    h.sleeper.fire()
+    await settle()
+    assert h.sleeper.delays() == [RESUBMIT_DELAY_S]
+    h.sleeper.fire()
+    await settle()
+    assert rec.calls == [[0]] and h.offsets.table[MQ] == 1
+    await h.svc.shutdown(0)
 
 
-def test_a_queue_never_locked_is_not_consumed_but_broadcasting_needs_no_lock() -> None:
+async def test_a_queue_never_locked_is_not_consumed_but_broadcasting_needs_no_lock() -> None:
     rec = Recorder()
     h = Harness(rec, lock_one_ok=False)
     rec_b = Recorder()
     hb = Harness(rec_b, model=MessageModel.BROADCASTING)
 
-    async def main() -> None:
-        h.put(h.queue(locked=False), [0])
-        hb.put(hb.queue(locked=False), [0])
-        await settle()
-        assert rec.calls == [] and rec_b.calls == [[0]]
-        await h.svc.shutdown(0)
-        await hb.svc.shutdown(0)
-
-    run(main)
+    h.put(h.queue(locked=False), [0])
+    hb.put(hb.queue(locked=False), [0])
+    await settle()
+    assert rec.calls == [] and rec_b.calls == [[0]]
+    await h.svc.shutdown(0)
+    await hb.svc.shutdown(0)
 
 
-def test_lock_lost_between_batches_stops_the_drain() -> None:
+async def test_lock_lost_between_batches_stops_the_drain() -> None:
     h_ref: list[Harness] = []
 
     def lose(ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
@@ -438,17 +397,14 @@ def test_lock_lost_between_batches_stops_the_drain() -> None:
     h = Harness(rec, lock_one_ok=False)
     h_ref.append(h)
 
-    async def main() -> None:
-        h.put(h.queue(), [0, 1])
-        await settle()
-        assert rec.calls == [[0]] and h.offsets.table[MQ] == 1
-        assert h.sleeper.delays() == [TRY_LOCK_FIRST_DELAY_S]
-        await h.svc.shutdown(0)
-
-    run(main)
+    h.put(h.queue(), [0, 1])
+    await settle()
+    assert rec.calls == [[0]] and h.offsets.table[MQ] == 1
+    assert h.sleeper.delays() == [TRY_LOCK_FIRST_DELAY_S]
+    await h.svc.shutdown(0)
 
 
-def test_one_call_per_queue_at_a_time_but_queues_in_parallel() -> None:
+async def test_one_call_per_queue_at_a_time_but_queues_in_parallel() -> None:
     gate = asyncio.Event()
     running: dict[int, int] = {0: 0, 1: 0}
     most: dict[int, int] = {0: 0, 1: 0}
@@ -466,23 +422,21 @@ def test_one_call_per_queue_at_a_time_but_queues_in_parallel() -> None:
 
     h = Harness(listener)
 
-    async def main() -> None:
-        pq0, pq1 = h.queue(MQ), h.queue(MQ2)
-        h.put(pq0, [0, 1, 2])
-        h.put(pq1, [0, 1], MQ2)
-        # even a wrongly repeated dispatch cannot start a second call on a queue
-        h.svc.submit([], pq0, MQ, True)
-        await settle()
-        assert both_running and pq0.consume_lock.locked()
-        gate.set()
-        await until(lambda: h.offsets.table == {MQ: 3, MQ2: 2})  # lock waiters poll
-        assert most == {0: 1, 1: 1}
-        await h.svc.shutdown(0)
-
-    run(main)
+    pq0, pq1 = h.queue(MQ), h.queue(MQ2)
+    h.put(pq0, [0, 1, 2])
+    h.put(pq1, [0, 1], MQ2)
+    # even a wrongly repeated dispatch cannot start a second call on a queue
+    h.svc.submit([], pq0, MQ, True)
+    await settle()
+    assert both_running and pq0.consume_lock.locked()
+    gate.set()
+    # lock waiters poll; thread-pool listeners finish on other threads
+    await until(lambda: h.offsets.table == {MQ: 3, MQ2: 2}, "both queues committed", 2.0, 0.001)
+    assert most == {0: 1, 1: 1}
+    await h.svc.shutdown(0)
 
 
-def test_a_plain_listener_runs_on_the_thread_pool() -> None:
+async def test_a_plain_listener_runs_on_the_thread_pool() -> None:
     threads: list[str] = []
 
     def listener(msgs: list[ReceivedMessage], ctx: ConsumeOrderlyContext) -> Any:
@@ -491,16 +445,13 @@ def test_a_plain_listener_runs_on_the_thread_pool() -> None:
 
     h = Harness(listener, batch=2)
 
-    async def main() -> None:
-        h.put(h.queue(), [0, 1, 2])
-        await until(lambda: h.offsets.table.get(MQ) == 3)
-        assert len(threads) == 2 and all(t.startswith("consume-orderly-g") for t in threads)
-        await h.svc.shutdown(0)
-
-    run(main)
+    h.put(h.queue(), [0, 1, 2])
+    await until(lambda: h.offsets.table.get(MQ) == 3, "MQ committed to 3", 2.0, 0.001)
+    assert len(threads) == 2 and all(t.startswith("consume-orderly-g") for t in threads)
+    await h.svc.shutdown(0)
 
 
-def test_a_busy_queue_yields_after_its_time_slice() -> None:
+async def test_a_busy_queue_yields_after_its_time_slice() -> None:
     h_ref: list[Harness] = []
 
     def slow(ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
@@ -511,19 +462,16 @@ def test_a_busy_queue_yields_after_its_time_slice() -> None:
     h = Harness(rec)
     h_ref.append(h)
 
-    async def main() -> None:
-        h.put(h.queue(), [0, 1])
-        await settle()
-        assert rec.calls == [[0]] and h.sleeper.delays() == [RESUBMIT_DELAY_S]
-        h.sleeper.fire()
-        await settle()
-        assert rec.calls == [[0], [1]] and h.offsets.table[MQ] == 2
-        await h.svc.shutdown(0)
-
-    run(main)
+    h.put(h.queue(), [0, 1])
+    await settle()
+    assert rec.calls == [[0]] and h.sleeper.delays() == [RESUBMIT_DELAY_S]
+    h.sleeper.fire()
+    await settle()
+    assert rec.calls == [[0], [1]] and h.offsets.table[MQ] == 2
+    await h.svc.shutdown(0)
 
 
-def test_results_of_a_dropped_queue_are_ignored() -> None:
+async def test_results_of_a_dropped_queue_are_ignored() -> None:
     h_ref: list[Harness] = []
 
     def drop(ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
@@ -534,16 +482,13 @@ def test_results_of_a_dropped_queue_are_ignored() -> None:
     h = Harness(rec)
     h_ref.append(h)
 
-    async def main() -> None:
-        h.put(h.queue(), [0, 1])
-        await settle()
-        assert rec.calls == [[0]] and h.offsets.updates == []
-        await h.svc.shutdown(0)
-
-    run(main)
+    h.put(h.queue(), [0, 1])
+    await settle()
+    assert rec.calls == [[0]] and h.offsets.updates == []
+    await h.svc.shutdown(0)
 
 
-def test_shutdown_waits_for_the_running_call_and_cancels_delays() -> None:
+async def test_shutdown_waits_for_the_running_call_and_cancels_delays() -> None:
     gate = asyncio.Event()
     done: list[int] = []
 
@@ -556,17 +501,14 @@ def test_shutdown_waits_for_the_running_call_and_cancels_delays() -> None:
 
     h = Harness(listener)
 
-    async def main() -> None:
-        h.put(h.queue(), [0, 1])
-        h.put(h.queue(MQ2), [0], MQ2)
-        await settle()
-        assert h.sleeper.delays() == [1.0]  # MQ2 suspended
-        closing = asyncio.create_task(h.svc.shutdown(5000))
-        await settle()
-        assert not closing.done()
-        gate.set()
-        await closing
-        assert done == [0] and h.offsets.table == {MQ: 1}  # no new call once closing
-        assert not h.svc._tasks
-
-    run(main)
+    h.put(h.queue(), [0, 1])
+    h.put(h.queue(MQ2), [0], MQ2)
+    await settle()
+    assert h.sleeper.delays() == [1.0]  # MQ2 suspended
+    closing = asyncio.create_task(h.svc.shutdown(5000))
+    await settle()
+    assert not closing.done()
+    gate.set()
+    await closing
+    assert done == [0] and h.offsets.table == {MQ: 1}  # no new call once closing
+    assert not h.svc._tasks

@@ -188,33 +188,33 @@ class FakeOffsets:
         return 500
 
 
-def start(mq: MessageQueue, where: ConsumeFromWhere, source: FakeOffsets, ts: int = 7) -> int:
-    return asyncio.run(compute_pull_from_where(mq, where, ts, source))
+async def start(mq: MessageQueue, where: ConsumeFromWhere, source: FakeOffsets, ts: int = 7) -> int:
+    return await compute_pull_from_where(mq, where, ts, source)
 
 
 @pytest.mark.parametrize("where", list(ConsumeFromWhere))
-def test_a_stored_offset_always_wins(where: ConsumeFromWhere) -> None:
-    assert start(MQ, where, FakeOffsets(42)) == 42
-    assert start(MQ, where, FakeOffsets(0)) == 0
+async def test_a_stored_offset_always_wins(where: ConsumeFromWhere) -> None:
+    assert await start(MQ, where, FakeOffsets(42)) == 42
+    assert await start(MQ, where, FakeOffsets(0)) == 0
 
 
-def test_first_start_follows_consume_from_where() -> None:
-    assert start(MQ, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, FakeOffsets(-1)) == 900
-    assert start(MQ, ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, FakeOffsets(-1)) == 100
+async def test_first_start_follows_consume_from_where() -> None:
+    assert await start(MQ, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, FakeOffsets(-1)) == 900
+    assert await start(MQ, ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, FakeOffsets(-1)) == 100
     src = FakeOffsets(-1)
-    assert start(MQ, ConsumeFromWhere.CONSUME_FROM_TIMESTAMP, src, ts=1234) == 500
+    assert await start(MQ, ConsumeFromWhere.CONSUME_FROM_TIMESTAMP, src, ts=1234) == 500
     assert src.asked == [("ts", 1234)]
 
 
 @pytest.mark.parametrize("where", list(ConsumeFromWhere))
-def test_retry_topic_starts_at_zero(where: ConsumeFromWhere) -> None:
-    assert start(MessageQueue("%RETRY%g", "broker-a", 0), where, FakeOffsets(-1)) == 0
+async def test_retry_topic_starts_at_zero(where: ConsumeFromWhere) -> None:
+    assert await start(MessageQueue("%RETRY%g", "broker-a", 0), where, FakeOffsets(-1)) == 0
 
 
-def test_unreadable_offsets_postpone_the_queue() -> None:
-    assert start(MQ, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, FakeOffsets(-2)) == -1
+async def test_unreadable_offsets_postpone_the_queue() -> None:
+    assert await start(MQ, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, FakeOffsets(-2)) == -1
     src = FakeOffsets(-1, fail=True)
-    assert start(MQ, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, src) == -1
+    assert await start(MQ, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, src) == -1
 
 
 # ---- result processing (SPEC §6.11) ------------------------------------------------------------
@@ -263,161 +263,138 @@ async def idle(svc: ConsumeService) -> None:
     await svc.shutdown(0)
 
 
-def test_offset_stays_at_smallest_in_flight() -> None:
+async def test_offset_stays_at_smallest_in_flight() -> None:
     """SPEC §15: a, b, c, d consumed with d first keeps the offset at a."""
 
-    async def main() -> None:
-        offsets = MemoryOffsets()
-        svc, _ = service(MessageModel.CLUSTERING, offsets)
-        pq = ProcessQueue()
-        a, b, c, d = (msg(i) for i in range(10, 14))
-        pq.put_messages([a, b, c, d])
-        ok = ConsumeResult.CONSUME_SUCCESS
-        await svc.process_consume_result(ok, ConsumeContext(MQ), [d], pq, MQ)
-        assert offsets.table[MQ] == 10
-        await svc.process_consume_result(ok, ConsumeContext(MQ), [b, c], pq, MQ)
-        assert offsets.table[MQ] == 10
-        await svc.process_consume_result(ok, ConsumeContext(MQ), [a], pq, MQ)
-        assert offsets.table[MQ] == 14
-        await svc.shutdown(0)
-
-    asyncio.run(main())
+    offsets = MemoryOffsets()
+    svc, _ = service(MessageModel.CLUSTERING, offsets)
+    pq = ProcessQueue()
+    a, b, c, d = (msg(i) for i in range(10, 14))
+    pq.put_messages([a, b, c, d])
+    ok = ConsumeResult.CONSUME_SUCCESS
+    await svc.process_consume_result(ok, ConsumeContext(MQ), [d], pq, MQ)
+    assert offsets.table[MQ] == 10
+    await svc.process_consume_result(ok, ConsumeContext(MQ), [b, c], pq, MQ)
+    assert offsets.table[MQ] == 10
+    await svc.process_consume_result(ok, ConsumeContext(MQ), [a], pq, MQ)
+    assert offsets.table[MQ] == 14
+    await svc.shutdown(0)
 
 
-def test_broadcasting_drops_failures_without_send_back() -> None:
-    async def main() -> None:
-        offsets = MemoryOffsets()
-        svc, sent = service(MessageModel.BROADCASTING, offsets)
-        pq = ProcessQueue()
-        batch = [msg(0), msg(1)]
-        pq.put_messages(batch)
-        await svc.process_consume_result(
-            ConsumeResult.RECONSUME_LATER, ConsumeContext(MQ), batch, pq, MQ
-        )
-        assert sent == []
-        assert pq.msg_count == 0 and offsets.table[MQ] == 2
-        assert svc.consumed_failed == 2
-        await svc.shutdown(0)
-
-    asyncio.run(main())
+async def test_broadcasting_drops_failures_without_send_back() -> None:
+    offsets = MemoryOffsets()
+    svc, sent = service(MessageModel.BROADCASTING, offsets)
+    pq = ProcessQueue()
+    batch = [msg(0), msg(1)]
+    pq.put_messages(batch)
+    await svc.process_consume_result(
+        ConsumeResult.RECONSUME_LATER, ConsumeContext(MQ), batch, pq, MQ
+    )
+    assert sent == []
+    assert pq.msg_count == 0 and offsets.table[MQ] == 2
+    assert svc.consumed_failed == 2
+    await svc.shutdown(0)
 
 
-def test_clustering_sent_back_failures_release_the_offset() -> None:
-    async def main() -> None:
-        offsets = MemoryOffsets()
-        svc, sent = service(MessageModel.CLUSTERING, offsets, send_back_ok=True)
-        pq = ProcessQueue()
-        batch = [msg(0), msg(1), msg(2)]
-        pq.put_messages(batch)
-        ctx = ConsumeContext(MQ, ack_index=0)
-        await svc.process_consume_result(ConsumeResult.CONSUME_SUCCESS, ctx, batch, pq, MQ)
-        assert sent == [1, 2]
-        assert offsets.table[MQ] == 3 and pq.msg_count == 0
-        await svc.shutdown(0)
-
-    asyncio.run(main())
+async def test_clustering_sent_back_failures_release_the_offset() -> None:
+    offsets = MemoryOffsets()
+    svc, sent = service(MessageModel.CLUSTERING, offsets, send_back_ok=True)
+    pq = ProcessQueue()
+    batch = [msg(0), msg(1), msg(2)]
+    pq.put_messages(batch)
+    ctx = ConsumeContext(MQ, ack_index=0)
+    await svc.process_consume_result(ConsumeResult.CONSUME_SUCCESS, ctx, batch, pq, MQ)
+    assert sent == [1, 2]
+    assert offsets.table[MQ] == 3 and pq.msg_count == 0
+    await svc.shutdown(0)
 
 
-def test_failed_send_back_retries_locally_and_holds_the_offset() -> None:
-    async def main() -> None:
-        offsets = MemoryOffsets()
-        calls: list[tuple[int, int]] = []
-        done = asyncio.Event()
+async def test_failed_send_back_retries_locally_and_holds_the_offset() -> None:
+    offsets = MemoryOffsets()
+    calls: list[tuple[int, int]] = []
+    done = asyncio.Event()
 
-        def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            calls.append((msgs[0].queue_offset, msgs[0].reconsume_times))
-            if len(calls) == 2:
-                loop.call_soon_threadsafe(done.set)
-            return (
-                ConsumeResult.RECONSUME_LATER if len(calls) == 1 else ConsumeResult.CONSUME_SUCCESS
-            )
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        calls.append((msgs[0].queue_offset, msgs[0].reconsume_times))
+        if len(calls) == 2:
+            loop.call_soon_threadsafe(done.set)
+        return ConsumeResult.RECONSUME_LATER if len(calls) == 1 else ConsumeResult.CONSUME_SUCCESS
 
-        loop = asyncio.get_running_loop()
-        svc, sent = service(MessageModel.CLUSTERING, offsets, listener=listener)
-        pq = ProcessQueue()
-        m0, m1 = msg(0), msg(1)
-        pq.put_messages([m0, m1])
-        await svc.process_consume_result(
-            ConsumeResult.CONSUME_SUCCESS, ConsumeContext(MQ), [m1], pq, MQ
-        )
-        assert offsets.table[MQ] == 0
-        svc.submit([m0], pq, MQ, True)
-        await asyncio.wait_for(done.wait(), 10)
-        await svc.shutdown(5000)
-        assert sent == [0]
-        assert calls == [(0, 0), (0, 1)]  # redelivered locally with reconsume_times + 1
-        assert offsets.table[MQ] == 2
-
-    asyncio.run(main())
+    loop = asyncio.get_running_loop()
+    svc, sent = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    m0, m1 = msg(0), msg(1)
+    pq.put_messages([m0, m1])
+    await svc.process_consume_result(
+        ConsumeResult.CONSUME_SUCCESS, ConsumeContext(MQ), [m1], pq, MQ
+    )
+    assert offsets.table[MQ] == 0
+    svc.submit([m0], pq, MQ, True)
+    await asyncio.wait_for(done.wait(), 10)
+    await svc.shutdown(5000)
+    assert sent == [0]
+    assert calls == [(0, 0), (0, 1)]  # redelivered locally with reconsume_times + 1
+    assert offsets.table[MQ] == 2
 
 
-def test_results_of_a_dropped_queue_are_ignored() -> None:
-    async def main() -> None:
-        offsets = MemoryOffsets()
-        finished = asyncio.Event()
+async def test_results_of_a_dropped_queue_are_ignored() -> None:
+    offsets = MemoryOffsets()
+    finished = asyncio.Event()
 
-        async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            pq.dropped = True  # rebalanced away while consuming
-            finished.set()
-            return ConsumeResult.CONSUME_SUCCESS
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        pq.dropped = True  # rebalanced away while consuming
+        finished.set()
+        return ConsumeResult.CONSUME_SUCCESS
 
-        svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
-        pq = ProcessQueue()
-        pq.put_messages([msg(0)])
-        svc.submit([msg(0)], pq, MQ, True)
-        await asyncio.wait_for(finished.wait(), 10)
-        await svc.shutdown(5000)
-        assert MQ not in offsets.table
-
-    asyncio.run(main())
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    pq.put_messages([msg(0)])
+    svc.submit([msg(0)], pq, MQ, True)
+    await asyncio.wait_for(finished.wait(), 10)
+    await svc.shutdown(5000)
+    assert MQ not in offsets.table
 
 
-def test_batches_split_by_consume_message_batch_max_size() -> None:
-    async def main() -> None:
-        offsets = MemoryOffsets()
-        sizes: list[int] = []
+async def test_batches_split_by_consume_message_batch_max_size() -> None:
+    offsets = MemoryOffsets()
+    sizes: list[int] = []
 
-        async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            sizes.append(len(msgs))
-            assert ctx.message_queue == MQ
-            return ConsumeResult.CONSUME_SUCCESS
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        sizes.append(len(msgs))
+        assert ctx.message_queue == MQ
+        return ConsumeResult.CONSUME_SUCCESS
 
-        svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener, batch=3)
-        pq = ProcessQueue()
-        batch = [msg(i) for i in range(7)]
-        pq.put_messages(batch)
-        svc.submit(batch, pq, MQ, True)
-        await idle(svc)
-        assert sorted(sizes) == [1, 3, 3]
-        assert offsets.table[MQ] == 7
-
-    asyncio.run(main())
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener, batch=3)
+    pq = ProcessQueue()
+    batch = [msg(i) for i in range(7)]
+    pq.put_messages(batch)
+    svc.submit(batch, pq, MQ, True)
+    await idle(svc)
+    assert sorted(sizes) == [1, 3, 3]
+    assert offsets.table[MQ] == 7
 
 
-def test_listener_exception_and_bad_return_mean_reconsume_later() -> None:
-    async def main() -> None:
-        offsets = MemoryOffsets()
+async def test_listener_exception_and_bad_return_mean_reconsume_later() -> None:
+    offsets = MemoryOffsets()
 
-        def boom(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            raise RuntimeError("business failure")
+    def boom(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        raise RuntimeError("business failure")
 
-        svc, sent = service(MessageModel.CLUSTERING, offsets, send_back_ok=True, listener=boom)
-        pq = ProcessQueue()
-        pq.put_messages([msg(0)])
-        svc.submit([msg(0)], pq, MQ, True)
-        await idle(svc)
-        assert sent == [0] and offsets.table[MQ] == 1
+    svc, sent = service(MessageModel.CLUSTERING, offsets, send_back_ok=True, listener=boom)
+    pq = ProcessQueue()
+    pq.put_messages([msg(0)])
+    svc.submit([msg(0)], pq, MQ, True)
+    await idle(svc)
+    assert sent == [0] and offsets.table[MQ] == 1
 
-        svc2, sent2 = service(
-            MessageModel.CLUSTERING, offsets, send_back_ok=True, listener=lambda m, c: "ok"
-        )
-        pq2 = ProcessQueue()
-        pq2.put_messages([msg(5)])
-        svc2.submit([msg(5)], pq2, MQ, True)
-        await idle(svc2)
-        assert sent2 == [5]
-
-    asyncio.run(main())
+    svc2, sent2 = service(
+        MessageModel.CLUSTERING, offsets, send_back_ok=True, listener=lambda m, c: "ok"
+    )
+    pq2 = ProcessQueue()
+    pq2.put_messages([msg(5)])
+    svc2.submit([msg(5)], pq2, MQ, True)
+    await idle(svc2)
+    assert sent2 == [5]
 
 
 # ---- flow control and sys flags (SPEC §6.6) ----------------------------------------------------
@@ -493,20 +470,17 @@ class FakeApi:
         return self.resp
 
 
-def run_pull(api: FakeApi, expr: str, commit_offset: int) -> tuple[PullResult, PullRequest]:
+async def run_pull(api: FakeApi, expr: str, commit_offset: int) -> tuple[PullResult, PullRequest]:
     puller = Puller(api, "g", 4)  # type: ignore[arg-type]
     req = PullRequest(MQ, ProcessQueue(), 10)
     sub = build_subscription("T", expr)
-
-    async def main() -> PullResult:
-        return await puller.pull(
-            req, sub, max_nums=32, commit_offset=commit_offset, suspend_ms=15000, timeout_ms=30000
-        )
-
-    return asyncio.run(main()), req
+    result = await puller.pull(
+        req, sub, max_nums=32, commit_offset=commit_offset, suspend_ms=15000, timeout_ms=30000
+    )
+    return result, req
 
 
-def test_puller_builds_the_request_and_refilters_by_tag_string() -> None:
+async def test_puller_builds_the_request_and_refilters_by_tag_string() -> None:
     resp = messaging_pb2.PullResponse(
         status=messaging_pb2.FOUND,
         next_begin_offset=13,
@@ -516,7 +490,7 @@ def test_puller_builds_the_request_and_refilters_by_tag_string() -> None:
         records=record(10, "A") + record(11, "Z") + record(12, "B"),
     )
     api = FakeApi(resp)
-    result, req = run_pull(api, "A || B", commit_offset=7)
+    result, req = await run_pull(api, "A || B", commit_offset=7)
     sent = api.requests[0]
     assert sent.sys_flag == FLAG_COMMIT_OFFSET | FLAG_SUSPEND | FLAG_SUBSCRIPTION
     assert (sent.commit_offset, sent.queue_offset, sent.suspend_timeout_ms) == (7, 10, 15000)
@@ -528,13 +502,13 @@ def test_puller_builds_the_request_and_refilters_by_tag_string() -> None:
     assert req.broker_id == 1  # the next pull goes where the broker suggested
 
 
-def test_puller_drops_commit_offset_for_slaves_and_for_no_offset() -> None:
+async def test_puller_drops_commit_offset_for_slaves_and_for_no_offset() -> None:
     resp = messaging_pb2.PullResponse(status=messaging_pb2.NO_NEW_MSG, next_begin_offset=10)
     api = FakeApi(resp, slave=True)
-    run_pull(api, "*", commit_offset=7)
+    await run_pull(api, "*", commit_offset=7)
     assert api.requests[0].sys_flag & FLAG_COMMIT_OFFSET == 0
     api = FakeApi(resp)
-    run_pull(api, "*", commit_offset=-1)
+    await run_pull(api, "*", commit_offset=-1)
     assert api.requests[0].sys_flag & FLAG_COMMIT_OFFSET == 0
 
 
@@ -568,46 +542,43 @@ def pull_service(offsets: MemoryOffsets, submitted: list[Any], removed: list[Any
     )
 
 
-def test_pull_results_move_offsets_and_feed_the_consumer() -> None:
+async def test_pull_results_move_offsets_and_feed_the_consumer() -> None:
     offsets, submitted, removed = MemoryOffsets(), [], []  # type: ignore[var-annotated]
     svc = pull_service(offsets, submitted, removed)
     req = PullRequest(MQ, ProcessQueue(), 10)
 
-    async def main() -> None:
-        found = PullResult(messaging_pb2.FOUND, 12, 0, 20, [msg(10), msg(11)], 10)
-        assert await svc._on_result(req, found) == 0.0
-        assert req.next_offset == 12 and submitted == [[10, 11]]
-        assert req.process_queue.msg_count == 2
-        # nothing matched while messages are in flight: the offset is not moved
-        assert (
-            await svc._on_result(req, PullResult(messaging_pb2.NO_MATCHED_MSG, 15, 0, 20, [], -1))
-            == 0.0
-        )
-        assert req.next_offset == 15 and MQ not in offsets.table
-        # flow control: 2 cached messages is the threshold; a third stops the pulls
-        req.process_queue.put_messages([msg(12)])
-        assert await svc._pull_once(req) == 0.05
-        assert svc.flow_control_times == 1
-
-    asyncio.run(main())
+    found = PullResult(messaging_pb2.FOUND, 12, 0, 20, [msg(10), msg(11)], 10)
+    assert await svc._on_result(req, found) == 0.0
+    assert req.next_offset == 12 and submitted == [[10, 11]]
+    assert req.process_queue.msg_count == 2
+    # nothing matched while messages are in flight: the offset is not moved
+    assert (
+        await svc._on_result(req, PullResult(messaging_pb2.NO_MATCHED_MSG, 15, 0, 20, [], -1))
+        == 0.0
+    )
+    assert req.next_offset == 15 and MQ not in offsets.table
+    # flow control: 2 cached messages is the threshold; a third stops the pulls
+    req.process_queue.put_messages([msg(12)])
+    assert await svc._pull_once(req) == 0.05
+    assert svc.flow_control_times == 1
 
 
-def test_no_new_message_on_an_empty_queue_corrects_the_offset() -> None:
+async def test_no_new_message_on_an_empty_queue_corrects_the_offset() -> None:
     offsets, submitted, removed = MemoryOffsets(), [], []  # type: ignore[var-annotated]
     svc = pull_service(offsets, submitted, removed)
     req = PullRequest(MQ, ProcessQueue(), 10)
     result = PullResult(messaging_pb2.NO_NEW_MSG, 10, 0, 10, [], -1)
-    assert asyncio.run(svc._on_result(req, result)) == 0.0
+    assert await svc._on_result(req, result) == 0.0
     assert offsets.table[MQ] == 10
 
 
-def test_offset_illegal_drops_the_queue_with_the_corrected_offset() -> None:
+async def test_offset_illegal_drops_the_queue_with_the_corrected_offset() -> None:
     offsets, submitted, removed = MemoryOffsets(), [], []  # type: ignore[var-annotated]
     svc = pull_service(offsets, submitted, removed)
     req = PullRequest(MQ, ProcessQueue(), 999)
     offsets.table[MQ] = 999
     result = PullResult(messaging_pb2.OFFSET_ILLEGAL, 40, 0, 40, [], -1)
-    assert asyncio.run(svc._on_result(req, result)) is None
+    assert await svc._on_result(req, result) is None
     assert req.process_queue.dropped
     assert offsets.table[MQ] == 40 and offsets.persisted == [MQ]
     assert removed == [MQ]
@@ -655,47 +626,47 @@ def rebalancer(
     return rb, dispatched, removed
 
 
-def test_clustering_takes_its_share_and_releases_the_rest() -> None:
+async def test_clustering_takes_its_share_and_releases_the_rest() -> None:
     rb, dispatched, removed = rebalancer(MessageModel.CLUSTERING, {"T": qs(8)}, ["c1"], "c1")
-    asyncio.run(rb.do_rebalance())
+    await rb.do_rebalance()
     assert rb.owned() == qs(8) and len(dispatched) == 8
     assert all(r.next_offset == 5 for r in dispatched)
     old = rb.process_queue_table[qs(8)[7]]
     # a second member joins: c1 keeps queues 0-3
     rb._consumer_ids = ids_of(["c1", "c2"])
-    asyncio.run(rb.do_rebalance())
+    await rb.do_rebalance()
     assert rb.owned() == qs(4)
     assert removed == qs(8)[4:] and old.dropped
     assert len(dispatched) == 8  # nothing new to pull
 
 
-def test_queue_without_start_offset_is_retried_later() -> None:
+async def test_queue_without_start_offset_is_retried_later() -> None:
     bad = {qs(2)[1]: -1}
     rb, dispatched, _ = rebalancer(MessageModel.CLUSTERING, {"T": qs(2)}, ["c1"], "c1", bad)
-    asyncio.run(rb.do_rebalance())
+    await rb.do_rebalance()
     assert rb.owned() == qs(2)[:1]
     assert [r.message_queue for r in dispatched] == qs(2)[:1]
 
 
-def test_broadcasting_owns_every_queue_and_unsubscribe_truncates() -> None:
+async def test_broadcasting_owns_every_queue_and_unsubscribe_truncates() -> None:
     queues = {"T": qs(3), "U": qs(2, "U")}
     rb, _, removed = rebalancer(MessageModel.BROADCASTING, queues, ["c1", "c2"], "c2")
-    asyncio.run(rb.do_rebalance())
+    await rb.do_rebalance()
     assert len(rb.owned()) == 5
     rb.topics = {"T"}
-    asyncio.run(rb.do_rebalance())
+    await rb.do_rebalance()
     assert rb.owned() == qs(3) and removed == qs(2, "U")
 
 
-def test_pull_expired_queue_is_rebuilt() -> None:
+async def test_pull_expired_queue_is_rebuilt() -> None:
     rb, dispatched, removed = rebalancer(MessageModel.CLUSTERING, {"T": qs(1)}, ["c1"], "c1")
-    asyncio.run(rb.do_rebalance())
+    await rb.do_rebalance()
     rb.process_queue_table[qs(1)[0]].last_pull_timestamp_ms = 0  # silent for far too long
-    asyncio.run(rb.do_rebalance())
+    await rb.do_rebalance()
     assert removed == qs(1) and len(dispatched) == 2
 
 
-def test_member_not_yet_known_to_the_broker_takes_nothing() -> None:
+async def test_member_not_yet_known_to_the_broker_takes_nothing() -> None:
     rb, dispatched, _ = rebalancer(MessageModel.CLUSTERING, {"T": qs(4)}, ["c1", "c2"], "c3")
-    asyncio.run(rb.do_rebalance())
+    await rb.do_rebalance()
     assert rb.owned() == [] and dispatched == []

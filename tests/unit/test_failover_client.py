@@ -4,7 +4,6 @@ newly elected master, and how the admin folds replica reports into a group's HA 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -203,50 +202,41 @@ def _items() -> list[PreparedMessage]:
 
 
 @pytest.mark.parametrize("failure", [_not_master(OLD), _refused(OLD)])
-def test_send_retry_refreshes_the_route_and_goes_to_the_new_master(
+async def test_send_retry_refreshes_the_route_and_goes_to_the_new_master(
     failure: BrokerUnavailableError,
 ) -> None:
-    async def main() -> None:
-        instance = FakeInstance(_route({"a": OLD}, {"a": {2: NEW}}))
-        core, handler = _core(instance, {OLD: failure}, fault=True)
-        await instance.get_route("T")  # cached: the old master
-        instance.nameserver_route = _route({"a": NEW}, {"a": {1: OLD}})  # elected meanwhile
-        [result] = await core.send_with_retries("T", _items(), timeout_ms=3000, retries=2)
-        assert result.status is SendStatus.SEND_OK
-        assert handler.sent_to == [OLD, NEW]
-        assert instance.nameserver_calls == 2  # the first lookup, then one refresh
-        assert core.fault is not None and core.fault.is_available("a")  # old master's failure
-
-    asyncio.run(main())
+    instance = FakeInstance(_route({"a": OLD}, {"a": {2: NEW}}))
+    core, handler = _core(instance, {OLD: failure}, fault=True)
+    await instance.get_route("T")  # cached: the old master
+    instance.nameserver_route = _route({"a": NEW}, {"a": {1: OLD}})  # elected meanwhile
+    [result] = await core.send_with_retries("T", _items(), timeout_ms=3000, retries=2)
+    assert result.status is SendStatus.SEND_OK
+    assert handler.sent_to == [OLD, NEW]
+    assert instance.nameserver_calls == 2  # the first lookup, then one refresh
+    assert core.fault is not None and core.fault.is_available("a")  # old master's failure
 
 
-def test_send_that_fails_for_another_reason_does_not_refresh() -> None:
-    async def main() -> None:
-        instance = FakeInstance(_route({"a": OLD, "b": THIRD}))
-        flow = ResourceExhaustedError("busy", code="RESOURCE_EXHAUSTED")
-        core, handler = _core(instance, {OLD: flow})  # type: ignore[dict-item]
-        await core.send_with_retries("T", _items(), timeout_ms=3000, retries=2)
-        assert instance.nameserver_calls == 1
-        assert handler.sent_to[-1] == THIRD
-
-    asyncio.run(main())
+async def test_send_that_fails_for_another_reason_does_not_refresh() -> None:
+    instance = FakeInstance(_route({"a": OLD, "b": THIRD}))
+    flow = ResourceExhaustedError("busy", code="RESOURCE_EXHAUSTED")
+    core, handler = _core(instance, {OLD: flow})  # type: ignore[dict-item]
+    await core.send_with_retries("T", _items(), timeout_ms=3000, retries=2)
+    assert instance.nameserver_calls == 1
+    assert handler.sent_to[-1] == THIRD
 
 
-def test_ordered_send_failure_makes_the_next_send_refresh_first() -> None:
-    async def main() -> None:
-        instance = FakeInstance(_route({"a": OLD}))
-        core, handler = _core(instance, {OLD: _not_master(OLD)})
-        mq = MessageQueue("T", "a", 1)
-        with pytest.raises(BrokerUnavailableError):
-            await core.send_to_queue(mq, _items(), 3000)  # one attempt, no retry
-        instance.nameserver_route = _route({"a": NEW})
-        [result] = await core.send_to_queue(mq, _items(), 3000)
-        assert result.status is SendStatus.SEND_OK
-        assert handler.sent_to == [OLD, NEW]
-        [again] = await core.send_to_queue(mq, _items(), 3000)
-        assert again.status is SendStatus.SEND_OK and instance.nameserver_calls == 2
-
-    asyncio.run(main())
+async def test_ordered_send_failure_makes_the_next_send_refresh_first() -> None:
+    instance = FakeInstance(_route({"a": OLD}))
+    core, handler = _core(instance, {OLD: _not_master(OLD)})
+    mq = MessageQueue("T", "a", 1)
+    with pytest.raises(BrokerUnavailableError):
+        await core.send_to_queue(mq, _items(), 3000)  # one attempt, no retry
+    instance.nameserver_route = _route({"a": NEW})
+    [result] = await core.send_to_queue(mq, _items(), 3000)
+    assert result.status is SendStatus.SEND_OK
+    assert handler.sent_to == [OLD, NEW]
+    [again] = await core.send_to_queue(mq, _items(), 3000)
+    assert again.status is SendStatus.SEND_OK and instance.nameserver_calls == 2
 
 
 # ---- the consumer's commits and locks follow the new master -----------------------------------
@@ -285,41 +275,32 @@ def _api_after_switchover() -> tuple[BrokerApi, FakeInstance]:
     return BrokerApi(instance, "cg", 3000), instance
 
 
-def test_offset_commit_refused_by_a_stale_master_refreshes_and_goes_to_the_new_one() -> None:
-    async def main() -> None:
-        api, instance = _api_after_switchover()
-        await api.update_offset(MessageQueue("T", "a", 0), 42)
-        assert instance.stubs[OLD].calls == ["UpdateConsumerOffset"]
-        assert instance.stubs[NEW].calls == ["UpdateConsumerOffset"]
-        assert instance.nameserver_calls == 1
-        assert instance.routes["T"].master_addr("a") == NEW
-        await api.update_offset(MessageQueue("T", "a", 0), 43)  # straight to the new master
-        assert instance.stubs[OLD].calls == ["UpdateConsumerOffset"]
-        assert instance.stubs[NEW].calls == ["UpdateConsumerOffset"] * 2
-
-    asyncio.run(main())
+async def test_offset_commit_refused_by_a_stale_master_refreshes_and_goes_to_the_new_one() -> None:
+    api, instance = _api_after_switchover()
+    await api.update_offset(MessageQueue("T", "a", 0), 42)
+    assert instance.stubs[OLD].calls == ["UpdateConsumerOffset"]
+    assert instance.stubs[NEW].calls == ["UpdateConsumerOffset"]
+    assert instance.nameserver_calls == 1
+    assert instance.routes["T"].master_addr("a") == NEW
+    await api.update_offset(MessageQueue("T", "a", 0), 43)  # straight to the new master
+    assert instance.stubs[OLD].calls == ["UpdateConsumerOffset"]
+    assert instance.stubs[NEW].calls == ["UpdateConsumerOffset"] * 2
 
 
-def test_queue_lock_refused_by_a_stale_master_is_retried_on_the_new_one() -> None:
-    async def main() -> None:
-        api, instance = _api_after_switchover()
+async def test_queue_lock_refused_by_a_stale_master_is_retried_on_the_new_one() -> None:
+    api, instance = _api_after_switchover()
+    await api.lock_batch("a", [MessageQueue("T", "a", 0)])
+    assert instance.stubs[OLD].calls == ["LockBatch"]
+    assert instance.stubs[NEW].calls == ["LockBatch"]
+
+
+async def test_queue_lock_refused_with_no_new_master_raises_not_master() -> None:
+    api, instance = _api_after_switchover()
+    instance.nameserver_route = instance.routes["T"]  # nobody elected yet
+    with pytest.raises(BrokerUnavailableError) as info:
         await api.lock_batch("a", [MessageQueue("T", "a", 0)])
-        assert instance.stubs[OLD].calls == ["LockBatch"]
-        assert instance.stubs[NEW].calls == ["LockBatch"]
-
-    asyncio.run(main())
-
-
-def test_queue_lock_refused_with_no_new_master_raises_not_master() -> None:
-    async def main() -> None:
-        api, instance = _api_after_switchover()
-        instance.nameserver_route = instance.routes["T"]  # nobody elected yet
-        with pytest.raises(BrokerUnavailableError) as info:
-            await api.lock_batch("a", [MessageQueue("T", "a", 0)])
-        assert info.value.reason == "NOT_MASTER"
-        assert instance.stubs[NEW].calls == []
-
-    asyncio.run(main())
+    assert info.value.reason == "NOT_MASTER"
+    assert instance.stubs[NEW].calls == []
 
 
 # ---- admin: a group's HA status ---------------------------------------------------------------

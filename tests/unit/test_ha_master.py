@@ -217,90 +217,78 @@ def test_a_reconnect_replaces_the_older_stream_of_the_same_broker_id() -> None:
 # -- SYNC_MASTER waiter --------------------------------------------------------------------------
 
 
-def test_waiter_answers_at_once_without_an_in_sync_slave_or_when_already_acked() -> None:
-    async def main() -> None:
-        m = Master()
+async def test_waiter_answers_at_once_without_an_in_sync_slave_or_when_already_acked() -> None:
+    m = Master()
+    m.append(100)
+    waiter = m.tracker.waiter
+    assert await waiter.wait_replicated(100) == SLAVE_NOT_AVAILABLE
+    link = m.connect()
+    assert await waiter.wait_replicated(100) == SLAVE_NOT_AVAILABLE  # catching up
+    m.stream(link)
+    m.ack(link, 100)
+    m.confirm(link)
+    assert await waiter.wait_replicated(100) == SEND_OK
+    assert waiter.pending == 0
+
+
+async def test_waiters_are_released_in_offset_order_by_acks() -> None:
+    m = Master()
+    link = m.connect()
+    m.ack(link, 0)
+    assert link.in_sync
+    ends = [100, 200, 300]
+    tasks = []
+    for end in ends:
         m.append(100)
-        waiter = m.tracker.waiter
-        assert await waiter.wait_replicated(100) == SLAVE_NOT_AVAILABLE
-        link = m.connect()
-        assert await waiter.wait_replicated(100) == SLAVE_NOT_AVAILABLE  # catching up
-        m.stream(link)
-        m.ack(link, 100)
-        m.confirm(link)
-        assert await waiter.wait_replicated(100) == SEND_OK
-        assert waiter.pending == 0
-
-    asyncio.run(main())
-
-
-def test_waiters_are_released_in_offset_order_by_acks() -> None:
-    async def main() -> None:
-        m = Master()
-        link = m.connect()
-        m.ack(link, 0)
-        assert link.in_sync
-        ends = [100, 200, 300]
-        tasks = []
-        for end in ends:
-            m.append(100)
-            tasks.append(asyncio.create_task(m.tracker.waiter.wait_replicated(end)))
-        await asyncio.sleep(0)
-        assert m.tracker.waiter.pending == 3
-        m.stream(link)
-        m.ack(link, 250)
-        await asyncio.sleep(0)
-        assert not any(t.done() for t in tasks)  # acked, but the slave was not told yet
-        m.confirm(link)
-        await asyncio.sleep(0)
-        assert [t.done() for t in tasks] == [True, True, False]
-        m.ack(link, 300)
-        m.confirm(link)
-        assert [await t for t in tasks] == [SEND_OK] * 3
-        assert m.tracker.waiter.pending == 0
-
-    asyncio.run(main())
+        tasks.append(asyncio.create_task(m.tracker.waiter.wait_replicated(end)))
+    await asyncio.sleep(0)
+    assert m.tracker.waiter.pending == 3
+    m.stream(link)
+    m.ack(link, 250)
+    await asyncio.sleep(0)
+    assert not any(t.done() for t in tasks)  # acked, but the slave was not told yet
+    m.confirm(link)
+    await asyncio.sleep(0)
+    assert [t.done() for t in tasks] == [True, True, False]
+    m.ack(link, 300)
+    m.confirm(link)
+    assert [await t for t in tasks] == [SEND_OK] * 3
+    assert m.tracker.waiter.pending == 0
 
 
-def test_waiter_times_out_on_the_injected_clock_with_flush_slave_timeout() -> None:
-    async def main() -> None:
-        m = Master(sync_flush_timeout_ms=5000)
-        link = m.connect()
-        m.ack(link, 0)
-        m.append(100)
-        task = asyncio.create_task(m.tracker.waiter.wait_replicated(100))
-        await asyncio.sleep(0)
-        m.clock.advance_ms(4999)
-        assert m.tracker.waiter.expire_due() == 0
-        m.clock.advance_ms(1)
-        assert m.tracker.waiter.expire_due() == 1
-        assert await task == FLUSH_SLAVE_TIMEOUT
-
-    asyncio.run(main())
+async def test_waiter_times_out_on_the_injected_clock_with_flush_slave_timeout() -> None:
+    m = Master(sync_flush_timeout_ms=5000)
+    link = m.connect()
+    m.ack(link, 0)
+    m.append(100)
+    task = asyncio.create_task(m.tracker.waiter.wait_replicated(100))
+    await asyncio.sleep(0)
+    m.clock.advance_ms(4999)
+    assert m.tracker.waiter.expire_due() == 0
+    m.clock.advance_ms(1)
+    assert m.tracker.waiter.expire_due() == 1
+    assert await task == FLUSH_SLAVE_TIMEOUT
 
 
-def test_waiter_count_is_bounded_and_a_cancelled_waiter_is_forgotten() -> None:
-    async def main() -> None:
-        m = Master()
-        link = m.connect()
-        m.ack(link, 0)
-        waiter = m.tracker.waiter
-        waiter.waiters_max = 2
-        m.append(100)
-        first = asyncio.create_task(waiter.wait_replicated(100))
-        second = asyncio.create_task(waiter.wait_replicated(100))
-        await asyncio.sleep(0)
-        assert await waiter.wait_replicated(100) == FLUSH_SLAVE_TIMEOUT  # over the cap
-        first.cancel()
-        await asyncio.sleep(0)
-        assert waiter.pending == 1
-        m.stream(link)
-        m.ack(link, 100)
-        m.confirm(link)
-        assert await second == SEND_OK
-        assert waiter.pending == 0
-
-    asyncio.run(main())
+async def test_waiter_count_is_bounded_and_a_cancelled_waiter_is_forgotten() -> None:
+    m = Master()
+    link = m.connect()
+    m.ack(link, 0)
+    waiter = m.tracker.waiter
+    waiter.waiters_max = 2
+    m.append(100)
+    first = asyncio.create_task(waiter.wait_replicated(100))
+    second = asyncio.create_task(waiter.wait_replicated(100))
+    await asyncio.sleep(0)
+    assert await waiter.wait_replicated(100) == FLUSH_SLAVE_TIMEOUT  # over the cap
+    first.cancel()
+    await asyncio.sleep(0)
+    assert waiter.pending == 1
+    m.stream(link)
+    m.ack(link, 100)
+    m.confirm(link)
+    assert await second == SEND_OK
+    assert waiter.pending == 0
 
 
 # -- stats ---------------------------------------------------------------------------------------

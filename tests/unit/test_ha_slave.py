@@ -4,7 +4,6 @@ takes while its master is unreachable (services/broker/ha_slave.py, ha_config_sy
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -454,7 +453,7 @@ def test_timer_offsets_land_on_the_timer_group(tmp_path: Path) -> None:
     assert parts.sync.request().timer_offsets_version == dv(2)
 
 
-def test_pull_commit_offsets_on_a_slave_only_while_its_master_is_unreachable(
+async def test_pull_commit_offsets_on_a_slave_only_while_its_master_is_unreachable(
     tmp_path: Path,
 ) -> None:
     parts = BrokerParts(tmp_path, broker_id=1, broker_role="SLAVE")
@@ -465,10 +464,10 @@ def test_pull_commit_offsets_on_a_slave_only_while_its_master_is_unreachable(
         commits = SlaveOffsetCommits(parts.offsets, lambda: reachable)
         parts.puller.slave_commits = commits
         commit_pull = pull_request("T", 0, flags=0x4 | 0x1, commit_offset=2)
-        asyncio.run(parts.puller.pull(commit_pull, None))
+        await parts.puller.pull(commit_pull, None)
         assert parts.offsets.query("cg", "T", 0) == -1  # the master owns it while reachable
         reachable = False
-        asyncio.run(parts.puller.pull(commit_pull, None))
+        await parts.puller.pull(commit_pull, None)
         assert parts.offsets.query("cg", "T", 0) == 2
         assert commits.local == {("T", "cg", 0): 2}
     finally:

@@ -89,8 +89,8 @@ class Harness:
         self.open_stores.append(store)
         return store
 
-    def shutdown(self, store: MessageStore) -> None:
-        asyncio.run(store.shutdown())
+    async def shutdown(self, store: MessageStore) -> None:
+        await store.shutdown()
 
     def crash(self, store: MessageStore) -> None:
         """Stop like kill -9: files unmapped, nothing flushed, ``abort`` left behind."""
@@ -348,10 +348,10 @@ def test_query_by_key_and_unique_key(h: Harness) -> None:
     assert len(store.query_by_key("T", "cust-9", 1, *window)) == 1
 
 
-def test_query_by_key_survives_reopen(h: Harness) -> None:
+async def test_query_by_key_survives_reopen(h: Harness) -> None:
     store = h.open()
     store.append([_msg(body=b"kept", keys="K1")])
-    h.shutdown(store)
+    await h.shutdown(store)
     store = h.open()
     found = store.query_by_key("T", "K1", 32, START_MS - 1, START_MS + 1)
     assert [r.body for r in found] == [b"kept"]
@@ -374,11 +374,11 @@ def _check(store: MessageStore, expected: dict[tuple[str, int], list[bytes]]) ->
         assert _all_bodies(store, topic, qid) == bodies
 
 
-def test_clean_shutdown_then_reopen(h: Harness) -> None:
+async def test_clean_shutdown_then_reopen(h: Harness) -> None:
     store = h.open()
     expected = _fill(store, 150)
     end = store.commitlog.max_offset
-    h.shutdown(store)
+    await h.shutdown(store)
     assert not h.config.abort_path.exists()
     store = h.open()
     report = store.recovery
@@ -464,10 +464,10 @@ def test_bad_crc_in_last_record_is_truncated(h: Harness) -> None:
     _check(store, expected)
 
 
-def test_consume_queue_dir_deleted_is_rebuilt(h: Harness) -> None:
+async def test_consume_queue_dir_deleted_is_rebuilt(h: Harness) -> None:
     store = h.open()
     expected = _fill(store, 120)
-    h.shutdown(store)
+    await h.shutdown(store)
     shutil.rmtree(h.config.consume_queue_dir)
     store = h.open()
     report = store.recovery
@@ -496,24 +496,22 @@ def test_reopen_twice_does_not_duplicate_units(h: Harness) -> None:
 
 
 # ---- flush and locking -----------------------------------------------------------------------
-def test_sync_flush_put_is_acknowledged_after_fsync(tmp_path: Path) -> None:
+async def test_sync_flush_put_is_acknowledged_after_fsync(tmp_path: Path) -> None:
     config = _config(tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH)
 
-    async def run() -> None:
-        store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
-        await store.start()
-        try:
-            res = await store.put([_msg(body=b"durable")])
-            assert res.status is PutStatus.PUT_OK
-            assert store.flusher.fsync_count >= 1
-            last = res.results[-1]
-            assert store.flusher.flushed_offset >= last.physical_offset + last.size_bytes
-            many = await asyncio.gather(*(store.put([_msg(body=b"x")]) for _ in range(20)))
-            assert all(r.status is PutStatus.PUT_OK for r in many)
-        finally:
-            await store.shutdown()
+    store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
+    await store.start()
+    try:
+        res = await store.put([_msg(body=b"durable")])
+        assert res.status is PutStatus.PUT_OK
+        assert store.flusher.fsync_count >= 1
+        last = res.results[-1]
+        assert store.flusher.flushed_offset >= last.physical_offset + last.size_bytes
+        many = await asyncio.gather(*(store.put([_msg(body=b"x")]) for _ in range(20)))
+        assert all(r.status is PutStatus.PUT_OK for r in many)
+    finally:
+        await store.shutdown()
 
-    asyncio.run(run())
     store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
     report = store.open()
     try:
@@ -523,66 +521,60 @@ def test_sync_flush_put_is_acknowledged_after_fsync(tmp_path: Path) -> None:
         store.close_files()
 
 
-def test_sync_flush_timeout_is_reported_while_a_slow_fsync_is_still_running(
+async def test_sync_flush_timeout_is_reported_while_a_slow_fsync_is_still_running(
     tmp_path: Path,
 ) -> None:
     """A stuck fsync must not turn FLUSH_DISK_TIMEOUT into a late SEND_OK (regression)."""
     config = _config(tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout_ms=50)
 
-    async def run() -> None:
-        store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
-        await store.start()
-        failpoints.reload("commitlog_before_flush=sleep(600)")
-        try:
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            res = await store.put([_msg(body=b"slow disk")])
-            assert res.status is PutStatus.FLUSH_DISK_TIMEOUT
-            assert loop.time() - started < 0.5  # answered at its deadline, not after the fsync
-        finally:
-            failpoints.reload("")
-            await store.shutdown()
-
-    asyncio.run(run())
+    store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
+    await store.start()
+    failpoints.reload("commitlog_before_flush=sleep(600)")
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        res = await store.put([_msg(body=b"slow disk")])
+        assert res.status is PutStatus.FLUSH_DISK_TIMEOUT
+        assert loop.time() - started < 0.5  # answered at its deadline, not after the fsync
+    finally:
+        failpoints.reload("")
+        await store.shutdown()
 
 
-def test_async_flush_put_returns_ok(tmp_path: Path) -> None:
+async def test_async_flush_put_returns_ok(tmp_path: Path) -> None:
     config = _config(tmp_path)
 
-    async def run() -> None:
-        store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
-        await store.start()
-        try:
-            res = await store.put([_msg(body=b"async")])
-            assert res.status is PutStatus.PUT_OK
-        finally:
-            await store.shutdown()
-
-    asyncio.run(run())
+    store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
+    await store.start()
+    try:
+        res = await store.put([_msg(body=b"async")])
+        assert res.status is PutStatus.PUT_OK
+    finally:
+        await store.shutdown()
 
 
-def test_second_store_on_same_dir_is_locked_out(h: Harness) -> None:
+async def test_second_store_on_same_dir_is_locked_out(h: Harness) -> None:
     store = h.open()
     other = MessageStore(h.config, clock=h.clock, disk_usage=lambda _p: 0.1)
     with pytest.raises(StoreError, match="in use"):
         other.open()
-    h.shutdown(store)
+    await h.shutdown(store)
     again = h.open()  # the lock is released by a clean shutdown
     assert again.recovery is not None
 
 
-def test_append_on_closed_store_raises(h: Harness) -> None:
+async def test_append_on_closed_store_raises(h: Harness) -> None:
     store = h.open()
-    h.shutdown(store)
+    await h.shutdown(store)
     with pytest.raises(StoreError, match="not open"):
         store.append([_msg()])
 
 
-def test_checkpoint_written_on_shutdown(h: Harness) -> None:
+async def test_checkpoint_written_on_shutdown(h: Harness) -> None:
     store = h.open()
     h.clock.advance_ms(5)
     store.append([_msg()])
-    h.shutdown(store)
+    await h.shutdown(store)
     raw = h.config.checkpoint_path.read_bytes()
     assert len(raw) == 4096
     physic, logics, index = struct.unpack_from(">3q", raw)
@@ -597,11 +589,11 @@ _step = st.one_of(
 )
 
 
-def _restart(h: Harness, store: MessageStore, kind: str) -> MessageStore:
+async def _restart(h: Harness, store: MessageStore, kind: str) -> MessageStore:
     """Stop ``store`` as ``kind`` says (torn: a crash that left junk after the last record)."""
     end = store.commitlog.max_offset
     if kind == "shutdown":
-        h.shutdown(store)
+        await h.shutdown(store)
     else:
         h.crash(store)
     path = h.config.commitlog_dir / file_name(end - end % CL_FILE_BYTES)
@@ -619,7 +611,7 @@ def _restart(h: Harness, store: MessageStore, kind: str) -> MessageStore:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(_step, min_size=1, max_size=10))
-def test_restarts_keep_every_acknowledged_message(steps: list[tuple[str, list[Any]]]) -> None:
+async def test_restarts_keep_every_acknowledged_message(steps: list[tuple[str, list[Any]]]) -> None:
     with tempfile.TemporaryDirectory() as d:
         h = Harness(Path(d))
         try:
@@ -627,7 +619,7 @@ def test_restarts_keep_every_acknowledged_message(steps: list[tuple[str, list[An
             model: dict[tuple[str, int], list[bytes]] = {}
             for kind, batch in steps:
                 if kind != "append":
-                    store = _restart(h, store, kind)
+                    store = await _restart(h, store, kind)
                     continue
                 msgs, want = [], []
                 for qid, size in batch:

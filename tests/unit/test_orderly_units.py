@@ -3,7 +3,6 @@ subscription-conflict handling (SPEC §6.15, §6.17); split from test_consumer_u
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -149,18 +148,18 @@ def orderly_rebalancer(
     return rb, dispatched
 
 
-def test_orderly_rebalance_locks_before_owning_and_skips_queues_held_elsewhere() -> None:
+async def test_orderly_rebalance_locks_before_owning_and_skips_queues_held_elsewhere() -> None:
     locker, events, now = FakeLocker("c1"), [], [1_000_000]  # type: ignore[var-annotated]
     locker.holders[qs(4)[2]] = "c2"  # the previous owner has not released it yet
     rb, dispatched = orderly_rebalancer(["c1"], "c1", locker, events, now)
-    assert asyncio.run(rb.do_rebalance()) is False  # unbalanced: the next one comes soon
+    assert await rb.do_rebalance() is False  # unbalanced: the next one comes soon
     assert locker.calls[0] == ("lock", [0, 1, 2, 3])  # one LockBatch for the broker
     assert rb.owned() == [qs(4)[i] for i in (0, 1, 3)]
     assert "compute 2" not in events  # never started: not ours on the broker
     assert all(r.process_queue.locked for r in dispatched)
     assert all(r.process_queue.last_lock_timestamp_ms == now[0] for r in dispatched)
     del locker.holders[qs(4)[2]]  # released: the next rebalance takes it
-    assert asyncio.run(rb.do_rebalance()) is True
+    assert await rb.do_rebalance() is True
     assert rb.owned() == qs(4) and locker.calls[-1] == ("lock", [2])
 
 
@@ -173,69 +172,63 @@ def test_rebalance_service_retries_an_unbalanced_rebalance_sooner() -> None:
     assert RebalanceService(rebalance, 500, "g").next_wait_s(False) == 0.5  # never longer
 
 
-def test_orderly_release_waits_for_the_running_call_then_persists_then_unlocks() -> None:
+async def test_orderly_release_waits_for_the_running_call_then_persists_then_unlocks() -> None:
     locker, events, now = FakeLocker("c1"), [], [1_000_000]  # type: ignore[var-annotated]
     rb, _ = orderly_rebalancer(["c1"], "c1", locker, events, now)
 
-    async def main() -> None:
-        await rb.do_rebalance()
-        pq3 = rb.process_queue_table[qs(4)[3]]
-        assert pq3.consume_lock.acquire()  # a listener call is running on queue 3
-        rb._consumer_ids = ids_of(["c1", "c2"])  # c2 joins: c1 keeps 0-1
-        events.clear()
-        await rb.do_rebalance()
-        assert rb.owned() == [qs(4)[0], qs(4)[1], qs(4)[3]]  # 3 kept for now
-        assert pq3.try_unlock_times == 1 and not pq3.dropped
-        assert events == ["persist 2 dropped=True", "unlock [2]"]
-        pq3.consume_lock.release()  # the call ended
-        events.clear()
-        await rb.do_rebalance()
-        assert rb.owned() == qs(2)
-        assert events == ["persist 3 dropped=True", "unlock [3]"] and pq3.dropped
-        assert qs(4)[3] not in locker.holders
-
-    asyncio.run(main())
+    await rb.do_rebalance()
+    pq3 = rb.process_queue_table[qs(4)[3]]
+    assert pq3.consume_lock.acquire()  # a listener call is running on queue 3
+    rb._consumer_ids = ids_of(["c1", "c2"])  # c2 joins: c1 keeps 0-1
+    events.clear()
+    await rb.do_rebalance()
+    assert rb.owned() == [qs(4)[0], qs(4)[1], qs(4)[3]]  # 3 kept for now
+    assert pq3.try_unlock_times == 1 and not pq3.dropped
+    assert events == ["persist 2 dropped=True", "unlock [2]"]
+    pq3.consume_lock.release()  # the call ended
+    events.clear()
+    await rb.do_rebalance()
+    assert rb.owned() == qs(2)
+    assert events == ["persist 3 dropped=True", "unlock [3]"] and pq3.dropped
+    assert qs(4)[3] not in locker.holders
 
 
-def test_lock_renewal_refreshes_held_queues_and_drops_lost_ones_unpersisted() -> None:
+async def test_lock_renewal_refreshes_held_queues_and_drops_lost_ones_unpersisted() -> None:
     locker, events, now = FakeLocker("c1"), [], [1_000_000]  # type: ignore[var-annotated]
     forgotten: list[MessageQueue] = []
     rb, dispatched = orderly_rebalancer(["c1"], "c1", locker, events, now)
     rb._forget_offset = forgotten.append
 
-    async def main() -> None:
-        await rb.do_rebalance()
-        pqs = dict(rb.process_queue_table)
-        now[0] += 20_000
-        # our lock of queue 1 lapsed on the broker and c2 took it
-        locker.holders[qs(4)[1]] = "c2"
-        events.clear()
-        await rb.lock_all()
-        assert locker.calls[-1] == ("lock", [0, 1, 2, 3])
-        assert pqs[qs(4)[0]].locked and pqs[qs(4)[0]].last_lock_timestamp_ms == now[0]
-        assert pqs[qs(4)[1]].dropped and qs(4)[1] not in rb.process_queue_table
-        assert forgotten == [qs(4)[1]] and events == []  # not persisted, not unlocked
-        locker.down = True  # a failed renewal changes nothing (the lock then ages out)
-        await rb.lock_all()
-        assert pqs[qs(4)[0]].locked
-        assert not await rb.lock_one(qs(4)[1])  # not ours any more
-        locker.down = False
-        await rb.do_rebalance()  # still allocated here, but c2 holds it: not taken
-        assert qs(4)[1] not in rb.process_queue_table
-        del locker.holders[qs(4)[1]]
-        await rb.do_rebalance()  # released: a fresh queue from the broker's offset
-        fresh = rb.process_queue_table[qs(4)[1]]
-        assert fresh is not pqs[qs(4)[1]] and fresh.locked and "compute 1" in events
-        assert dispatched[-1].process_queue is fresh
-        pqs[qs(4)[0]].locked = False
-        assert await rb.lock_one(qs(4)[0]) and pqs[qs(4)[0]].locked
-        busy = rb.process_queue_table[qs(4)[3]]
-        assert busy.consume_lock.acquire()  # a call outlived the close's wait
-        await rb.unlock_all()
-        assert set(locker.holders) == {qs(4)[3]}  # left to lapse on the broker
-        assert not any(pq.locked for pq in rb.process_queue_table.values())
-
-    asyncio.run(main())
+    await rb.do_rebalance()
+    pqs = dict(rb.process_queue_table)
+    now[0] += 20_000
+    # our lock of queue 1 lapsed on the broker and c2 took it
+    locker.holders[qs(4)[1]] = "c2"
+    events.clear()
+    await rb.lock_all()
+    assert locker.calls[-1] == ("lock", [0, 1, 2, 3])
+    assert pqs[qs(4)[0]].locked and pqs[qs(4)[0]].last_lock_timestamp_ms == now[0]
+    assert pqs[qs(4)[1]].dropped and qs(4)[1] not in rb.process_queue_table
+    assert forgotten == [qs(4)[1]] and events == []  # not persisted, not unlocked
+    locker.down = True  # a failed renewal changes nothing (the lock then ages out)
+    await rb.lock_all()
+    assert pqs[qs(4)[0]].locked
+    assert not await rb.lock_one(qs(4)[1])  # not ours any more
+    locker.down = False
+    await rb.do_rebalance()  # still allocated here, but c2 holds it: not taken
+    assert qs(4)[1] not in rb.process_queue_table
+    del locker.holders[qs(4)[1]]
+    await rb.do_rebalance()  # released: a fresh queue from the broker's offset
+    fresh = rb.process_queue_table[qs(4)[1]]
+    assert fresh is not pqs[qs(4)[1]] and fresh.locked and "compute 1" in events
+    assert dispatched[-1].process_queue is fresh
+    pqs[qs(4)[0]].locked = False
+    assert await rb.lock_one(qs(4)[0]) and pqs[qs(4)[0]].locked
+    busy = rb.process_queue_table[qs(4)[3]]
+    assert busy.consume_lock.acquire()  # a call outlived the close's wait
+    await rb.unlock_all()
+    assert set(locker.holders) == {qs(4)[3]}  # left to lapse on the broker
+    assert not any(pq.locked for pq in rb.process_queue_table.values())
 
 
 def orderly_pull_service(
@@ -294,7 +287,7 @@ class OnePull:
         return self.result
 
 
-def test_orderly_pulls_only_a_locked_queue_and_rereads_its_offset_first() -> None:
+async def test_orderly_pulls_only_a_locked_queue_and_rereads_its_offset_first() -> None:
     refused: list[str] = []
     beats: list[int] = []
     offsets = MemoryOffsets()
@@ -304,25 +297,22 @@ def test_orderly_pulls_only_a_locked_queue_and_rereads_its_offset_first() -> Non
     svc._puller = puller  # type: ignore[assignment]
     req = PullRequest(MQ, ProcessQueue(), 7)
 
-    async def main() -> None:
-        assert await svc._pull_once(req) == 3.0 and puller.offsets == []  # not locked
-        req.process_queue.locked = True
-        req.process_queue.last_lock_timestamp_ms = 0  # locked, but long ago: expired
-        assert await svc._pull_once(req) == 3.0 and puller.offsets == []
-        req.process_queue.last_lock_timestamp_ms = int(time.time() * 1000)
-        assert await svc._pull_once(req) == 0.0
-        assert puller.offsets == [42] and req.locked_first  # the broker's offset, not 7
-        req.next_offset = 50
-        await svc._pull_once(req)
-        assert puller.offsets == [42, 50]  # only the first locked pull re-reads
-        # orderly pulls carry the in-memory offset like concurrent ones (brokers only let a
-        # pull's commit offset move forward, so a stale one cannot undo a release's persist)
-        assert puller.commits == [40, 42]
-
-    asyncio.run(main())
+    assert await svc._pull_once(req) == 3.0 and puller.offsets == []  # not locked
+    req.process_queue.locked = True
+    req.process_queue.last_lock_timestamp_ms = 0  # locked, but long ago: expired
+    assert await svc._pull_once(req) == 3.0 and puller.offsets == []
+    req.process_queue.last_lock_timestamp_ms = int(time.time() * 1000)
+    assert await svc._pull_once(req) == 0.0
+    assert puller.offsets == [42] and req.locked_first  # the broker's offset, not 7
+    req.next_offset = 50
+    await svc._pull_once(req)
+    assert puller.offsets == [42, 50]  # only the first locked pull re-reads
+    # orderly pulls carry the in-memory offset like concurrent ones (brokers only let a
+    # pull's commit offset move forward, so a stale one cannot undo a release's persist)
+    assert puller.commits == [40, 42]
 
 
-def test_a_pull_refused_for_inconsistent_subscriptions_waits_without_heartbeats() -> None:
+async def test_a_pull_refused_for_inconsistent_subscriptions_waits_without_heartbeats() -> None:
     refused: list[str] = []
     beats: list[int] = []
     svc = orderly_pull_service(MemoryOffsets(), 0, refused, beats)
@@ -330,10 +320,10 @@ def test_a_pull_refused_for_inconsistent_subscriptions_waits_without_heartbeats(
     svc._puller = OnePull(err)  # type: ignore[assignment]
     req = PullRequest(MQ, ProcessQueue(), 0, locked_first=True)
     req.process_queue.locked = True
-    assert asyncio.run(svc._pull_once(req)) == 3.0
+    assert await svc._pull_once(req) == 3.0
     assert refused == ["T"] and beats == []
     svc._puller = OnePull(FailedPreconditionError("subscribe first"))  # type: ignore[assignment]
-    assert asyncio.run(svc._pull_once(req)) == 3.0
+    assert await svc._pull_once(req) == 3.0
     assert refused == ["T"] and beats == [1]  # an unknown subscription: heartbeat first
 
 

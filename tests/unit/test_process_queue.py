@@ -223,28 +223,26 @@ def test_consume_lock_from_threads() -> None:
     lock.release()
 
 
-def test_consume_lock_async_timeout_and_handover() -> None:
-    async def main() -> None:
-        lock = ConsumeLock()
-        assert await lock.acquire_async(0)
-        assert not await lock.acquire_async(0)  # held: gives up at the deadline
-        waiter = asyncio.create_task(lock.acquire_async(5))
-        await asyncio.sleep(0)
-        assert lock.waiters == 1
-        lock.release()
-        assert await waiter and lock.waiters == 0
-        # a holder re-taking the lock politely lets a registered waiter go first
-        other = asyncio.create_task(lock.acquire_async(5))
-        await asyncio.sleep(0)
-        retake = asyncio.create_task(lock.acquire_async(5, yield_to_waiters=True))
-        lock.release()
-        assert await asyncio.wait_for(other, 2)
-        assert not retake.done()
-        lock.release()
-        assert await asyncio.wait_for(retake, 2)
-        lock.release()
-
-    asyncio.run(asyncio.wait_for(main(), 10))
+@pytest.mark.timeout(10)  # a lost wake-up fails fast instead of at the suite-wide timeout
+async def test_consume_lock_async_timeout_and_handover() -> None:
+    lock = ConsumeLock()
+    assert await lock.acquire_async(0)
+    assert not await lock.acquire_async(0)  # held: gives up at the deadline
+    waiter = asyncio.create_task(lock.acquire_async(5))
+    await asyncio.sleep(0)
+    assert lock.waiters == 1
+    lock.release()
+    assert await waiter and lock.waiters == 0
+    # a holder re-taking the lock politely lets a registered waiter go first
+    other = asyncio.create_task(lock.acquire_async(5))
+    await asyncio.sleep(0)
+    retake = asyncio.create_task(lock.acquire_async(5, yield_to_waiters=True))
+    lock.release()
+    assert await asyncio.wait_for(other, 2)
+    assert not retake.done()
+    lock.release()
+    assert await asyncio.wait_for(retake, 2)
+    lock.release()
 
 
 def test_clear_forgets_everything() -> None:

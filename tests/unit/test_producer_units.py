@@ -67,104 +67,86 @@ def _acc(clock: ManualClock, **kw: int) -> RecordAccumulator[str]:
     return RecordAccumulator(now_ms=clock.now_ms, **args)
 
 
-def test_accumulator_linger_holds_a_batch_until_it_is_old_enough() -> None:
-    async def main() -> None:
-        clock = ManualClock()
-        acc = _acc(clock)
-        await acc.append(("T", None), "a", 10)
-        assert acc.drain_ready() == []
-        assert acc.next_deadline_ms() == clock.now_ms() + 5
-        clock.advance_ms(4)
-        await acc.append(("T", None), "b", 10)
-        assert acc.drain_ready() == []
-        clock.advance_ms(1)
-        [batch] = acc.drain_ready()
-        assert batch.items == ["a", "b"] and batch.size_bytes == 20
-        assert acc.next_deadline_ms() is None
-
-    asyncio.run(main())
+async def test_accumulator_linger_holds_a_batch_until_it_is_old_enough() -> None:
+    clock = ManualClock()
+    acc = _acc(clock)
+    await acc.append(("T", None), "a", 10)
+    assert acc.drain_ready() == []
+    assert acc.next_deadline_ms() == clock.now_ms() + 5
+    clock.advance_ms(4)
+    await acc.append(("T", None), "b", 10)
+    assert acc.drain_ready() == []
+    clock.advance_ms(1)
+    [batch] = acc.drain_ready()
+    assert batch.items == ["a", "b"] and batch.size_bytes == 20
+    assert acc.next_deadline_ms() is None
 
 
-def test_accumulator_closes_a_batch_at_the_count_bound() -> None:
-    async def main() -> None:
-        acc = _acc(ManualClock(), batch_max_messages=3)
-        for item in "abcde":
-            await acc.append(("T", None), item, 1)
-        [full] = acc.drain_ready()
-        assert full.items == ["a", "b", "c"] and full.closed
-        assert acc.drain_ready() == []  # "d", "e" still lingering
-
-    asyncio.run(main())
+async def test_accumulator_closes_a_batch_at_the_count_bound() -> None:
+    acc = _acc(ManualClock(), batch_max_messages=3)
+    for item in "abcde":
+        await acc.append(("T", None), item, 1)
+    [full] = acc.drain_ready()
+    assert full.items == ["a", "b", "c"] and full.closed
+    assert acc.drain_ready() == []  # "d", "e" still lingering
 
 
-def test_accumulator_closes_a_batch_at_the_size_bound() -> None:
-    async def main() -> None:
-        acc = _acc(ManualClock(), batch_max_bytes=100, batch_max_messages=1000)
-        await acc.append(("T", None), "a", 60)
-        await acc.append(("T", None), "b", 60)  # would pass 100: "a" leaves alone
-        [first] = acc.drain_ready()
-        assert first.items == ["a"]
-        await acc.append(("T", None), "c", 40)  # 60 + 40 = 100 exactly: full
-        [second] = acc.drain_ready()
-        assert second.items == ["b", "c"]
-        await acc.append(("T", None), "huge", 500)  # bigger than a batch: travels alone
-        [alone] = acc.drain_ready()
-        assert alone.items == ["huge"]
-
-    asyncio.run(main())
+async def test_accumulator_closes_a_batch_at_the_size_bound() -> None:
+    acc = _acc(ManualClock(), batch_max_bytes=100, batch_max_messages=1000)
+    await acc.append(("T", None), "a", 60)
+    await acc.append(("T", None), "b", 60)  # would pass 100: "a" leaves alone
+    [first] = acc.drain_ready()
+    assert first.items == ["a"]
+    await acc.append(("T", None), "c", 40)  # 60 + 40 = 100 exactly: full
+    [second] = acc.drain_ready()
+    assert second.items == ["b", "c"]
+    await acc.append(("T", None), "huge", 500)  # bigger than a batch: travels alone
+    [alone] = acc.drain_ready()
+    assert alone.items == ["huge"]
 
 
-def test_accumulator_keeps_keys_apart_and_sends_solo_items_alone() -> None:
-    async def main() -> None:
-        clock = ManualClock()
-        acc = _acc(clock)
-        q1 = MessageQueue("T", "b", 1)
-        await acc.append(("T", None), "any", 1)
-        await acc.append(("T", q1), "fixed", 1)
-        await acc.append(("T", None), "delayed", 1, solo=True)
-        [solo] = acc.drain_ready()
-        assert solo.items == ["delayed"]
-        clock.advance_ms(5)
-        batches = acc.drain_ready()
-        assert sorted(b.items[0] for b in batches) == ["any", "fixed"]
-        assert {b.queue for b in batches} == {None, q1}
-
-    asyncio.run(main())
+async def test_accumulator_keeps_keys_apart_and_sends_solo_items_alone() -> None:
+    clock = ManualClock()
+    acc = _acc(clock)
+    q1 = MessageQueue("T", "b", 1)
+    await acc.append(("T", None), "any", 1)
+    await acc.append(("T", q1), "fixed", 1)
+    await acc.append(("T", None), "delayed", 1, solo=True)
+    [solo] = acc.drain_ready()
+    assert solo.items == ["delayed"]
+    clock.advance_ms(5)
+    batches = acc.drain_ready()
+    assert sorted(b.items[0] for b in batches) == ["any", "fixed"]
+    assert {b.queue for b in batches} == {None, q1}
 
 
-def test_accumulator_backpressure_waits_for_released_bytes() -> None:
-    async def main() -> None:
-        acc = _acc(ManualClock(), batch_max_bytes=100, buffer_max_bytes=100)
-        await acc.append(("T", None), "a", 60)
-        blocked = asyncio.ensure_future(acc.append(("T", None), "b", 60))
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert not blocked.done() and acc.buffered_bytes == 60
-        acc.close_all()
-        [batch] = acc.drain_ready()
-        batch.complete([_result(0)])
-        acc.release(batch)
-        fut = await asyncio.wait_for(blocked, 1)
-        assert acc.buffered_bytes == 60 and not fut.done()
-        assert (await batch.futures[0]).queue_offset == 0
-
-    asyncio.run(main())
+async def test_accumulator_backpressure_waits_for_released_bytes() -> None:
+    acc = _acc(ManualClock(), batch_max_bytes=100, buffer_max_bytes=100)
+    await acc.append(("T", None), "a", 60)
+    blocked = asyncio.ensure_future(acc.append(("T", None), "b", 60))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not blocked.done() and acc.buffered_bytes == 60
+    acc.close_all()
+    [batch] = acc.drain_ready()
+    batch.complete([_result(0)])
+    acc.release(batch)
+    fut = await asyncio.wait_for(blocked, 1)
+    assert acc.buffered_bytes == 60 and not fut.done()
+    assert (await batch.futures[0]).queue_offset == 0
 
 
-def test_accumulator_close_all_makes_everything_ready_and_reports_release() -> None:
-    async def main() -> None:
-        acc = _acc(ManualClock())
-        f1 = await acc.append(("T", None), "a", 1)
-        waits = acc.close_all()
-        [batch] = acc.drain_ready()
-        assert len(waits) == 1 and not waits[0].done()
-        batch.fail(RuntimeError("boom"))
-        acc.release(batch)
-        assert waits[0].done() and acc.buffered_bytes == 0
-        with pytest.raises(RuntimeError):
-            await f1
-
-    asyncio.run(main())
+async def test_accumulator_close_all_makes_everything_ready_and_reports_release() -> None:
+    acc = _acc(ManualClock())
+    f1 = await acc.append(("T", None), "a", 1)
+    waits = acc.close_all()
+    [batch] = acc.drain_ready()
+    assert len(waits) == 1 and not waits[0].done()
+    batch.fail(RuntimeError("boom"))
+    acc.release(batch)
+    assert waits[0].done() and acc.buffered_bytes == 0
+    with pytest.raises(RuntimeError):
+        await f1
 
 
 def test_accumulator_rejects_buffer_smaller_than_a_batch() -> None:

@@ -13,8 +13,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -231,145 +230,135 @@ def make(
     return instance, api, clock
 
 
-def pull(api: BrokerApi, req: PullRequest, commit_offset: int = 5) -> None:
-    async def main() -> None:
-        await Puller(api, "g", 4).pull(
-            req,
-            build_subscription("T", "*"),
-            max_nums=32,
-            commit_offset=commit_offset,
-            suspend_ms=15000,
-            timeout_ms=30000,
-        )
-
-    asyncio.run(main())
+async def pull(api: BrokerApi, req: PullRequest, commit_offset: int = 5) -> None:
+    await Puller(api, "g", 4).pull(
+        req,
+        build_subscription("T", "*"),
+        max_nums=32,
+        commit_offset=commit_offset,
+        suspend_ms=15000,
+        timeout_ms=30000,
+    )
 
 
-def test_pulls_follow_the_suggested_broker_per_queue_and_return_to_the_master() -> None:
+async def test_pulls_follow_the_suggested_broker_per_queue_and_return_to_the_master() -> None:
     master, slave = FakeBroker(suggest=1), FakeBroker(suggest=0)
     _, api, _ = make(master, slave)
     req = PullRequest(MQ, ProcessQueue(), 10)
-    pull(api, req)
+    await pull(api, req)
     assert (len(master.pulls), len(slave.pulls), req.broker_id) == (1, 0, 1)
-    pull(api, req)  # the master said: this queue's backlog is beyond memory, read slave 1
+    await pull(api, req)  # the master said: this queue's backlog is beyond memory, read slave 1
     assert (len(master.pulls), len(slave.pulls), req.broker_id) == (1, 1, 0)
     # The master is up: a slave ignores commit offsets, so the pull does not carry one.
     assert slave.pulls[0].sys_flag & FLAG_COMMIT_OFFSET == 0
     assert master.pulls[0].sys_flag & FLAG_COMMIT_OFFSET and master.pulls[0].commit_offset == 5
-    pull(api, req)  # the slave suggested the master again
+    await pull(api, req)  # the slave suggested the master again
     assert (len(master.pulls), len(slave.pulls)) == (2, 1)
     other = PullRequest(MessageQueue("T", "broker-a", 1), ProcessQueue(), 0)
     assert other.broker_id == 0  # the table is per queue
 
 
-def test_a_suggested_id_not_in_the_route_pulls_the_master() -> None:
+async def test_a_suggested_id_not_in_the_route_pulls_the_master() -> None:
     master, slave = FakeBroker(), FakeBroker()
     _, api, _ = make(master, slave)
     req = PullRequest(MQ, ProcessQueue(), 10, broker_id=3)
-    pull(api, req)
+    await pull(api, req)
     assert (len(master.pulls), len(slave.pulls)) == (1, 0)
 
 
-def test_an_unreachable_master_fails_over_to_the_slave_with_the_commit_offset() -> None:
+async def test_an_unreachable_master_fails_over_to_the_slave_with_the_commit_offset() -> None:
     master, slave = FakeBroker(error=DOWN), FakeBroker(suggest=0)
     instance, api, clock = make(master, slave)
     req = PullRequest(MQ, ProcessQueue(), 10)
-    pull(api, req, commit_offset=7)
+    await pull(api, req, commit_offset=7)
     assert len(master.pulls) == 1 and len(slave.pulls) == 1
     assert instance.refreshes == 1  # the route is asked again once
     # The slave has lost its master too (it may store commits): the pull carries the offset.
     assert slave.pulls[0].sys_flag & FLAG_COMMIT_OFFSET and slave.pulls[0].commit_offset == 7
     # The slave suggests the master, but the master stays skipped while it is marked.
-    pull(api, req)
+    await pull(api, req)
     assert (len(master.pulls), len(slave.pulls)) == (1, 2)
     # After the backoff the master is probed again, and used as soon as it answers.
     master.error = None
     clock.now_s += 10
-    pull(api, req)
+    await pull(api, req)
     assert (len(master.pulls), len(slave.pulls)) == (2, 2)
 
 
-def test_a_master_gone_from_the_route_is_not_tried() -> None:
+async def test_a_master_gone_from_the_route_is_not_tried() -> None:
     slave = FakeBroker(suggest=0)
     _, api, _ = make(FakeBroker(), slave, with_master=False)
     req = PullRequest(MQ, ProcessQueue(), 10)
-    pull(api, req, commit_offset=7)
+    await pull(api, req, commit_offset=7)
     assert len(slave.pulls) == 1 and slave.pulls[0].commit_offset == 7
 
 
-def test_every_replica_unreachable_raises() -> None:
+async def test_every_replica_unreachable_raises() -> None:
     master, slave = FakeBroker(error=DOWN), FakeBroker(error=DOWN)
     _, api, _ = make(master, slave)
     with pytest.raises(BrokerUnavailableError):
-        pull(api, PullRequest(MQ, ProcessQueue(), 10))
+        await pull(api, PullRequest(MQ, ProcessQueue(), 10))
     assert (len(master.pulls), len(slave.pulls)) == (1, 1)
 
 
-def test_a_refused_pull_is_not_retried_elsewhere() -> None:
+async def test_a_refused_pull_is_not_retried_elsewhere() -> None:
     refused = rpc_error(grpc.StatusCode.NOT_FOUND, "no topic", common_pb2.TOPIC_NOT_EXIST)
     master, slave = FakeBroker(error=refused), FakeBroker()
     _, api, _ = make(master, slave)
     with pytest.raises(RocketQError):
-        pull(api, PullRequest(MQ, ProcessQueue(), 10))
+        await pull(api, PullRequest(MQ, ProcessQueue(), 10))
     assert len(slave.pulls) == 0
 
 
-def run(call: Callable[[], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        return await call()
-
-    return asyncio.run(main())
-
-
-def test_offsets_commit_to_the_master_else_to_a_slave() -> None:
+async def test_offsets_commit_to_the_master_else_to_a_slave() -> None:
     master, slave = FakeBroker(), FakeBroker()
     _, api, clock = make(master, slave)
-    run(lambda: api.update_offset(MQ, 11))
+    await api.update_offset(MQ, 11)
     assert (master.commits, slave.commits) == ([11], [])
     master.error = DOWN
-    run(lambda: api.update_offset(MQ, 12))
+    await api.update_offset(MQ, 12)
     assert (master.commits, slave.commits) == ([11], [12])
     # Marked unreachable: the next commit goes straight to the slave.
-    run(lambda: api.update_offset(MQ, 13))
+    await api.update_offset(MQ, 13)
     assert slave.commits == [12, 13]
     # The master is back, and the slave (reconnected to it) refuses with NOT_MASTER: the
     # commit moves on to the master, and the slave is not marked unreachable for reads.
     master.error, slave.error = None, NOT_MASTER
-    run(lambda: api.update_offset(MQ, 14))
+    await api.update_offset(MQ, 14)
     assert master.commits == [11, 14]
     assert not api.health.is_unreachable(SLAVE1)
     clock.now_s += 10
-    run(lambda: api.update_offset(MQ, 15))
+    await api.update_offset(MQ, 15)
     assert master.commits == [11, 14, 15]
 
 
-def test_offset_queries_fall_back_to_a_slave_but_a_refusal_is_final() -> None:
+async def test_offset_queries_fall_back_to_a_slave_but_a_refusal_is_final() -> None:
     master, slave = FakeBroker(error=DOWN), FakeBroker()
     slave.offset = 77
     _, api, _ = make(master, slave)
-    assert run(lambda: api.query_offset(MQ)) == 77
+    assert await api.query_offset(MQ) == 77
     master.error = rpc_error(grpc.StatusCode.NOT_FOUND, "no offset")
     api.health.mark_reachable(MASTER)
     with pytest.raises(NotFoundError):
-        run(lambda: api.query_offset(MQ))
+        await api.query_offset(MQ)
 
 
-def test_offsets_with_every_replica_down_raise_the_first_failure() -> None:
+async def test_offsets_with_every_replica_down_raise_the_first_failure() -> None:
     master, slave = FakeBroker(error=DOWN), FakeBroker(error=NOT_MASTER)
     _, api, _ = make(master, slave)
     with pytest.raises(BrokerUnavailableError) as info:
-        run(lambda: api.update_offset(MQ, 1))
+        await api.update_offset(MQ, 1)
     assert info.value.reason == ""  # the master's failure, not the slave's refusal
 
 
-def test_member_lists_come_from_a_slave_while_the_master_is_down() -> None:
+async def test_member_lists_come_from_a_slave_while_the_master_is_down() -> None:
     master, slave = FakeBroker(error=DOWN), FakeBroker()
     _, api, _ = make(master, slave)
-    assert run(lambda: api.consumer_ids("T")) == ["c1", "c2"]
+    assert await api.consumer_ids("T") == ["c1", "c2"]
     assert api.health.is_unreachable(MASTER)
     slave.error = DOWN
     with pytest.raises(BrokerUnavailableError):
-        run(lambda: api.consumer_ids("T"))
+        await api.consumer_ids("T")
 
 
 # ---- broker side: the suggestion and the store's memory limit -------------------------------

@@ -173,17 +173,14 @@ def test_purge_expired() -> None:
     assert m.purge_expired() == 0
 
 
-def test_purge_loop_runs_and_stops_on_cancel() -> None:
-    async def main() -> None:
-        m = manager(live_ms=1000)
-        m.try_lock_batch("g", "c1", [Q0])
-        advance(m, 2000)
-        task = asyncio.create_task(m.run_purge_loop(interval_ms=0))
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert len(m) == 0
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
+async def test_purge_loop_runs_and_stops_on_cancel() -> None:
+    m = manager(live_ms=1000)
+    m.try_lock_batch("g", "c1", [Q0])
+    advance(m, 2000)
+    task = asyncio.create_task(m.run_purge_loop(interval_ms=0))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(m) == 0
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

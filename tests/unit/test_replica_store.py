@@ -10,7 +10,6 @@ clean restarts and crashes in the middle.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,12 +71,12 @@ class Pair:
         self.opened.append(store)
         return store
 
-    def restart_slave(self, *, crash: bool = False) -> None:
+    async def restart_slave(self, *, crash: bool = False) -> None:
         """Clean shutdown (or kill -9: files unmapped, ``abort`` left) and reopen."""
         if crash:
             self.slave.close_files()
         else:
-            asyncio.run(self.slave.shutdown())
+            await self.slave.shutdown()
         self.slave = self.open("slave")
 
     # -- master writes ---------------------------------------------------------------------
@@ -390,7 +389,7 @@ def test_a_corrupt_partial_tail_is_caught_when_it_completes(make_pair: Callable[
 
 # ---- restarts ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("crash", [False, True])
-def test_slave_restart_with_a_partial_record_loses_nothing(
+async def test_slave_restart_with_a_partial_record_loses_nothing(
     make_pair: Callable[..., Pair], crash: bool
 ) -> None:
     pair = make_pair(seed=11)
@@ -403,15 +402,15 @@ def test_slave_restart_with_a_partial_record_loses_nothing(
         if rec is None or rec_at < pair.slave.commitlog.max_offset:
             continue
         pair.copy(7000, until=rec_at + rec.total_size - 2)
-        pair.restart_slave(crash=crash)
+        await pair.restart_slave(crash=crash)
         assert pair.slave.commitlog.max_offset == rec_at  # the partial record is gone
         pair.assert_identical(upto=rec_at)
     pair.copy()
-    pair.restart_slave(crash=crash)
+    await pair.restart_slave(crash=crash)
     pair.assert_identical()
 
 
-def test_a_slave_store_starts_with_no_epoch_and_a_master_with_epoch_zero(
+async def test_a_slave_store_starts_with_no_epoch_and_a_master_with_epoch_zero(
     make_pair: Callable[..., Pair],
 ) -> None:
     pair = make_pair()
@@ -419,7 +418,7 @@ def test_a_slave_store_starts_with_no_epoch_and_a_master_with_epoch_zero(
     assert [tuple(e) for e in pair.master.epochs.entries] == [(0, 0)]
     pair.write(5)
     pair.copy()
-    pair.restart_slave()
+    await pair.restart_slave()
     assert pair.slave.epochs.entries == []
 
 
@@ -506,7 +505,7 @@ def test_confirm_listeners_fire_once_per_advance(make_pair: Callable[..., Pair])
         max_size=10,
     ),
 )
-def test_any_interleaving_ends_identical(
+async def test_any_interleaving_ends_identical(
     make_pair: Callable[..., Pair], seed: int, steps: list[tuple[str, int]]
 ) -> None:
     pair = make_pair(seed=seed)
@@ -524,6 +523,6 @@ def test_any_interleaving_ends_identical(
             pair.slave.truncate_replica(cut)
             pair.assert_identical(upto=cut)
         else:
-            pair.restart_slave(crash=action == "crash")
+            await pair.restart_slave(crash=action == "crash")
     pair.copy()
     pair.assert_identical()

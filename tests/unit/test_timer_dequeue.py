@@ -6,7 +6,6 @@ fails on demand); ``Dequeuer.tick`` is driven directly, so nothing sleeps.
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from pathlib import Path
 
@@ -67,27 +66,23 @@ def make(tmp_path: Path, **changes: object) -> tuple[ManualClock, TimerStore, Fa
     return clock, store, broker, dq
 
 
-def run_until(clock: ManualClock, dq: Dequeuer, end_ms: int, step_ms: int = 10) -> None:
+async def run_until(clock: ManualClock, dq: Dequeuer, end_ms: int, step_ms: int = 10) -> None:
     """Tick every ``step_ms`` of clock time up to ``end_ms``."""
-
-    async def main() -> None:
-        while True:
-            await dq.tick()
-            if clock.now_ms() >= end_ms:
-                return
-            clock.advance_ms(step_ms)
-
-    asyncio.run(main())
+    while True:
+        await dq.tick()
+        if clock.now_ms() >= end_ms:
+            return
+        clock.advance_ms(step_ms)
 
 
-def test_each_timer_fires_at_its_millisecond_in_order_and_never_early(tmp_path: Path) -> None:
+async def test_each_timer_fires_at_its_millisecond_in_order_and_never_early(tmp_path: Path) -> None:
     clock, store, broker, dq = make(tmp_path)
     due = {"3" * 32: 2_730, "1" * 32: 2_120, "2" * 32: 2_500, "4" * 32: 4_050}
     store.accept(
         BROKER,
         records(*(timer_record(START_MS + ms, uniq=u) for u, ms in due.items())),
     )
-    run_until(clock, dq, START_MS + 6_000)
+    await run_until(clock, dq, START_MS + 6_000)
     got = broker.delivered()
     assert [u for _at, u in got] == ["1" * 32, "2" * 32, "3" * 32, "4" * 32]
     for at, uniq in got:
@@ -98,7 +93,7 @@ def test_each_timer_fires_at_its_millisecond_in_order_and_never_early(tmp_path: 
     assert len(c.lateness_ms) == 4 and max(c.lateness_ms) < 10
 
 
-def test_reput_carries_the_record_to_its_real_topic_and_queue(tmp_path: Path) -> None:
+async def test_reput_carries_the_record_to_its_real_topic_and_queue(tmp_path: Path) -> None:
     clock, store, broker, dq = make(tmp_path)
     body = zlib.compress(b"x" * 1000)
     raw = timer_record(
@@ -112,7 +107,7 @@ def test_reput_carries_the_record_to_its_real_topic_and_queue(tmp_path: Path) ->
         extra={Prop.TAGS: "t", "user": "v", Prop.RETRY_TOPIC: "Orders"},
     )
     store.accept(BROKER, records(raw))
-    run_until(clock, dq, START_MS + 2_000)
+    await run_until(clock, dq, START_MS + 2_000)
     ((at, broker_name, req),) = broker.sent
     assert broker_name == BROKER and at == START_MS + 1_500
     assert req.producer_group == TIMER_GROUP and req.queue_id == 3
@@ -127,7 +122,7 @@ def test_reput_carries_the_record_to_its_real_topic_and_queue(tmp_path: Path) ->
     assert props["user"] == "v" and props[Prop.TAGS] == "t" and props[Prop.RETRY_TOPIC] == "Orders"
 
 
-def test_a_cancel_marker_in_the_slot_skips_its_timer(tmp_path: Path) -> None:
+async def test_a_cancel_marker_in_the_slot_skips_its_timer(tmp_path: Path) -> None:
     clock, store, broker, dq = make(tmp_path)
     store.accept(
         BROKER,
@@ -139,15 +134,15 @@ def test_a_cancel_marker_in_the_slot_skips_its_timer(tmp_path: Path) -> None:
     clock.advance_ms(1_000)
     marker = timer_record(START_MS + 3_400, uniq="A" * 32, extra={Prop.TIMER_DEL_UNIQKEY: "A" * 32})
     store.accept(BROKER, records(marker))
-    run_until(clock, dq, START_MS + 5_000)
+    await run_until(clock, dq, START_MS + 5_000)
     assert [u for _at, u in broker.delivered()] == ["B" * 32]
     assert store.counters.cancelled_total == 1
 
 
-def test_arrivals_for_the_open_slot_and_overdue_ones_are_picked_up(tmp_path: Path) -> None:
+async def test_arrivals_for_the_open_slot_and_overdue_ones_are_picked_up(tmp_path: Path) -> None:
     clock, store, broker, dq = make(tmp_path)
     store.accept(BROKER, records(timer_record(START_MS + 1_900, uniq="L" * 32)))
-    run_until(clock, dq, START_MS + 1_200)  # slot 1000 open, its timer waiting
+    await run_until(clock, dq, START_MS + 1_200)  # slot 1000 open, its timer waiting
     assert broker.sent == []
     store.accept(
         BROKER,
@@ -156,53 +151,53 @@ def test_arrivals_for_the_open_slot_and_overdue_ones_are_picked_up(tmp_path: Pat
             timer_record(START_MS - 50_000, uniq="O" * 32),
         ),
     )
-    run_until(clock, dq, START_MS + 2_500)
+    await run_until(clock, dq, START_MS + 2_500)
     got = broker.delivered()
     assert [u for _at, u in got] == ["O" * 32, "N" * 32, "L" * 32]
     assert got[0][0] == START_MS + 1_200 and got[1][0] == START_MS + 1_300
     assert got[2][0] == START_MS + 1_900
 
 
-def test_rolled_timer_is_relinked_and_fires_on_time(tmp_path: Path) -> None:
+async def test_rolled_timer_is_relinked_and_fires_on_time(tmp_path: Path) -> None:
     clock, store, broker, dq = make(tmp_path, wheel_slots=5)  # 5 s window
     store.accept(BROKER, records(timer_record(START_MS + 12_345, uniq="R" * 32)))
-    run_until(clock, dq, START_MS + 12_300, step_ms=50)
+    await run_until(clock, dq, START_MS + 12_300, step_ms=50)
     assert broker.sent == []
-    run_until(clock, dq, START_MS + 13_000, step_ms=5)
+    await run_until(clock, dq, START_MS + 13_000, step_ms=5)
     ((at, _u),) = broker.delivered()
     assert START_MS + 12_345 <= at < START_MS + 12_350
 
 
-def test_broker_down_holds_the_hand_until_the_send_succeeds(tmp_path: Path) -> None:
+async def test_broker_down_holds_the_hand_until_the_send_succeeds(tmp_path: Path) -> None:
     clock, store, broker, dq = make(tmp_path)
     store.accept(BROKER, records(timer_record(START_MS + 1_100)))
     broker.fail = [BrokerUnavailableError("down")] * 20
-    run_until(clock, dq, START_MS + 3_000)
+    await run_until(clock, dq, START_MS + 3_000)
     assert len(broker.sent) == 1 and broker.fail == []
     # Refused forever (topic gone): given up after a few attempts, counted.
     store.accept(BROKER, records(timer_record(START_MS + 3_500, uniq="G" * 32)))
     broker.fail = [TopicNotFoundError("gone")] * 10
-    run_until(clock, dq, START_MS + 5_000)
+    await run_until(clock, dq, START_MS + 5_000)
     assert len(broker.sent) == 1 and store.counters.dropped_total == 1
 
 
-def test_many_due_at_once_go_out_in_batches_per_queue(tmp_path: Path) -> None:
+async def test_many_due_at_once_go_out_in_batches_per_queue(tmp_path: Path) -> None:
     clock, store, broker, dq = make(tmp_path, timer_log_file_bytes=52 * 2000 + 16)
     raws = [
         timer_record(START_MS + 1_000 + i % 7, queue_id=i % 2, uniq=f"{i:032X}") for i in range(600)
     ]
     store.accept(BROKER, records(*raws))
     clock.advance_ms(1_500)
-    asyncio.run(dq.tick())
+    await dq.tick()
     sizes = sorted(len(req.messages) for _at, _b, req in broker.sent)
     assert sum(sizes) == 600 and max(sizes) == 256
     assert {req.queue_id for _at, _b, req in broker.sent} == {0, 1}
 
 
-def test_hand_is_checkpointed_and_resumed(tmp_path: Path) -> None:
+async def test_hand_is_checkpointed_and_resumed(tmp_path: Path) -> None:
     clock, store, _broker, dq = make(tmp_path)
     store.accept(BROKER, records(timer_record(START_MS + 1_500), timer_record(START_MS + 4_500)))
-    run_until(clock, dq, START_MS + 3_200)
+    await run_until(clock, dq, START_MS + 3_200)
     store.checkpoint()
     store.close()
     again = open_store(tmp_path, clock)
@@ -210,7 +205,7 @@ def test_hand_is_checkpointed_and_resumed(tmp_path: Path) -> None:
     assert again.counters.pending == 1  # the 4.5 s timer is still linked
     broker2 = FakeBroker(clock)
     dq2 = Dequeuer(again, broker2, clock, timer_config(tmp_path), sleep=no_sleep)
-    run_until(clock, dq2, START_MS + 5_000)
+    await run_until(clock, dq2, START_MS + 5_000)
     assert [at for at, _u in broker2.delivered()] == [START_MS + 4_500]
 
 

@@ -6,7 +6,6 @@ a check "arrives" when it lands in a channel's push queue.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,8 +48,8 @@ class Checked(Tx):
         channel.queue.get_nowait()  # the heartbeat ack
         return channel
 
-    def round(self) -> None:
-        asyncio.run(self.checker.check_once())
+    async def round(self) -> None:
+        await self.checker.check_once()
 
     def progress(self, topic: str = TRANS_HALF_TOPIC) -> int:
         return self.offsets.query(CHECK_GROUP, topic, 0)
@@ -72,21 +71,21 @@ def c(tmp_path: Path) -> Iterator[Checked]:
     parts.close()
 
 
-def test_young_half_messages_are_not_checked(c: Checked) -> None:
+async def test_young_half_messages_are_not_checked(c: Checked) -> None:
     p = c.producer("p1")
-    c.half()
+    await c.half()
     c.clock.advance_ms(TIMEOUT_MS - 1)
-    c.round()
+    await c.round()
     assert checks(p) == []
     assert c.store.max_offset(TRANS_HALF_TOPIC, 0) == 1
     assert c.progress() == 0, "the round moved past a message it stopped at"
 
 
-def test_an_old_half_message_is_reput_and_checked_once_per_round(c: Checked) -> None:
+async def test_an_old_half_message_is_reput_and_checked_once_per_round(c: Checked) -> None:
     p = c.producer("p1")
-    sent = c.half(b"x", queue_id=2)
+    sent = await c.half(b"x", queue_id=2)
     c.clock.advance_ms(TIMEOUT_MS)
-    c.round()
+    await c.round()
     [check] = checks(p)
     [old, copy] = c.records(TRANS_HALF_TOPIC)
     assert copy.uniq_key == sent.transaction_id and copy.born_timestamp_ms == old.born_timestamp_ms
@@ -102,11 +101,11 @@ def test_an_old_half_message_is_reput_and_checked_once_per_round(c: Checked) -> 
     assert c.index.checks == 1
 
 
-def test_the_answer_to_a_check_commits_exactly_once(c: Checked) -> None:
+async def test_the_answer_to_a_check_commits_exactly_once(c: Checked) -> None:
     p = c.producer("p1")
-    sent = c.half(b"x")
+    sent = await c.half(b"x")
     c.clock.advance_ms(TIMEOUT_MS)
-    c.round()
+    await c.round()
     [check] = checks(p)
     answer = messaging_pb2.EndTransactionRequest(
         producer_group=check.producer_group,
@@ -117,36 +116,36 @@ def test_the_answer_to_a_check_commits_exactly_once(c: Checked) -> None:
         resolution=COMMIT,
         from_transaction_check=True,
     )
-    asyncio.run(c.ends.end(answer))
-    c.end(sent, COMMIT)  # the producer's own late commit of the first copy
+    await c.ends.end(answer)
+    await c.end(sent, COMMIT)  # the producer's own late commit of the first copy
     c.clock.advance_ms(60_000)
-    c.round()
+    await c.round()
     assert checks(p) == []
     assert [r.body for r in c.records("T", 1)] == [b"x"]
     assert c.store.max_offset(TRANS_HALF_TOPIC, 0) == 2, "a resolved message was re-put"
 
 
-def test_resolved_messages_are_skipped_and_progress_passes_them(c: Checked) -> None:
+async def test_resolved_messages_are_skipped_and_progress_passes_them(c: Checked) -> None:
     p = c.producer("p1")
     for decision in (COMMIT, ROLLBACK):
-        c.end(c.half(), decision)
+        await c.end(await c.half(), decision)
     c.clock.advance_ms(TIMEOUT_MS)
-    c.round()
+    await c.round()
     assert checks(p) == []
     assert c.progress() == 2
     assert c.progress(TRANS_OP_HALF_TOPIC) == 2, "the op progress did not follow"
     assert c.index.entries == {}, "decided entries below the progress are kept"
 
 
-def test_discard_after_check_max(c: Checked, caplog: pytest.LogCaptureFixture) -> None:
-    sent = c.half()  # no producer alive: every check counts anyway
+async def test_discard_after_check_max(c: Checked, caplog: pytest.LogCaptureFixture) -> None:
+    sent = await c.half()  # no producer alive: every check counts anyway
     for _ in range(3):
         c.clock.advance_ms(TIMEOUT_MS)
-        c.round()
+        await c.round()
     assert c.index.checks == 3 and c.index.discarded == 0
     c.clock.advance_ms(TIMEOUT_MS)
     with caplog.at_level("ERROR"):
-        c.round()
+        await c.round()
     assert c.index.discarded == 1
     assert any(
         "discarded" in r.message and sent.transaction_id in r.message for r in caplog.records
@@ -154,9 +153,9 @@ def test_discard_after_check_max(c: Checked, caplog: pytest.LogCaptureFixture) -
     [op] = c.records(TRANS_OP_HALF_TOPIC)
     assert op.properties[TRAN_STATE] == "DISCARD"
     c.clock.advance_ms(TIMEOUT_MS)
-    c.round()
+    await c.round()
     assert c.index.checks == 3, "a discarded message was checked again"
-    c.end(sent, COMMIT)
+    await c.end(sent, COMMIT)
     assert c.store.max_offset("T", 1) == 0, "a discarded message was committed"
     assert c.index.stats() == {
         "transaction_half_pending": "0",
@@ -165,30 +164,30 @@ def test_discard_after_check_max(c: Checked, caplog: pytest.LogCaptureFixture) -
     }
 
 
-def test_checks_rotate_over_producers_and_skip_a_dead_one(c: Checked) -> None:
+async def test_checks_rotate_over_producers_and_skip_a_dead_one(c: Checked) -> None:
     p1, p2 = c.producer("p1"), c.producer("p2")
     c.producer("q1", group="other")
     for _ in range(2):
-        c.half()
+        await c.half()
     c.clock.advance_ms(TIMEOUT_MS)
-    c.round()
+    await c.round()
     assert len(checks(p1)) == 1 and len(checks(p2)) == 1
     p1.close()
     c.clock.advance_ms(TIMEOUT_MS)
-    c.round()
+    await c.round()
     assert len(checks(p2)) == 2
 
 
-def test_check_immunity_property(c: Checked) -> None:
+async def test_check_immunity_property(c: Checked) -> None:
     p = c.producer("p1")
-    late = c.half(b"late", CHECK_IMMUNITY_TIME_IN_SECONDS="60")
-    early = c.half(b"early", CHECK_IMMUNITY_TIME_IN_SECONDS="2")
+    late = await c.half(b"late", CHECK_IMMUNITY_TIME_IN_SECONDS="60")
+    early = await c.half(b"early", CHECK_IMMUNITY_TIME_IN_SECONDS="2")
     c.clock.advance_ms(2000)
-    c.round()
+    await c.round()
     # "late" is younger than the timeout: the round stops there, "early" waits behind it
     assert checks(p) == []
     c.clock.advance_ms(TIMEOUT_MS)
-    c.round()
+    await c.round()
     [check] = checks(p)
     assert check.transaction_id == early.transaction_id
     deferred = c.records(TRANS_HALF_TOPIC)[-2]
@@ -197,23 +196,23 @@ def test_check_immunity_property(c: Checked) -> None:
         deferred.properties[Prop.TRANSACTION_CHECK_TIMES] == "0"
     )
     c.clock.advance_ms(60_000)
-    c.round()
+    await c.round()
     assert [x.transaction_id for x in checks(p)] == [late.transaction_id, early.transaction_id]
 
 
-def test_an_older_copy_left_behind_by_a_crash_is_not_checked(tmp_path: Path) -> None:
+async def test_an_older_copy_left_behind_by_a_crash_is_not_checked(tmp_path: Path) -> None:
     parts = Checked(tmp_path)
     try:
         p = parts.producer("p1")
-        parts.half()
+        await parts.half()
         parts.clock.advance_ms(TIMEOUT_MS)
-        parts.round()
+        await parts.round()
         assert len(checks(p)) == 1
         # A crash before the progress was persisted: back to 0, the index rebuilt.
         parts.offsets.commit(CHECK_GROUP, TRANS_HALF_TOPIC, 0, 0)
         parts.index.rebuild(parts.store, parts.offsets)
         parts.clock.advance_ms(TIMEOUT_MS)
-        parts.round()
+        await parts.round()
         [check] = checks(p)
         assert check.queue_offset == 2, "the stale first copy was checked"
         assert parts.store.max_offset(TRANS_HALF_TOPIC, 0) == 3
@@ -221,14 +220,14 @@ def test_an_older_copy_left_behind_by_a_crash_is_not_checked(tmp_path: Path) -> 
         parts.close()
 
 
-def test_round_runs_in_slices(tmp_path: Path) -> None:
+async def test_round_runs_in_slices(tmp_path: Path) -> None:
     parts = Checked(tmp_path)
     parts.checker.slice_records_max = 3
     try:
         for _ in range(10):
-            parts.half()
+            await parts.half()
         parts.clock.advance_ms(TIMEOUT_MS)
-        parts.round()
+        await parts.round()
         assert parts.index.checks == 10
         assert parts.progress() == 10
         assert parts.store.max_offset(TRANS_HALF_TOPIC, 0) == 20
@@ -236,10 +235,10 @@ def test_round_runs_in_slices(tmp_path: Path) -> None:
         parts.close()
 
 
-def test_index_rebuild_matches_what_was_stored(tmp_path: Path) -> None:
+async def test_index_rebuild_matches_what_was_stored(tmp_path: Path) -> None:
     parts = Checked(tmp_path)
-    parts.half()
-    parts.end(parts.half(), COMMIT)
+    await parts.half()
+    await parts.end(await parts.half(), COMMIT)
     index = TransactionIndex()
     index.rebuild(parts.store, parts.offsets)
     assert index.stats()["transaction_half_pending"] == "1"

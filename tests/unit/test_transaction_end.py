@@ -6,8 +6,7 @@ The broker parts are the real ones (store, managers, Send, EndTransaction, the s
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import grpc
@@ -58,7 +57,7 @@ class Tx(BrokerParts):
             clock=self.clock,
         )
 
-    def half(
+    async def half(
         self, body: bytes = b"order", *, queue_id: int = 1, **props: str
     ) -> messaging_pb2.SendResult:
         req = send_request(
@@ -68,9 +67,9 @@ class Tx(BrokerParts):
             properties={Prop.TAGS: "Paid", Prop.KEYS: "k1", "biz": "7", **props},
             sys_flag=SysFlag.TRANSACTION_PREPARED,
         )
-        return asyncio.run(self.sender.send(req, PEER)).results[0]
+        return (await self.sender.send(req, PEER)).results[0]
 
-    def end(
+    async def end(
         self, sent: messaging_pb2.SendResult, decision: int, /, **fields: object
     ) -> messaging_pb2.EndTransactionResponse:
         _, offset = codec.decode_offset_msg_id(sent.offset_msg_id)
@@ -84,15 +83,15 @@ class Tx(BrokerParts):
         )
         for name, value in fields.items():
             setattr(request, name, value)
-        return asyncio.run(self.ends.end(request))
+        return await self.ends.end(request)
 
     def records(self, topic: str, queue_id: int = 0) -> list[codec.Record]:
         got = self.store.get_messages(topic, queue_id, 0, 1000)
         return [codec.decode_record(r) for r in got.records]
 
-    def listed(self, **fields: object) -> admin_pb2.ListHalfMessagesResponse:
+    async def listed(self, **fields: object) -> admin_pb2.ListHalfMessagesResponse:
         request = admin_pb2.ListHalfMessagesRequest(**fields)  # type: ignore[arg-type]
-        return asyncio.run(list_half_messages(request, self.store, self.offsets))
+        return await list_half_messages(request, self.store, self.offsets)
 
 
 @pytest.fixture
@@ -102,16 +101,15 @@ def tx(tmp_path: Path) -> Iterator[Tx]:
     parts.close()
 
 
-def refused(call: object) -> ServiceError:
-    assert callable(call)
+async def refused(call: Awaitable[object]) -> ServiceError:
     with pytest.raises(ServiceError) as err:
-        call()
+        await call
     return err.value
 
 
 # -- half messages ---------------------------------------------------------------------------
-def test_half_message_is_stored_in_the_half_topic_only(tx: Tx) -> None:
-    sent = tx.half(TRANSACTION_CHECK_TIMES="9")
+async def test_half_message_is_stored_in_the_half_topic_only(tx: Tx) -> None:
+    sent = await tx.half(TRANSACTION_CHECK_TIMES="9")
     assert sent.status == messaging_pb2.SEND_OK
     assert sent.queue_id == 1 and sent.queue_offset == 0
     assert sent.transaction_id == sent.msg_id and len(sent.msg_id) == 32
@@ -130,25 +128,25 @@ def test_half_message_is_stored_in_the_half_topic_only(tx: Tx) -> None:
     assert tx.index.stats()["transaction_half_pending"] == "1"
 
 
-def test_tran_msg_property_alone_makes_a_half_message(tx: Tx) -> None:
+async def test_tran_msg_property_alone_makes_a_half_message(tx: Tx) -> None:
     req = send_request("T", properties={Prop.TRANSACTION_PREPARED: "true"})
-    sent = asyncio.run(tx.sender.send(req, PEER)).results[0]
+    sent = (await tx.sender.send(req, PEER)).results[0]
     assert sent.transaction_id == sent.msg_id
     assert tx.store.max_offset(TRANS_HALF_TOPIC, 0) == 1 and tx.store.max_offset("T", 0) == 0
 
 
-def test_half_message_needs_a_producer_group(tx: Tx) -> None:
+async def test_half_message_needs_a_producer_group(tx: Tx) -> None:
     req = send_request("T", sys_flag=SysFlag.TRANSACTION_PREPARED)
     req.producer_group = ""
-    err = refused(lambda: asyncio.run(tx.sender.send(req, PEER)))
+    err = await refused(tx.sender.send(req, PEER))
     assert err.code == INVALID and "producer_group" in err.message
     assert tx.store.commitlog.max_offset == 0
 
 
 # -- EndTransaction --------------------------------------------------------------------------
-def test_commit_stores_the_real_message_and_its_op_record(tx: Tx) -> None:
-    sent = tx.half(b"paid")
-    tx.end(sent, COMMIT)
+async def test_commit_stores_the_real_message_and_its_op_record(tx: Tx) -> None:
+    sent = await tx.half(b"paid")
+    await tx.end(sent, COMMIT)
     [half] = tx.records(TRANS_HALF_TOPIC)
     [real] = tx.records("T", 1)
     assert real.body == b"paid" and real.uniq_key == sent.msg_id
@@ -167,38 +165,38 @@ def test_commit_stores_the_real_message_and_its_op_record(tx: Tx) -> None:
     assert tx.index.stats()["transaction_half_pending"] == "0"
 
 
-def test_rollback_stores_only_the_op_record(tx: Tx) -> None:
-    sent = tx.half()
-    tx.end(sent, ROLLBACK)
+async def test_rollback_stores_only_the_op_record(tx: Tx) -> None:
+    sent = await tx.half()
+    await tx.end(sent, ROLLBACK)
     assert tx.store.max_offset("T", 1) == 0
     [op] = tx.records(TRANS_OP_HALF_TOPIC)
     assert op.properties[TRAN_STATE] == "ROLLBACK"
 
 
-def test_end_is_idempotent_by_transaction_id(tx: Tx) -> None:
-    committed = tx.half(b"a")
-    tx.end(committed, COMMIT)
-    tx.end(committed, COMMIT)
-    tx.end(committed, ROLLBACK)
-    rolled = tx.half(b"b")
-    tx.end(rolled, ROLLBACK)
-    tx.end(rolled, COMMIT, from_transaction_check=True)
+async def test_end_is_idempotent_by_transaction_id(tx: Tx) -> None:
+    committed = await tx.half(b"a")
+    await tx.end(committed, COMMIT)
+    await tx.end(committed, COMMIT)
+    await tx.end(committed, ROLLBACK)
+    rolled = await tx.half(b"b")
+    await tx.end(rolled, ROLLBACK)
+    await tx.end(rolled, COMMIT, from_transaction_check=True)
     assert [r.body for r in tx.records("T", 1)] == [b"a"]
     assert len(tx.records(TRANS_OP_HALF_TOPIC)) == 2
 
 
-def test_unknown_changes_nothing(tx: Tx) -> None:
-    sent = tx.half()
+async def test_unknown_changes_nothing(tx: Tx) -> None:
+    sent = await tx.half()
     before = tx.store.commitlog.max_offset
-    tx.end(sent, UNKNOWN)
+    await tx.end(sent, UNKNOWN)
     assert tx.store.commitlog.max_offset == before
-    tx.end(sent, COMMIT)
+    await tx.end(sent, COMMIT)
     assert len(tx.records("T", 1)) == 1
 
 
-def test_bad_requests_are_refused_and_change_nothing(tx: Tx) -> None:
-    sent = tx.half()
-    plain = asyncio.run(tx.sender.send(send_request("T"), PEER)).results[0]
+async def test_bad_requests_are_refused_and_change_nothing(tx: Tx) -> None:
+    sent = await tx.half()
+    plain = (await tx.sender.send(send_request("T"), PEER)).results[0]
     before = tx.store.commitlog.max_offset
     cases = [
         ({"producer_group": ""}, INVALID),
@@ -214,92 +212,92 @@ def test_bad_requests_are_refused_and_change_nothing(tx: Tx) -> None:
         ({"producer_group": "other"}, INVALID),
     ]
     for fields, code in cases:
-        err = refused(lambda f=fields: tx.end(sent, COMMIT, **f))
+        err = await refused(tx.end(sent, COMMIT, **fields))
         assert err.code == code, (fields, err)
     # a plain message is not a half message
-    err = refused(lambda: tx.end(plain, COMMIT, transaction_id="", msg_id=""))
+    err = await refused(tx.end(plain, COMMIT, transaction_id="", msg_id=""))
     assert err.code == NOT_FOUND
     assert tx.store.commitlog.max_offset == before
-    assert "does not match" in refused(lambda: tx.end(sent, COMMIT, producer_group="x")).message
+    assert "does not match" in (await refused(tx.end(sent, COMMIT, producer_group="x"))).message
 
 
-def test_slave_refuses(tmp_path: Path) -> None:
+async def test_slave_refuses(tmp_path: Path) -> None:
     parts = Tx(tmp_path, broker_role="SLAVE", broker_id=1)
     try:
         req = messaging_pb2.EndTransactionRequest(producer_group="pg", resolution=COMMIT)
-        err = refused(lambda: asyncio.run(parts.ends.end(req)))
+        err = await refused(parts.ends.end(req))
         assert err.code == grpc.StatusCode.UNAVAILABLE
     finally:
         parts.close()
 
 
-def test_commit_to_a_vanished_queue_is_refused_until_it_exists(tx: Tx) -> None:
-    sent = tx.half(queue_id=3)
+async def test_commit_to_a_vanished_queue_is_refused_until_it_exists(tx: Tx) -> None:
+    sent = await tx.half(queue_id=3)
     tx.topics.delete("T")
-    assert refused(lambda: tx.end(sent, COMMIT)).code == NOT_FOUND
+    assert (await refused(tx.end(sent, COMMIT))).code == NOT_FOUND
     assert tx.index.stats()["transaction_half_pending"] == "1"
     tx.create_topic("T")
-    tx.end(sent, COMMIT)
+    await tx.end(sent, COMMIT)
     assert len(tx.records("T", 3)) == 1
 
 
-def test_failpoint_before_the_append_stores_nothing(tx: Tx) -> None:
-    sent = tx.half()
+async def test_failpoint_before_the_append_stores_nothing(tx: Tx) -> None:
+    sent = await tx.half()
     before = tx.store.commitlog.max_offset
     failpoints.reload("transaction_before_end_put=error")
     try:
         with pytest.raises(failpoints.FailpointError):
-            tx.end(sent, COMMIT)
+            await tx.end(sent, COMMIT)
     finally:
         failpoints.reload("")
     assert tx.store.commitlog.max_offset == before
-    tx.end(sent, COMMIT)
+    await tx.end(sent, COMMIT)
     assert len(tx.records("T", 1)) == 1
 
 
-def test_restart_keeps_end_idempotent(tmp_path: Path) -> None:
+async def test_restart_keeps_end_idempotent(tmp_path: Path) -> None:
     parts = Tx(tmp_path)
-    committed = parts.half(b"a")
-    rolled = parts.half(b"b")
-    pending = parts.half(b"c")
-    parts.end(committed, COMMIT)
-    parts.end(rolled, ROLLBACK)
+    committed = await parts.half(b"a")
+    rolled = await parts.half(b"b")
+    pending = await parts.half(b"c")
+    await parts.end(committed, COMMIT)
+    await parts.end(rolled, ROLLBACK)
     parts.close()
     again = Tx(tmp_path)  # index rebuilt from the two topics
     try:
         assert again.index.stats()["transaction_half_pending"] == "1"
-        again.end(committed, COMMIT)
-        again.end(rolled, COMMIT)
-        again.end(pending, COMMIT)
-        again.end(pending, COMMIT)
+        await again.end(committed, COMMIT)
+        await again.end(rolled, COMMIT)
+        await again.end(pending, COMMIT)
+        await again.end(pending, COMMIT)
         assert [r.body for r in again.records("T", 1)] == [b"a", b"c"]
     finally:
         again.close()
 
 
-def test_a_final_copy_below_the_progress_stays_final(tx: Tx) -> None:
-    sent = tx.half()
-    tx.end(sent, ROLLBACK)
+async def test_a_final_copy_below_the_progress_stays_final(tx: Tx) -> None:
+    sent = await tx.half()
+    await tx.end(sent, ROLLBACK)
     tx.offsets.commit(CHECK_GROUP, TRANS_HALF_TOPIC, 0, 1)
     assert tx.index.advance_ops(1) == 1
     assert tx.index.entries == {}, "the decided entry was not forgotten"
-    tx.end(sent, COMMIT)
+    await tx.end(sent, COMMIT)
     assert tx.store.max_offset("T", 1) == 0
 
 
 # -- ListHalfMessages ------------------------------------------------------------------------
-def test_list_half_messages(tx: Tx) -> None:
-    first = tx.half(b"a")
+async def test_list_half_messages(tx: Tx) -> None:
+    first = await tx.half(b"a")
     tx.clock.advance_ms(5)
-    resolved = tx.half(b"b")
+    resolved = await tx.half(b"b")
     tx.clock.advance_ms(5)
-    third = tx.half(b"c", queue_id=2)
+    third = await tx.half(b"c", queue_id=2)
     tx.create_topic("U")
-    other = asyncio.run(
-        tx.sender.send(send_request("U", sys_flag=SysFlag.TRANSACTION_PREPARED), PEER)
+    other = (
+        await tx.sender.send(send_request("U", sys_flag=SysFlag.TRANSACTION_PREPARED), PEER)
     ).results[0]
-    tx.end(resolved, COMMIT)
-    got = tx.listed()
+    await tx.end(resolved, COMMIT)
+    got = await tx.listed()
     assert got.total == 3
     assert [m.transaction_id for m in got.messages] == [
         first.transaction_id,
@@ -313,15 +311,15 @@ def test_list_half_messages(tx: Tx) -> None:
     assert Prop.REAL_TOPIC not in row.message.message.properties
     assert row.queue_offset == third.queue_offset
     assert codec.decode_offset_msg_id(third.offset_msg_id)[1] == row.commitlog_offset
-    only_u = tx.listed(topic="U")
+    only_u = await tx.listed(topic="U")
     assert [m.transaction_id for m in only_u.messages] == [other.transaction_id]
-    cut = tx.listed(max_num=1)
+    cut = await tx.listed(max_num=1)
     assert cut.total == 3 and len(cut.messages) == 1
-    assert tx.listed(topic="nothing").total == 0
+    assert (await tx.listed(topic="nothing")).total == 0
     for bad in (0, 1001):
-        assert refused(lambda n=bad: tx.listed(max_num=n)).code == INVALID
+        assert (await refused(tx.listed(max_num=bad))).code == INVALID
 
 
-def test_list_is_empty_before_any_transaction(tx: Tx) -> None:
-    got = tx.listed()
+async def test_list_is_empty_before_any_transaction(tx: Tx) -> None:
+    got = await tx.listed()
     assert got.total == 0 and not got.messages

@@ -154,24 +154,25 @@ def _producer(listener: Listener, **config: Any) -> tuple[TransactionProducer, F
     return producer, broker
 
 
-def _send(listener: Listener, msg: Message | None = None, **kw: Any) -> tuple[Any, FakeBroker]:
+async def _send(
+    listener: Listener, msg: Message | None = None, **kw: Any
+) -> tuple[Any, FakeBroker]:
     producer, broker = _producer(listener)
     for name, value in kw.items():
         setattr(broker, name, value)
 
-    async def main() -> Any:
-        return await producer.send_message_in_transaction(msg or Message("orders", b"x"), "ARG")
-
     try:
-        return asyncio.run(main()), broker
+        return await producer.send_message_in_transaction(
+            msg or Message("orders", b"x"), "ARG"
+        ), broker
     except Exception as exc:
         return exc, broker
 
 
 # ---- the send flow --------------------------------------------------------------------------
-def test_commit_sends_a_marked_half_runs_the_local_transaction_and_commits() -> None:
+async def test_commit_sends_a_marked_half_runs_the_local_transaction_and_commits() -> None:
     listener = Listener(State.COMMIT_MESSAGE)
-    result, broker = _send(listener, Message("orders", b"paid", tags="T", keys="k1"))
+    result, broker = await _send(listener, Message("orders", b"paid", tags="T", keys="k1"))
     [(half, sys_flag)] = broker.halves
     assert sys_flag == SysFlag.TRANSACTION_PREPARED
     props = dict(half.pb.properties)
@@ -201,27 +202,27 @@ def test_commit_sends_a_marked_half_runs_the_local_transaction_and_commits() -> 
         ("COMMIT_MESSAGE", State.UNKNOW, messaging_pb2.TRANSACTION_UNKNOWN),
     ],
 )
-def test_local_states_map_to_resolutions_and_failures_are_unknow(
+async def test_local_states_map_to_resolutions_and_failures_are_unknow(
     answer: object, state: LocalTransactionState, resolution: int
 ) -> None:
-    result, broker = _send(Listener(answer))
+    result, broker = await _send(Listener(answer))
     assert isinstance(result, TransactionSendResult), result
     assert result.local_state is state
     [(_, end)] = broker.ends
     assert end.resolution == resolution
 
 
-def test_a_failed_half_send_raises_and_runs_no_local_transaction() -> None:
+async def test_a_failed_half_send_raises_and_runs_no_local_transaction() -> None:
     listener = Listener()
     error = BrokerUnavailableError("broker gone")
-    result, broker = _send(listener, send_error=error)
+    result, broker = await _send(listener, send_error=error)
     assert result is error
     assert listener.executed == [] and broker.ends == []
 
 
-def test_a_half_stored_without_send_ok_is_rolled_back_without_the_local_transaction() -> None:
+async def test_a_half_stored_without_send_ok_is_rolled_back_without_the_local_transaction() -> None:
     listener = Listener(State.COMMIT_MESSAGE)
-    result, broker = _send(listener, send_status=SendStatus.FLUSH_DISK_TIMEOUT)
+    result, broker = await _send(listener, send_status=SendStatus.FLUSH_DISK_TIMEOUT)
     assert listener.executed == []
     assert result.local_state is State.ROLLBACK_MESSAGE
     assert result.status is SendStatus.FLUSH_DISK_TIMEOUT
@@ -237,42 +238,44 @@ def test_a_half_stored_without_send_ok_is_rolled_back_without_the_local_transact
         Message("orders", b"x", delay_ms=5000),
     ],
 )
-def test_delayed_messages_are_refused_before_anything_is_sent(msg: Message) -> None:
+async def test_delayed_messages_are_refused_before_anything_is_sent(msg: Message) -> None:
     listener = Listener()
-    result, broker = _send(listener, msg)
+    result, broker = await _send(listener, msg)
     assert isinstance(result, ValueError) and isinstance(result, InvalidArgumentError)
     assert "cannot be delayed" in str(result)
     assert broker.halves == [] and listener.executed == []
 
 
-def test_bad_messages_and_reserved_properties_are_refused_before_sending() -> None:
+async def test_bad_messages_and_reserved_properties_are_refused_before_sending() -> None:
     listener = Listener()
     for msg in (Message("orders", b""), Message("orders", b"x", properties={"PGROUP": "g"})):
-        result, broker = _send(listener, msg)
+        result, broker = await _send(listener, msg)
         assert isinstance(result, InvalidArgumentError), result
         assert broker.halves == []
     producer, broker = _producer(listener, max_message_size_bytes=200)
     big = Message("orders", b"x" * 120)  # fits alone, not with TRAN_MSG and PGROUP
     with pytest.raises(MessageTooLargeError, match="transaction properties"):
-        asyncio.run(producer.send_message_in_transaction(big))
+        await producer.send_message_in_transaction(big)
     assert broker.halves == []
 
 
-def test_a_failed_end_transaction_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_failed_end_transaction_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     error = grpc.aio.AioRpcError(
         grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details="gone"
     )
-    result, broker = _send(Listener(State.COMMIT_MESSAGE), end_error=error)
+    result, broker = await _send(Listener(State.COMMIT_MESSAGE), end_error=error)
     assert isinstance(result, TransactionSendResult)
     assert result.local_state is State.COMMIT_MESSAGE
     assert len(broker.ends) == 1
     assert "the broker's check will ask again" in caplog.text
 
 
-def test_sending_needs_a_started_producer() -> None:
+async def test_sending_needs_a_started_producer() -> None:
     producer = TransactionProducer(ProducerConfig("tx-group", "ns:9876"), Listener())
     with pytest.raises(ClientStateError):
-        asyncio.run(producer.send_message_in_transaction(Message("orders", b"x")))
+        await producer.send_message_in_transaction(Message("orders", b"x"))
 
 
 def test_sync_producer_runs_the_local_transaction_in_the_calling_thread() -> None:
@@ -327,15 +330,13 @@ def _check(i: int, topic: str = "orders") -> messaging_pb2.CheckTransactionState
     )
 
 
-def test_the_stream_hands_checks_to_the_transaction_producer() -> None:
+async def test_the_stream_hands_checks_to_the_transaction_producer() -> None:
     listener = Listener(check=State.COMMIT_MESSAGE)
     producer, broker = _producer(listener)
 
-    async def main() -> None:
-        producer._core.on_check_transaction("127.0.0.1:20911", _check(3))
-        await producer.checks.drain()
+    producer._core.on_check_transaction("127.0.0.1:20911", _check(3))
+    await producer.checks.drain()
 
-    asyncio.run(main())
     [message] = listener.checked
     assert message.topic == "orders" and message.body == b"b3" and message.msg_id == f"{3:032X}"
     [(addr, end)] = broker.ends
@@ -359,7 +360,7 @@ def test_a_plain_producer_only_logs_a_check(caplog: pytest.LogCaptureFixture) ->
         (None, messaging_pb2.TRANSACTION_UNKNOWN),
     ],
 )
-def test_check_answers_map_states_and_exceptions(answer: object, resolution: int) -> None:
+async def test_check_answers_map_states_and_exceptions(answer: object, resolution: int) -> None:
     listener = Listener(check=answer)
     answers: list[messaging_pb2.EndTransactionRequest] = []
 
@@ -368,20 +369,16 @@ def test_check_answers_map_states_and_exceptions(answer: object, resolution: int
     ) -> None:
         answers.append(check_answer("tx-group", check, state))
 
-    async def main() -> None:
-        checks = CheckDispatcher(
-            listener.check_local_transaction, answer_fn, pool_max=1, hold_max=10
-        )
-        assert checks.submit("b:1", _check(1))
-        await checks.drain()
-        await checks.close()
+    checks = CheckDispatcher(listener.check_local_transaction, answer_fn, pool_max=1, hold_max=10)
+    assert checks.submit("b:1", _check(1))
+    await checks.drain()
+    await checks.close()
 
-    asyncio.run(main())
     [end] = answers
     assert end.resolution == resolution and end.from_transaction_check
 
 
-def test_check_queue_is_bounded_and_the_pool_runs_at_most_pool_max_at_once() -> None:
+async def test_check_queue_is_bounded_and_the_pool_runs_at_most_pool_max_at_once() -> None:
     release = threading.Event()
     started = threading.Semaphore(0)
     lock = threading.Lock()
@@ -401,21 +398,17 @@ def test_check_queue_is_bounded_and_the_pool_runs_at_most_pool_max_at_once() -> 
     async def answer(addr: str, c: messaging_pb2.CheckTransactionState, s: State) -> None:
         answered.append(c.transaction_id)
 
-    async def main() -> CheckDispatcher:
-        checks = CheckDispatcher(check, answer, pool_max=2, hold_max=5)
-        accepted = [checks.submit("b:1", _check(i)) for i in range(8)]
-        assert accepted == [True] * 5 + [False] * 3
-        assert checks.held == 5 and checks.dropped == 3
-        for _ in range(2):  # both pool threads are busy and blocked ...
-            assert await asyncio.to_thread(started.acquire, timeout=10)
-        assert running[0] == 2  # ... and no third check runs beside them
-        release.set()
-        await checks.drain()
-        await checks.close()
-        assert not checks.submit("b:1", _check(99))  # closed
-        return checks
-
-    checks = asyncio.run(main())
+    checks = CheckDispatcher(check, answer, pool_max=2, hold_max=5)
+    accepted = [checks.submit("b:1", _check(i)) for i in range(8)]
+    assert accepted == [True] * 5 + [False] * 3
+    assert checks.held == 5 and checks.dropped == 3
+    for _ in range(2):  # both pool threads are busy and blocked ...
+        assert await asyncio.to_thread(started.acquire, timeout=10)
+    assert running[0] == 2  # ... and no third check runs beside them
+    release.set()
+    await checks.drain()
+    await checks.close()
+    assert not checks.submit("b:1", _check(99))  # closed
     assert sorted(answered) == [f"{i:032X}" for i in range(5)]
     assert checks.answered == 5 and checks.held == 0
     assert running[1] <= 2
@@ -463,16 +456,13 @@ def test_half_messages_of_several_brokers_merge_oldest_first_and_cut_at_max_num(
     assert totals == {"broker-a": 1, "broker-b": 5}
 
 
-def test_half_messages_refuses_bad_arguments_before_asking() -> None:
+async def test_half_messages_refuses_bad_arguments_before_asking() -> None:
     from rocketq.client.admin import Admin
 
-    async def main() -> None:
-        async with Admin("127.0.0.1:1") as admin:
-            for kw in ({"max_num": 0}, {"max_num": 1001}, {"topic": "bad topic!"}):
-                with pytest.raises(InvalidArgumentError):
-                    await admin.half_messages(**kw)
-
-    asyncio.run(main())
+    async with Admin("127.0.0.1:1") as admin:
+        for kw in ({"max_num": 0}, {"max_num": 1001}, {"topic": "bad topic!"}):
+            with pytest.raises(InvalidArgumentError):
+                await admin.half_messages(**kw)
 
 
 def test_cli_listener_tracks_what_this_run_left_unknown() -> None:
