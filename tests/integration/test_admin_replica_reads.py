@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ from tests.integration.replication_support import (
     wait_in_sync,
     wait_replicated,
 )
+from tests.support.cli import rocketq
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -40,7 +39,6 @@ TOPIC = "ReplicaReads"
 GROUP = "replica-reads"
 QUEUES = 4
 MESSAGES = 8
-ROCKETQ = Path(sys.executable).with_name("rocketq")
 
 
 @dataclass
@@ -130,12 +128,7 @@ async def test_reads_are_answered_by_the_slave(master_killed: Replicated) -> Non
 async def test_cli_topic_describe_says_which_replica_answered(master_killed: Replicated) -> None:
     c = master_killed
     proc = await asyncio.to_thread(
-        subprocess.run,
-        [str(ROCKETQ), "topic", "describe", TOPIC, "-n", c.namesrv.addr, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        rocketq, "topic", "describe", TOPIC, "-n", c.namesrv.addr, "--json"
     )
     assert proc.returncode == 0, proc.stderr
     assert f"answered by slave 1 at {c.slave.addr}" in proc.stderr
