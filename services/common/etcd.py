@@ -72,16 +72,18 @@ def start_etcd(
     client_port: int = 0,
     peer_port: int = 0,
     *,
+    member: str = "",
     log_path: Path | None = None,
     new_session: bool = False,
     timeout_s: float = READY_TIMEOUT_S,
 ) -> Process:
     """A one-member etcd on loopback (data in ``workdir/data``), waited for until healthy;
-    a port 0 picks a free one."""
+    a port 0 picks a free one. ``member``: etcd's member name if not ``name`` (the process's)."""
+    member = member or name
     client = f"http://127.0.0.1:{client_port or free_port()}"
     peer = f"http://127.0.0.1:{peer_port or free_port()}"
-    argv = member_argv(name, workdir / "data", client, peer)
-    argv += ["--initial-cluster", f"{name}={peer}"]
+    argv = member_argv(member, workdir / "data", client, peer)
+    argv += ["--initial-cluster", f"{member}={peer}"]
     addr = client.removeprefix("http://")
     return supervisor.launch(
         name,

@@ -254,3 +254,44 @@ def restart(sp: Process, timeout_s: float = READY_TIMEOUT_S) -> Process:
         new_session=sp.new_session,
         timeout_s=timeout_s,
     )
+
+
+def cmdline_has(pid: int, marker: str) -> bool:
+    """Whether process ``pid`` runs with ``marker`` as one of its arguments (a recycled pid
+    running something else does not)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return marker.encode() in cmdline
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def stop_pid(
+    pid: int, still_ours: Callable[[int], bool], timeout_s: float = STOP_TIMEOUT_S
+) -> bool:
+    """Stop a process that may not be our child (``rocketq dev down`` of a detached run):
+    SIGTERM, wait, SIGKILL after ``timeout_s``. True if it stopped cleanly (or was gone)."""
+    if not still_ours(pid):
+        return True
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+            if done:
+                return True
+        if not still_ours(pid) or _is_zombie(pid):
+            return True
+        time.sleep(POLL_INTERVAL_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return False

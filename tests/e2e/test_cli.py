@@ -24,7 +24,7 @@ from rocketq.message import ReceivedMessage
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
+ROCKETQ = [sys.executable, "-c", "from services.cli.main import main; main()"]
 TOPIC = "E2EOrders"
 
 

@@ -21,7 +21,7 @@ from rocketq.java_hash import java_string_hash
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
+ROCKETQ = [sys.executable, "-c", "from services.cli.main import main; main()"]
 
 
 def rocketq(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -34,7 +34,7 @@ from rocketq.message import Message, ReceivedMessage, SendStatus
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
+ROCKETQ = [sys.executable, "-c", "from services.cli.main import main; main()"]
 TOPIC = "FailoverOrders"
 ISR_WAIT_S = 20.0
 ELECTION_WAIT_S = 20.0

@@ -24,7 +24,7 @@ from rocketq._api.rocketq.v1 import messaging_pb2, messaging_pb2_grpc
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
+ROCKETQ = [sys.executable, "-c", "from services.cli.main import main; main()"]
 TOPIC = "ReplicatedOrders"
 MESSAGES = 20
 CATCH_UP_WAIT_S = 20.0

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from rocketq.cli.server_cmd import timer_wheel_available
 from rocketq.client.consumer import (
     ConsumeContext,
     ConsumeFromWhere,
@@ -37,10 +36,7 @@ from rocketq.message import ReceivedMessage
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
-needs_timer = pytest.mark.skipif(
-    not timer_wheel_available(), reason="this build has no timer-wheel (services.timer_wheel)"
-)
+ROCKETQ = [sys.executable, "-c", "from services.cli.main import main; main()"]
 
 
 def rocketq(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -114,10 +110,6 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
 
 def test_dev_up_reports_the_timer_wheel(dev: Dev) -> None:
     assert "RocketQ is running" in dev.up_stdout
-    if not timer_wheel_available():
-        assert "timer-wheel skipped" in dev.up_stdout and dev.timer == ""
-        assert set(dev.processes) == {"namesrv", "broker"}
-        return
     assert set(dev.processes) == {"namesrv", "broker", "timer"}
     assert all(_alive(pid) for pid in dev.processes.values())
     assert f"timer-wheel {dev.timer}  (data {dev.base / 'timer-0'})" in dev.up_stdout
@@ -125,7 +117,6 @@ def test_dev_up_reports_the_timer_wheel(dev: Dev) -> None:
     assert (dev.base / "timer-0").is_dir()
 
 
-@needs_timer
 def test_timer_stats_json_and_table(dev: Dev) -> None:
     out = dev.timer_cmd("stats", "--json")
     assert out.returncode == 0, out.stderr
@@ -138,7 +129,6 @@ def test_timer_stats_json_and_table(dev: Dev) -> None:
     assert f"timer-wheel {dev.timer}" in table.stdout
 
 
-@needs_timer
 def test_delayed_produce_is_delivered_no_earlier_than_its_time(dev: Dev) -> None:
     topic = "E2EDelayed"
     dev("topic", "create", topic, "-q", "2")
@@ -170,7 +160,6 @@ def test_delayed_produce_is_delivered_no_earlier_than_its_time(dev: Dev) -> None
     assert got["at-time"]["store_timestamp_ms"] >= at_ms
 
 
-@needs_timer
 def test_timer_cancel_by_the_printed_msg_id(dev: Dev) -> None:
     topic = "E2ECancel"
     dev("topic", "create", topic, "-q", "1")

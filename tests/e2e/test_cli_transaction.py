@@ -27,7 +27,7 @@ from tests.integration.cluster import Cluster, cluster
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
+ROCKETQ = [sys.executable, "-c", "from services.cli.main import main; main()"]
 CHECK_MS = 1000
 
 

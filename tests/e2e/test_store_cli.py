@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ROCKETQ = [sys.executable, "-c", "from rocketq.cli.main import main; main()"]
+ROCKETQ = [sys.executable, "-c", "from services.cli.main import main; main()"]
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -190,7 +190,7 @@ def _cli_verify(store: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-_CLI_MAIN = "from rocketq.cli.main import main; main()"
+_CLI_MAIN = "from services.cli.main import main; main()"
 
 
 def _report_names(report: RecoveryReport, damage: Damage) -> bool:
