@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common import etcd, supervisor
+from services.common import etcd, launch, supervisor
 from services.common.supervisor import READY_TIMEOUT_S, SpawnError, StopTimeout
 
 ROOT = supervisor.ROOT
@@ -94,36 +94,15 @@ def start_nameserver(
     prefix: list[str] | None = None,
 ) -> ServiceProcess:
     """Start a nameserver listening on ``host`` (port 0); ``prefix``: see :func:`spawn`."""
-    return spawn(
-        name,
-        "services.nameserver",
-        ["--listen", f"{host}:0", *args],
-        tmp_path / name,
-        prefix=prefix,
-    )
+    return _adopt(lambda: launch.start_nameserver(tmp_path, *args, name=name, host=host,
+                                                  prefix=prefix))  # fmt: skip
 
 
 def broker_args(
     store_dir: Path, namesrv_addrs: list[str], name: str, config_keys: dict[str, object]
 ) -> list[str]:
-    keys: dict[str, object] = {
-        "brokerName": name,
-        "listenAddress": "127.0.0.1",
-        "listenPort": 0,
-        "brokerIP1": "127.0.0.1",
-        "namesrvAddr": ";".join(namesrv_addrs),
-        "storePathRootDir": store_dir,
-        # small files keep tests fast and their temp dirs small
-        "mappedFileSizeCommitLog": 64 * 1024 * 1024,
-        "mappedFileUnitsConsumeQueue": 30_000,
-        "registerNameServerPeriod": 2000,
-    }
-    keys.update(config_keys)
-    out: list[str] = []
-    for key, value in keys.items():
-        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        out += ["--set", f"{key}={text}"]
-    return out
+    """A broker's flags: loopback, port 0, small files; ``config_keys`` win."""
+    return launch.broker_args(store_dir, namesrv_addrs, name, config_keys)
 
 
 def start_broker(
@@ -134,10 +113,7 @@ def start_broker(
     **config_keys: object,
 ) -> ServiceProcess:
     """Start a broker; ``config_keys`` are RocketMQ key names (``autoCreateTopicEnable=False``)."""
-    workdir = tmp_path / name
-    store_dir = Path(str(config_keys.pop("storePathRootDir", workdir / "store")))
-    args = broker_args(store_dir, namesrv_addrs, name, config_keys)
-    return spawn(name, "services.broker", args, workdir, env)
+    return _adopt(lambda: launch.start_broker(tmp_path, namesrv_addrs, name, config_keys, env=env))
 
 
 def start_broker_in(
@@ -152,11 +128,10 @@ def start_broker_in(
     """:func:`start_broker` run under ``prefix`` (``ip netns exec NS``), listening on and
     advertising ``host`` (a separate function: new parameters on start_broker would clash,
     for mypy, with callers passing ``**config_keys`` dicts)."""
-    workdir = tmp_path / name
-    store_dir = Path(str(config_keys.pop("storePathRootDir", workdir / "store")))
     keys: dict[str, object] = {"listenAddress": host, "brokerIP1": host, **config_keys}
-    args = broker_args(store_dir, namesrv_addrs, name, keys)
-    return spawn(name, "services.broker", args, workdir, env, prefix)
+    return _adopt(
+        lambda: launch.start_broker(tmp_path, namesrv_addrs, name, keys, env=env, prefix=prefix)
+    )
 
 
 def start_slave(
@@ -169,14 +144,13 @@ def start_slave(
 ) -> ServiceProcess:
     """Start slave ``broker_id`` of group ``broker_name`` (data in ``tmp_path/NAME-sID``); it
     finds its master through the nameservers unless ``haMasterAddress`` is given."""
-    name = f"{broker_name}-s{broker_id}"
-    workdir = tmp_path / name
-    store_dir = Path(str(config_keys.pop("storePathRootDir", workdir / "store")))
-    keys: dict[str, object] = {"brokerName": broker_name, "brokerId": broker_id}
-    keys["brokerRole"] = "SLAVE"
-    keys.update(config_keys)
-    args = broker_args(store_dir, namesrv_addrs, broker_name, keys)
-    return spawn(name, "services.broker", args, workdir, env)
+    keys: dict[str, object] = {"brokerId": broker_id, "brokerRole": "SLAVE", **config_keys}
+    label = f"{broker_name}-s{broker_id}"
+    return _adopt(
+        lambda: launch.start_broker(
+            tmp_path, namesrv_addrs, broker_name, keys, env=env, workdir_name=label
+        )
+    )
 
 
 def start_timer_wheel(
@@ -188,19 +162,9 @@ def start_timer_wheel(
 ) -> ServiceProcess:
     """Start a timer-wheel service (data in ``tmp_path/name/data``); ``config_keys`` as
     ``--set key=value`` (e.g. ``timerPrecisionMs=1000``)."""
-    workdir = tmp_path / name
-    args = [
-        "--namesrv",
-        ";".join(namesrv_addrs),
-        "--data-dir",
-        str(workdir / "data"),
-        "--listen",
-        "127.0.0.1:0",
-    ]
-    for key, value in config_keys.items():
-        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        args += ["--set", f"{key}={text}"]
-    return spawn(name, "services.timer_wheel", args, workdir, env)
+    return _adopt(
+        lambda: launch.start_timer_wheel(tmp_path, namesrv_addrs, name, config_keys, env=env)
+    )
 
 
 def free_port() -> int:
