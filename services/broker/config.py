@@ -282,7 +282,9 @@ class BrokerConfig:
         """Every key with its effective value as text (Admin.GetBrokerConfig)."""
         return TABLE.as_properties(self)
 
-    def updated(self, changes: Mapping[str, str], source: str = "update") -> BrokerConfig:
+    def updated(
+        self, changes: Mapping[str, str], source: str = "UpdateBrokerConfig"
+    ) -> BrokerConfig:
         """A copy with RocketMQ-named keys changed; raises ConfigError naming a bad key/value."""
         return _apply(self, TABLE.from_overrides(changes, source))
 
