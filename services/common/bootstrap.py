@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from services.common import logs
+from services.common.clock import clock_from_env
 from services.common.config import ConfigError, parse_set_flags
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ def run_service(spec: ServiceSpec[C], argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(spec, args)
+        clock_from_env()  # a bad ROCKETQ_CLOCK_SPEED is a configuration error too
     except (ConfigError, ValueError, OSError) as exc:
         print(f"{spec.prog}: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

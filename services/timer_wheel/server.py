@@ -101,7 +101,7 @@ class TimerWheel:
 
 
 def _add_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--namesrv", help="nameserver addresses, host:port[;host:port]")
+    parser.add_argument("-n", "--namesrv", help="nameserver addresses, host:port[;host:port]")
     parser.add_argument("--data-dir", type=Path, help="TimerLog, MessageLog, wheel, checkpoint")
     parser.add_argument("--listen", help="host:port for TimerAdmin, port 0 = any free")
 
