@@ -33,6 +33,7 @@ from rocketq._api.rocketq.v1 import (
     nameserver_pb2,
     replication_pb2_grpc,
 )
+from services.broker import config as broker_config
 from services.broker.admin_service import AdminService
 from services.broker.client_manager import ClientManager
 from services.broker.config import BrokerConfig
@@ -376,6 +377,7 @@ def spec(prog: str = "rocketq broker") -> ServiceSpec[BrokerConfig]:
         load=_load,
         app=Broker,
         log_context=lambda cfg: {"broker": cfg.broker_name},
+        table=broker_config.TABLE,
     )
 
 

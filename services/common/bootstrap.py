@@ -33,7 +33,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from services.common import logs
 from services.common.clock import clock_from_env
-from services.common.config import ConfigError, parse_set_flags
+from services.common.config import ConfigError, KeyTable, parse_set_flags
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,14 @@ class ServiceSpec(Generic[C]):
     """The keys the service's own flags set (they win over ``--set``)."""
     log_context: Callable[[C], dict[str, Any]] = field(default=lambda _cfg: {})
     """Bound on every log line besides service and pid (a broker: its name)."""
+    table: KeyTable | None = None
+    """Its config keys, listed in ``--help``."""
 
 
 def build_parser(spec: ServiceSpec[Any]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=spec.prog, description=spec.description)
+    parser = argparse.ArgumentParser(
+        prog=spec.prog, description=spec.description, epilog=_epilog(spec.table)
+    )
     parser.add_argument(
         "-c", "--config", type=Path, help="config file: key=value lines (RocketMQ key names)"
     )
@@ -87,6 +91,16 @@ def build_parser(spec: ServiceSpec[Any]) -> argparse.ArgumentParser:
     parser.add_argument("--ready-file", type=Path, help="write {addr, pid} JSON here when serving")
     spec.add_flags(parser)
     return parser
+
+
+def _epilog(table: KeyTable | None) -> str | None:
+    if table is None:
+        return None
+    return (
+        f"Configuration, later sources winning: defaults, the -c file, environment variables "
+        f"{table.env_prefix}<KEY> (e.g. {table.env_prefix}LOGLEVEL=DEBUG), --set, then the "
+        f"flags above. Keys: {', '.join(sorted(table.keys))}."
+    )
 
 
 def load_config(spec: ServiceSpec[C], args: argparse.Namespace) -> C:

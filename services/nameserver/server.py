@@ -94,6 +94,7 @@ def spec(prog: str = "python -m services.nameserver") -> ServiceSpec[NameServerC
         app=NameServer,
         add_flags=_add_flags,
         flag_overrides=_flag_overrides,
+        table=config.TABLE,
     )
 
 

@@ -130,6 +130,7 @@ def spec(prog: str = "python -m services.timer_wheel") -> ServiceSpec[TimerConfi
         app=TimerWheel,
         add_flags=_add_flags,
         flag_overrides=_flag_overrides,
+        table=config_mod.TABLE,
     )
 
 
