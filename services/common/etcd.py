@@ -52,7 +52,8 @@ def healthy(addr: str) -> bool:
         return False
 
 
-def _readiness(addr: str) -> supervisor.Readiness:
+def readiness(addr: str) -> supervisor.Readiness:
+    """A member at client endpoint ``addr`` is ready once it is healthy."""
     return lambda _sp: addr if healthy(addr) else None
 
 
@@ -89,7 +90,7 @@ def start_etcd(
         name,
         argv,
         workdir,
-        _readiness(addr),
+        readiness(addr),
         log_path=log_path,
         new_session=new_session,
         timeout_s=timeout_s,
@@ -121,7 +122,7 @@ def start_etcd_cluster(
         argv += ["--heartbeat-interval", str(heartbeat_interval_ms)]
         argv += ["--election-timeout", str(election_timeout_ms)]
         addr = clients[n].removeprefix("http://")
-        started.append(supervisor.launch(n, argv, root / n, _readiness(addr), wait=False))
+        started.append(supervisor.launch(n, argv, root / n, readiness(addr), wait=False))
     supervisor.wait_ready(started, timeout_s)
     return started
 
@@ -130,5 +131,5 @@ def wait_healthy(members: list[Process], timeout_s: float = READY_TIMEOUT_S) -> 
     """Until every member's ``/health`` says true again (e.g. after a restart or a partition
     heals); kills them all and raises SpawnError otherwise."""
     for sp in members:
-        sp.addr, sp.readiness = "", _readiness(sp.addr)
+        sp.addr, sp.readiness = "", readiness(sp.addr)
     supervisor.wait_ready(members, timeout_s)

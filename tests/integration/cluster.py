@@ -220,6 +220,8 @@ def start_etcd_cluster(
 def restart(sp: ServiceProcess) -> ServiceProcess:
     """Start the same command again (same data dir); the port may differ if it was 0 (etcd
     keeps its ports)."""
+    if sp.readiness is None:  # built by hand from a Popen (an etcd member of the chaos suite)
+        sp.readiness = etcd.readiness(sp.addr)
     return _adopt(lambda: supervisor.restart(sp))
 
 
