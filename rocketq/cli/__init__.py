@@ -1,5 +1,5 @@
-"""The ``rocketq`` command.
+"""The client commands of ``rocketq``.
 
-Server and store subcommands import ``services`` lazily, inside the command, so that the
-client library itself (``import rocketq``) never depends on the server side.
+The server and store subcommands live on the server side (``services.cli``), which adds them
+to this group; the client library (``import rocketq``) never depends on the servers.
 """

@@ -1,4 +1,8 @@
-"""Entry point of the ``rocketq`` command: a click group that collects the subcommands."""
+"""The client commands of ``rocketq``: a click group that collects the subcommands.
+
+The ``rocketq`` console script is ``services.cli.main:main``, which adds the server commands
+(``nameserver``, ``broker``, ``timer-wheel``, ``dev``, ``store``) to this group: the library
+never imports the servers."""
 
 from __future__ import annotations
 
@@ -8,8 +12,6 @@ from rocketq.cli.admin_cmd import ADMIN_COMMANDS
 from rocketq.cli.bench_cmd import BENCH_COMMANDS
 from rocketq.cli.ha_cmd import HA_COMMANDS
 from rocketq.cli.io_cmd import IO_COMMANDS
-from rocketq.cli.server_cmd import SERVER_COMMANDS
-from rocketq.cli.store_cmd import store
 from rocketq.cli.timer_cmd import TIMER_COMMANDS
 from rocketq.cli.transaction_cmd import TRANSACTION_COMMANDS
 
@@ -20,9 +22,7 @@ def cli() -> None:
     """RocketQ: a message queue that does what Apache RocketMQ does."""
 
 
-cli.add_command(store)
 for _command in (
-    *SERVER_COMMANDS,
     *ADMIN_COMMANDS,
     *IO_COMMANDS,
     *TIMER_COMMANDS,

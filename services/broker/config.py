@@ -2,8 +2,10 @@
 
 Sources, later ones winning: defaults → a ``broker.conf`` properties file (``key=value`` lines,
 RocketMQ's own key names, so an existing broker.conf mostly works) → environment variables
-``ROCKETQ_<KEY>`` (``ROCKETQ_BROKERNAME`` or ``ROCKETQ_BROKER_NAME``) → command-line overrides.
-Unknown keys are an error that names the key, so a typo never silently does nothing.
+``ROCKETQ_BROKER_<KEY>`` (``ROCKETQ_BROKER_BROKERNAME``) → runtime updates saved by
+UpdateBrokerConfig (config_overrides.py) → command-line overrides. The keys are the table
+``TABLE`` below (services.common.config). Unknown keys are an error that names the key, so a
+typo never silently does nothing.
 
 | key (RocketMQ name)                 | field                               | default          |
 |-------------------------------------|-------------------------------------|------------------|
@@ -22,7 +24,6 @@ Unknown keys are an error that names the key, so a typo never silently does noth
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ from typing import Any
 
 from rocketq import codec
 from rocketq.validation import MESSAGE_MAX_BYTES
+from services.common import config
+from services.common.config import Key, KeyTable, log_level_key, parse_addrs, parse_bool, parse_path
 from services.store.config import StoreConfig
 from services.store.flush import FlushDiskType
 
@@ -167,6 +170,9 @@ class BrokerConfig:
     max_transfer_bytes_on_message_in_memory: int = 256 * 1024
     """[maxTransferBytesOnMessageInMemory] Most bytes one pull returns from the page cache."""
 
+    log_level: str = "INFO"
+    """[logLevel] DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
     mode ``broker_id`` changes at runtime (0 while this replica leads), ``replica_id`` never."""
@@ -274,29 +280,13 @@ class BrokerConfig:
 
     def as_properties(self) -> dict[str, str]:
         """Every key with its effective value as text (Admin.GetBrokerConfig)."""
-        out: dict[str, str] = {}
-        for key, (name, _) in KEYS.items():
-            value = getattr(self, name)
-            if isinstance(value, list):
-                out[key] = ";".join(value)
-            elif isinstance(value, bool):
-                out[key] = "true" if value else "false"
-            else:
-                out[key] = str(value)
-        return out
+        return TABLE.as_properties(self)
 
-    def updated(self, changes: Mapping[str, str]) -> BrokerConfig:
-        """A copy with RocketMQ-named keys changed; raises ValueError naming a bad key/value."""
-        kwargs: dict[str, Any] = {}
-        for key, text in changes.items():
-            name, parse = lookup_key(key)
-            try:
-                kwargs[name] = parse(text.strip())
-            except ValueError as exc:
-                raise ValueError(f"{key}={text!r}: {exc}") from exc
-        if "broker_id" in kwargs:
-            kwargs["replica_id"] = kwargs["broker_id"]  # the configured id is the stable one
-        return dataclasses.replace(self, **kwargs)
+    def updated(
+        self, changes: Mapping[str, str], source: str = "UpdateBrokerConfig"
+    ) -> BrokerConfig:
+        """A copy with RocketMQ-named keys changed; raises ConfigError naming a bad key/value."""
+        return _apply(self, TABLE.from_overrides(changes, source))
 
 
 _DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -319,80 +309,74 @@ def parse_delay_levels(text: str) -> list[int]:
     return levels
 
 
-def _bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("true", "1", "yes", "on"):
-        return True
-    if low in ("false", "0", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
-
-
-def _addrs(text: str) -> list[str]:
-    return [a.strip() for a in text.replace(",", ";").split(";") if a.strip()]
-
-
 Parser = Callable[[str], Any]
+FLUSH_DISK_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
 
-#: RocketMQ key → (field, parser).
-KEYS: dict[str, tuple[str, Parser]] = {
-    "brokerClusterName": ("cluster_name", str),
-    "brokerName": ("broker_name", str),
-    "brokerId": ("broker_id", int),
-    "listenAddress": ("listen_host", str),
-    "listenPort": ("listen_port", int),
-    "brokerIP1": ("advertised_host", str),
-    "namesrvAddr": ("namesrv_addrs", _addrs),
-    "storePathRootDir": ("store_dir", lambda t: Path(t).expanduser()),
-    "brokerRole": ("broker_role", str.upper),
-    "flushDiskType": ("flush_disk_type", str.upper),
-    "brokerPermission": ("broker_permission", int),
-    "autoCreateTopicEnable": ("auto_create_topic_enable", _bool),
-    "autoCreateSubscriptionGroup": ("auto_create_subscription_group", _bool),
-    "defaultTopicQueueNums": ("default_topic_queue_nums", int),
-    "maxMessageSize": ("max_message_size_bytes", int),
-    "longPollingEnable": ("long_polling_enable", _bool),
-    "shortPollingTimeMills": ("short_polling_time_ms", int),
-    "pullHoldCheckIntervalMs": ("pull_hold_check_interval_ms", int),
-    "flushConsumerOffsetInterval": ("flush_consumer_offset_interval_ms", int),
-    "registerNameServerPeriod": ("register_name_server_period_ms", int),
-    "brokerHeartbeatTimeoutMs": ("broker_heartbeat_timeout_ms", int),
-    "channelExpiredTimeout": ("channel_expired_timeout_ms", int),
-    "clientScanIntervalMs": ("client_scan_interval_ms", int),
-    "enablePropertyFilter": ("enable_property_filter", _bool),
-    "rebalanceLockMaxLiveTime": ("rebalance_lock_max_live_time_ms", int),
-    "strictSubscriptionConsistency": ("strict_subscription_consistency", _bool),
-    "messageDelayLevel": ("message_delay_level", str),
-    "timerMaxDelaySec": ("timer_max_delay_sec", int),
-    "timerTopicQueueNums": ("timer_topic_queue_nums", int),
-    "transactionTimeout": ("transaction_timeout_ms", int),
-    "transactionCheckInterval": ("transaction_check_interval_ms", int),
-    "transactionCheckMax": ("transaction_check_max", int),
-    "haMasterAddress": ("ha_master_address", str),
-    "haTransferBatchSize": ("ha_transfer_batch_size", int),
-    "haMaxInFlightBytes": ("ha_max_in_flight_bytes", int),
-    "haSendHeartbeatInterval": ("ha_send_heartbeat_interval_ms", int),
-    "haHousekeepingInterval": ("ha_housekeeping_interval_ms", int),
-    "haSlaveFallbehindMax": ("ha_slave_fallbehind_max", int),
-    "slaveSyncConfigInterval": ("slave_sync_config_interval_ms", int),
-    "slaveReadEnable": ("slave_read_enable", _bool),
-    "accessMessageInMemoryMaxRatio": ("access_message_in_memory_max_ratio", int),
-    "etcdEndpoints": ("etcd_endpoints", _addrs),
-    "controllerLeaseTtlSec": ("controller_lease_ttl_sec", int),
-    "controllerKeyPrefix": ("controller_key_prefix", str),
-    "haMaxTimeSlaveNotCatchup": ("ha_max_time_slave_not_catchup_ms", int),
-    "brokerElectionPriority": ("broker_election_priority", int),
-    "mappedFileSizeCommitLog": ("commitlog_file_bytes", int),
-    "mappedFileUnitsConsumeQueue": ("consume_queue_units_per_file", int),
-    "messageIndexEnable": ("message_index_enable", _bool),
-    "fileReservedTime": ("file_reserved_time_hours", float),
-    "deleteWhen": ("delete_when", str),
-    "diskMaxUsedSpaceRatio": ("disk_max_used_space_ratio", int),
-    "syncFlushTimeout": ("sync_flush_timeout_ms", int),
-    "flushIntervalCommitLog": ("flush_interval_commitlog_ms", int),
-    "maxTransferCountOnMessageInMemory": ("max_transfer_count_on_message_in_memory", int),
-    "maxTransferBytesOnMessageInMemory": ("max_transfer_bytes_on_message_in_memory", int),
-}
+TABLE = KeyTable(
+    "broker",
+    [
+        Key("brokerClusterName", "cluster_name"),
+        Key("brokerName", "broker_name"),
+        Key("brokerId", "broker_id", int),
+        Key("listenAddress", "listen_host"),
+        Key("listenPort", "listen_port", int),
+        Key("brokerIP1", "advertised_host"),
+        Key("namesrvAddr", "namesrv_addrs", parse_addrs),
+        Key("storePathRootDir", "store_dir", parse_path),
+        Key("brokerRole", "broker_role", str.upper, choices=BROKER_ROLES),
+        Key("flushDiskType", "flush_disk_type", str.upper, choices=FLUSH_DISK_TYPES),
+        Key("brokerPermission", "broker_permission", int),
+        Key("autoCreateTopicEnable", "auto_create_topic_enable", parse_bool),
+        Key("autoCreateSubscriptionGroup", "auto_create_subscription_group", parse_bool),
+        Key("defaultTopicQueueNums", "default_topic_queue_nums", int),
+        Key("maxMessageSize", "max_message_size_bytes", int),
+        Key("longPollingEnable", "long_polling_enable", parse_bool),
+        Key("shortPollingTimeMills", "short_polling_time_ms", int),
+        Key("pullHoldCheckIntervalMs", "pull_hold_check_interval_ms", int),
+        Key("flushConsumerOffsetInterval", "flush_consumer_offset_interval_ms", int),
+        Key("registerNameServerPeriod", "register_name_server_period_ms", int),
+        Key("brokerHeartbeatTimeoutMs", "broker_heartbeat_timeout_ms", int),
+        Key("channelExpiredTimeout", "channel_expired_timeout_ms", int),
+        Key("clientScanIntervalMs", "client_scan_interval_ms", int),
+        Key("enablePropertyFilter", "enable_property_filter", parse_bool),
+        Key("rebalanceLockMaxLiveTime", "rebalance_lock_max_live_time_ms", int),
+        Key("strictSubscriptionConsistency", "strict_subscription_consistency", parse_bool),
+        Key("messageDelayLevel", "message_delay_level"),
+        Key("timerMaxDelaySec", "timer_max_delay_sec", int),
+        Key("timerTopicQueueNums", "timer_topic_queue_nums", int),
+        Key("transactionTimeout", "transaction_timeout_ms", int),
+        Key("transactionCheckInterval", "transaction_check_interval_ms", int),
+        Key("transactionCheckMax", "transaction_check_max", int),
+        Key("haMasterAddress", "ha_master_address"),
+        Key("haTransferBatchSize", "ha_transfer_batch_size", int),
+        Key("haMaxInFlightBytes", "ha_max_in_flight_bytes", int),
+        Key("haSendHeartbeatInterval", "ha_send_heartbeat_interval_ms", int),
+        Key("haHousekeepingInterval", "ha_housekeeping_interval_ms", int),
+        Key("haSlaveFallbehindMax", "ha_slave_fallbehind_max", int),
+        Key("slaveSyncConfigInterval", "slave_sync_config_interval_ms", int),
+        Key("slaveReadEnable", "slave_read_enable", parse_bool),
+        Key("accessMessageInMemoryMaxRatio", "access_message_in_memory_max_ratio", int),
+        Key("etcdEndpoints", "etcd_endpoints", parse_addrs),
+        Key("controllerLeaseTtlSec", "controller_lease_ttl_sec", int),
+        Key("controllerKeyPrefix", "controller_key_prefix"),
+        Key("haMaxTimeSlaveNotCatchup", "ha_max_time_slave_not_catchup_ms", int),
+        Key("brokerElectionPriority", "broker_election_priority", int),
+        Key("mappedFileSizeCommitLog", "commitlog_file_bytes", int),
+        Key("mappedFileUnitsConsumeQueue", "consume_queue_units_per_file", int),
+        Key("messageIndexEnable", "message_index_enable", parse_bool),
+        Key("fileReservedTime", "file_reserved_time_hours", float),
+        Key("deleteWhen", "delete_when"),
+        Key("diskMaxUsedSpaceRatio", "disk_max_used_space_ratio", int),
+        Key("syncFlushTimeout", "sync_flush_timeout_ms", int),
+        Key("flushIntervalCommitLog", "flush_interval_commitlog_ms", int),
+        Key("maxTransferCountOnMessageInMemory", "max_transfer_count_on_message_in_memory", int),
+        Key("maxTransferBytesOnMessageInMemory", "max_transfer_bytes_on_message_in_memory", int),
+        log_level_key(),
+    ],
+)
+
+#: RocketMQ key → (field, parser): the table in the shape runtime updates use.
+KEYS: dict[str, tuple[str, Parser]] = {k.name: (k.field, k.parse) for k in TABLE}
 
 #: Keys that only take effect at startup (UpdateBrokerConfig answers FAILED_PRECONDITION).
 STARTUP_ONLY_KEYS = frozenset(
@@ -414,69 +398,32 @@ STARTUP_ONLY_KEYS = frozenset(
         "messageIndexEnable",
         "maxTransferCountOnMessageInMemory",
         "maxTransferBytesOnMessageInMemory",
+        "logLevel",
     }
 )
 
-_BY_LOWER = {k.lower(): k for k in KEYS}
-_BY_LOWER.update({k.lower().replace("_", ""): k for k in KEYS})
 
-
-def lookup_key(key: str) -> tuple[str, Parser]:
-    canonical = _BY_LOWER.get(key.lower().replace("_", ""))
-    if canonical is None:
-        raise ValueError(
-            f"unknown broker config key {key!r}; known keys: {', '.join(sorted(KEYS))}"
-        )
-    return KEYS[canonical]
-
-
-def canonical_key(key: str) -> str:
-    canonical = _BY_LOWER.get(key.lower().replace("_", ""))
-    if canonical is None:
-        raise ValueError(f"unknown broker config key {key!r}")
-    return canonical
-
-
-def read_properties(path: Path) -> dict[str, str]:
-    """Parse a Java-style properties file: ``key=value``, ``#``/``!`` comments."""
-    out: dict[str, str] = {}
-    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if sep < 0:
-            raise ValueError(f"{path}:{lineno}: expected key=value, got {raw!r}")
-        out[line[:sep].strip()] = line[sep + 1 :].strip()
-    return out
-
-
-ENV_PREFIX = "ROCKETQ_"
-
-
-def from_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """``ROCKETQ_<KEY>`` variables that name broker keys (others are ignored: they belong to
-    other components, e.g. ROCKETQ_FAILPOINTS)."""
-    out: dict[str, str] = {}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX):
-            continue
-        key = name[len(ENV_PREFIX) :].lower().replace("_", "")
-        if key in _BY_LOWER:
-            out[_BY_LOWER[key]] = value
-    return out
+def canonical_key(key: str, source: str = "") -> str:
+    """RocketMQ's spelling of ``key``; ConfigError (a ValueError) naming it if unknown."""
+    return TABLE.canonical(key, source)
 
 
 def load(
     config_file: Path | None = None,
     overrides: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
+    persisted: Mapping[str, str] | None = None,
 ) -> BrokerConfig:
-    """Defaults ← file ← environment ← overrides."""
-    changes: dict[str, str] = {}
-    if config_file is not None:
-        changes.update(read_properties(config_file))
-    changes.update(from_environment(os.environ if environ is None else environ))
-    for key, value in (overrides or {}).items():
-        changes[canonical_key(key)] = value
-    return BrokerConfig().updated(changes)
+    """Defaults ← file ← environment ``ROCKETQ_BROKER_<KEY>`` ← ``persisted`` (runtime updates
+    saved by UpdateBrokerConfig) ← overrides (``--set``)."""
+    settings = config.gather(TABLE, config_file, None, environ)
+    settings += TABLE.from_overrides(persisted or {}, "runtime update (config/broker.properties)")
+    settings += TABLE.from_overrides(overrides or {})
+    return _apply(BrokerConfig(), settings)
+
+
+def _apply(base: BrokerConfig, settings: list[config.Setting]) -> BrokerConfig:
+    values = TABLE.values(settings)
+    if "broker_id" in values:
+        values["replica_id"] = values["broker_id"]  # the configured id is the stable one
+    return dataclasses.replace(base, **values)

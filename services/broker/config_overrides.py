@@ -9,15 +9,32 @@ file, a key renamed in a later version) is logged and skipped rather than stoppi
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
-from services.broker.config import STARTUP_ONLY_KEYS, canonical_key, read_properties
+from services.broker import config
+from services.broker.config import STARTUP_ONLY_KEYS, BrokerConfig, canonical_key
+from services.common.config import ConfigError, read_properties
 from services.store.config_files import write_atomic
 
 log = logging.getLogger(__name__)
 
 BROKER_PROPERTIES = "broker.properties"
 """File under the store's config dir holding runtime config updates."""
+
+
+def load_effective(
+    config_file: Path | None,
+    overrides: Mapping[str, str],
+    environ: Mapping[str, str] | None = None,
+) -> BrokerConfig:
+    """The broker's startup config: defaults ← file ← environment ← runtime updates saved in
+    the store (found through the store dir the other sources give) ← ``overrides``."""
+    first = config.load(config_file, overrides, environ)
+    persisted = load_persisted_overrides(first.store_dir / "config")
+    if not persisted:
+        return first
+    return config.load(config_file, overrides, environ, persisted)
 
 
 def load_persisted_overrides(config_dir: Path) -> dict[str, str]:
@@ -33,7 +50,7 @@ def load_persisted_overrides(config_dir: Path) -> dict[str, str]:
     for key, value in read_properties(path).items():
         try:
             canonical = canonical_key(key)
-        except ValueError:
+        except ConfigError:
             log.warning("%s: unknown key %r ignored", path, key)
             continue
         if canonical in STARTUP_ONLY_KEYS:

@@ -19,16 +19,11 @@ remove ``abort``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
-import os
-import signal
-import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 
 from rocketq._api.rocketq.v1 import (
@@ -42,7 +37,7 @@ from services.broker import config as broker_config
 from services.broker.admin_service import AdminService
 from services.broker.client_manager import ClientManager
 from services.broker.config import BrokerConfig
-from services.broker.config_overrides import load_persisted_overrides
+from services.broker.config_overrides import load_effective
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.controller import EtcdController
 from services.broker.ha_config_sync import ConfigSync, SlaveOffsetCommits
@@ -59,6 +54,7 @@ from services.broker.topic_config_manager import TopicConfigManager
 from services.broker.transaction_check import TransactionCheckService
 from services.broker.transaction_half import TransactionIndex
 from services.common import grpc_server
+from services.common.bootstrap import ServiceSpec, run_service
 from services.common.clock import clock_from_env
 from services.store.message_store import MessageStore
 
@@ -67,12 +63,6 @@ log = logging.getLogger("rocketq.broker")
 SERVICE_NAMES = ("rocketq.v1.Messaging", "rocketq.v1.Admin", "rocketq.v1.Replication")
 SHUTDOWN_GRACE_S = 1.0
 TASK_STOP_TIMEOUT_S = 5.0
-
-
-def write_ready_file(path: Path, addr: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"addr": addr, "pid": os.getpid()}))
-    tmp.rename(path)
 
 
 class Broker:
@@ -93,6 +83,28 @@ class Broker:
         self.controller: EtcdController | None = None
 
     async def start(self) -> str:
+        config_dir = self._open_store()
+        self._load_managers(config_dir)
+        admin = self._build_services(config_dir)
+        await self.store.start()
+        await self.server.start()
+        self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
+        self._start_background(admin)
+        await self._go_live()
+        cfg = self.config
+        log.info(
+            "broker %s (cluster %s, id %d) serving at %s, store %s",
+            cfg.broker_name,
+            cfg.cluster_name,
+            cfg.broker_id,
+            self.advertised_addr,
+            cfg.store_dir,
+        )
+        return self.advertised_addr
+
+    def _open_store(self) -> Path:
+        """Bind the port first: the advertised address is written into every record the store
+        appends. Then recover the store. Returns its config dir."""
         cfg = self.config
         health, port = grpc_server.finish_setup(
             self.server, SERVICE_NAMES, f"{cfg.listen_host}:{cfg.listen_port}"
@@ -103,7 +115,11 @@ class Broker:
         self.store = MessageStore(store_cfg, clock=self.clock)
         report = self.store.open()
         log.info("store opened: %s", report)
-        config_dir = store_cfg.config_dir
+        return store_cfg.config_dir
+
+    def _load_managers(self, config_dir: Path) -> None:
+        """Topics, groups, offsets, clients, held pulls, locks, registration, transactions."""
+        cfg = self.config
         self.topics = TopicConfigManager(cfg, config_dir, self.clock)
         self.topics.load()
         self.groups = SubscriptionGroupManager(cfg, config_dir)
@@ -124,6 +140,10 @@ class Broker:
         self.transactions = TransactionIndex()
         if cfg.is_master:
             self.transactions.rebuild(self.store, self.offsets)
+
+    def _build_services(self, config_dir: Path) -> AdminService:
+        """The Messaging, Admin and Replication servicers, wired for this broker's role."""
+        cfg = self.config
         messaging = MessagingService(
             config=cfg,
             store=self.store,
@@ -157,9 +177,10 @@ class Broker:
             self._wire_controller(admin)
         messaging_pb2_grpc.add_MessagingServicer_to_server(messaging, self.server)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, self.server)
-        await self.store.start()
-        await self.server.start()
-        self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
+        return admin
+
+    def _start_background(self, admin: AdminService) -> None:
+        cfg = self.config
         self._spawn(self.offsets.run_persist_loop(cfg.flush_consumer_offset_interval_ms))
         self._spawn(self.clients.run_scan_loop())
         self._spawn(self.hold.run())
@@ -180,23 +201,17 @@ class Broker:
         if self.ha_slave is not None and self.config_sync is not None and self.roles is None:
             self._spawn(self.ha_slave.run())
             self._spawn(self.config_sync.run())
-        await grpc_server.set_serving(health, SERVICE_NAMES)
-        if cfg.namesrv_addrs:
+
+    async def _go_live(self) -> None:
+        """Health SERVING, then register (routable only once it can answer), then the election."""
+        await grpc_server.set_serving(self.health, SERVICE_NAMES)
+        if self.config.namesrv_addrs:
             await self.registrar.start()
         if self.roles is not None:
             # A candidate slave until the election says otherwise (serves reads meanwhile).
-            self.controller = EtcdController(cfg, self.roles, self.advertised_addr)
+            self.controller = EtcdController(self.config, self.roles, self.advertised_addr)
             self.roles.attach(self.controller)
             await self.controller.start()
-        log.info(
-            "broker %s (cluster %s, id %d) serving at %s, store %s",
-            cfg.broker_name,
-            cfg.cluster_name,
-            cfg.broker_id,
-            self.advertised_addr,
-            cfg.store_dir,
-        )
-        return self.advertised_addr
 
     def _wire_replication(self, messaging: MessagingService, admin: AdminService) -> None:
         """The Replication service on every broker (a slave answers NOT_MASTER); on a master
@@ -348,67 +363,23 @@ class Broker:
         log.info("broker stopped cleanly")
 
 
-async def serve(config: BrokerConfig, ready_file: Path | None) -> None:
-    broker = Broker(config)
-    addr = await broker.start()
-    if ready_file is not None:
-        write_ready_file(ready_file, addr)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await broker.stop()
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="rocketq broker", description="Run a RocketQ broker (master role)."
-    )
-    parser.add_argument("-c", "--config", type=Path, help="broker.conf (key=value, RocketMQ keys)")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config key, e.g. --set brokerName=broker-b (repeatable)",
-    )
-    parser.add_argument("--ready-file", type=Path, help="write {addr, pid} JSON here when serving")
-    return parser.parse_args(argv)
-
-
-def load_config(args: argparse.Namespace) -> BrokerConfig:
-    overrides: dict[str, str] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
-        overrides[broker_config.canonical_key(key.strip())] = value
-    first = broker_config.load(args.config, overrides)
+def _load(config_file: Path | None, overrides: Mapping[str, str]) -> BrokerConfig:
     # Changes made at runtime with UpdateBrokerConfig live in the store's config dir; they win
-    # over the file, and explicit flags win over them.
-    persisted = load_persisted_overrides(first.store_dir / "config")
-    if not persisted:
-        return first
-    merged = {**persisted, **overrides}
-    return broker_config.load(args.config, merged)
+    # over the file and environment, and explicit flags win over them.
+    return load_effective(config_file, overrides)
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=os.environ.get("ROCKETQ_LOG_LEVEL", "INFO"),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+def spec(prog: str = "rocketq broker") -> ServiceSpec[BrokerConfig]:
+    return ServiceSpec(
+        service="broker",
+        prog=prog,
+        description="Run a RocketQ broker (master role).",
+        load=_load,
+        app=Broker,
+        log_context=lambda cfg: {"broker": cfg.broker_name},
+        table=broker_config.TABLE,
     )
-    args = parse_args(argv)
-    try:
-        config = load_config(args)
-    except (ValueError, OSError) as exc:
-        print(f"rocketq broker: {exc}", file=sys.stderr)
-        return 2
-    try:
-        asyncio.run(serve(config, args.ready_file))
-    except OSError as exc:
-        print(f"rocketq broker: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+
+def main(argv: list[str] | None = None, prog: str = "rocketq broker") -> int:
+    return run_service(spec(prog), argv)

@@ -1,8 +1,10 @@
 """Timer-wheel service configuration: RocketMQ-style key names, from ``--set key=value``.
 
-Sources, later ones winning: defaults → environment ``ROCKETQ_<KEY>`` → ``--set`` overrides →
-the explicit command-line options (``--namesrv``, ``--data-dir``, ``--listen``). Unknown keys
-are an error naming the key, so a typo never silently does nothing.
+Sources, later ones winning: defaults → a config file (``-c``, ``key=value`` lines) →
+environment ``ROCKETQ_TIMER_WHEEL_<KEY>`` → ``--set`` overrides → the explicit command-line
+options (``--namesrv``, ``--data-dir``, ``--listen``). The keys are the table ``TABLE`` below
+(services.common.config). Unknown keys are an error naming the key, so a typo never silently
+does nothing.
 
 | key                      | default        | meaning                               |
 |--------------------------|----------------|---------------------------------------|
@@ -20,29 +22,20 @@ are an error naming the key, so a typo never silently does nothing.
 | timerRebalanceIntervalMs | 20000          | queue rebalance period                |
 | timerRequestTimeoutMs    | 3000           | deadline of broker calls              |
 | timerPullSuspendMs       | 15000          | long-poll hold of an empty pull       |
+| logLevel                 | INFO           | DEBUG, INFO, WARNING, ERROR, CRITICAL |
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from services.common import config
+from services.common.config import Key, KeyTable, log_level_key, parse_addrs, parse_path
 
 DEFAULT_PORT = 10931
-
-
-def _addrs(text: str) -> list[str]:
-    return [a.strip() for a in text.replace(",", ";").split(";") if a.strip()]
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError(f"expected a positive integer, got {value}")
-    return value
+POSITIVE = 1
 
 
 @dataclass(frozen=True)
@@ -65,6 +58,7 @@ class TimerConfig:
     request_timeout_ms: int = 3000
     pull_suspend_ms: int = 15_000
     """Long-poll hold of an empty pull (the call's deadline is 5 s longer)."""
+    log_level: str = "INFO"
 
     @property
     def window_ms(self) -> int:
@@ -75,71 +69,49 @@ class TimerConfig:
     def listen(self) -> str:
         return f"{self.listen_host}:{self.listen_port}"
 
-    def updated(self, changes: Mapping[str, str]) -> TimerConfig:
-        """A copy with RocketMQ-named keys changed; ValueError naming a bad key or value."""
-        kwargs: dict[str, Any] = {}
-        for key, text in changes.items():
-            name, parse = lookup_key(key)
-            try:
-                kwargs[name] = parse(text.strip())
-            except ValueError as exc:
-                raise ValueError(f"{key}={text!r}: {exc}") from exc
-        return dataclasses.replace(self, **kwargs)
+    def updated(self, changes: Mapping[str, str], source: str = "--set") -> TimerConfig:
+        """A copy with RocketMQ-named keys changed; ConfigError naming a bad key or value."""
+        return TABLE.apply(self, TABLE.from_overrides(changes, source))
 
 
-Parser = Callable[[str], Any]
-
-KEYS: dict[str, tuple[str, Parser]] = {
-    "namesrvAddr": ("namesrv_addrs", _addrs),
-    "dataDir": ("data_dir", lambda t: Path(t).expanduser()),
-    "listenAddress": ("listen_host", str),
-    "listenPort": ("listen_port", int),
-    "timerPrecisionMs": ("precision_ms", _positive),
-    "timerWheelSlots": ("wheel_slots", _positive),
-    "timerLogFileSize": ("timer_log_file_bytes", _positive),
-    "timerMessageLogFileSize": ("message_log_file_bytes", _positive),
-    "timerFlushIntervalMs": ("flush_interval_ms", _positive),
-    "timerPullBatchSize": ("pull_batch_max", _positive),
-    "timerSendBatchSize": ("send_batch_max", _positive),
-    "timerDeliverBatchSize": ("deliver_batch_max", _positive),
-    "timerRebalanceIntervalMs": ("rebalance_interval_ms", _positive),
-    "timerRequestTimeoutMs": ("request_timeout_ms", _positive),
-    "timerPullSuspendMs": ("pull_suspend_ms", _positive),
-}
-_BY_LOWER = {k.lower(): k for k in KEYS}
+def _positive(name: str, field_name: str) -> Key:
+    return Key(name, field_name, int, low=POSITIVE)
 
 
-def lookup_key(key: str) -> tuple[str, Parser]:
-    canonical = _BY_LOWER.get(key.lower().replace("_", ""))
-    if canonical is None:
-        raise ValueError(f"unknown timer-wheel key {key!r}; known keys: {', '.join(sorted(KEYS))}")
-    return KEYS[canonical]
-
-
-ENV_PREFIX = "ROCKETQ_"
-
-
-def from_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """``ROCKETQ_<KEY>`` variables naming timer-wheel keys (others belong to other parts)."""
-    out: dict[str, str] = {}
-    for name, value in environ.items():
-        key = name[len(ENV_PREFIX) :].lower().replace("_", "")
-        if name.startswith(ENV_PREFIX) and key in _BY_LOWER:
-            out[_BY_LOWER[key]] = value
-    return out
+TABLE = KeyTable(
+    "timer-wheel",
+    [
+        Key("namesrvAddr", "namesrv_addrs", parse_addrs),
+        Key("dataDir", "data_dir", parse_path),
+        Key("listenAddress", "listen_host"),
+        Key("listenPort", "listen_port", int, low=0, high=65535),
+        _positive("timerPrecisionMs", "precision_ms"),
+        _positive("timerWheelSlots", "wheel_slots"),
+        _positive("timerLogFileSize", "timer_log_file_bytes"),
+        _positive("timerMessageLogFileSize", "message_log_file_bytes"),
+        _positive("timerFlushIntervalMs", "flush_interval_ms"),
+        _positive("timerPullBatchSize", "pull_batch_max"),
+        _positive("timerSendBatchSize", "send_batch_max"),
+        _positive("timerDeliverBatchSize", "deliver_batch_max"),
+        _positive("timerRebalanceIntervalMs", "rebalance_interval_ms"),
+        _positive("timerRequestTimeoutMs", "request_timeout_ms"),
+        _positive("timerPullSuspendMs", "pull_suspend_ms"),
+        log_level_key(),
+    ],
+)
 
 
 def load(
-    overrides: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+    overrides: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
 ) -> TimerConfig:
-    """Defaults ← environment ← overrides; ValueError on a bad key, value or combination."""
-    changes = from_environment(os.environ if environ is None else environ)
-    changes.update(overrides or {})
-    cfg = TimerConfig().updated(changes)
+    """Defaults ← file ← environment ← overrides; ConfigError on a bad key, value or combination."""
+    cfg = config.load(TABLE, TimerConfig(), config_file, overrides, environ)
     if cfg.precision_ms > 60_000 or (1000 % cfg.precision_ms and cfg.precision_ms % 1000):
-        raise ValueError(
+        raise config.ConfigError(
             f"timerPrecisionMs={cfg.precision_ms}: use a divisor or multiple of 1000 up to 60000"
         )
     if cfg.wheel_slots < 2:
-        raise ValueError("timerWheelSlots must be at least 2")
+        raise config.ConfigError("timerWheelSlots must be at least 2")
     return cfg

@@ -233,7 +233,7 @@ def test_unanswered_checks_end_in_discard(env: Cluster) -> None:
     lines = [
         line
         for line in sp.log_path.read_text(errors="replace").splitlines()
-        if tid in line and " ERROR " in line
+        if tid in line and '"level": "ERROR"' in line
     ]
     assert lines, f"no ERROR line names the discarded transaction {tid}:\n{sp.log_tail(40)}"
 

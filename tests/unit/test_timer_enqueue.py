@@ -185,7 +185,7 @@ def test_recovery_undoes_everything_after_the_checkpoint(tmp_path: Path) -> None
 def test_config_keys_and_errors() -> None:
     cfg = config_mod.load(
         {"timerPrecisionMs": "500", "timerwheelslots": "3600", "namesrvAddr": "a:1;b:2"},
-        environ={"ROCKETQ_TIMER_FLUSH_INTERVAL_MS": "50", "ROCKETQ_OTHER": "x"},
+        environ={"ROCKETQ_TIMER_WHEEL_TIMER_FLUSH_INTERVAL_MS": "50", "ROCKETQ_OTHER": "x"},
     )
     assert (cfg.precision_ms, cfg.wheel_slots, cfg.flush_interval_ms) == (500, 3600, 50)
     assert cfg.namesrv_addrs == ["a:1", "b:2"] and cfg.window_ms == 1_800_000

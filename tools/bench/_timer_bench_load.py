@@ -50,7 +50,7 @@ from rocketq.client.consumer import (
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.codec import Prop
 from rocketq.message import Message, ReceivedMessage
-from tests.integration import cluster
+from services.common.supervisor import child_env
 
 ON_TIME_MS = 1000
 """A timer stored by its re-put at most this late counts as fired on time."""
@@ -267,8 +267,7 @@ def spawn_worker(
     d.mkdir(parents=True, exist_ok=True)
     files = {k: d / f"{k}.json" for k in ("progress", "ready", "result")}
     spec = {**spec, **{k: str(v) for k, v in files.items()}}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(cluster.ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env()
     argv = [sys.executable, "-m", "tools.bench.timer_bench", "--worker", kind]
     with open(d / "worker.log", "ab") as log:
         proc = subprocess.Popen(

@@ -33,14 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.integration.failover_support import (
-    Group,
-    Traffic,
-    ha_group,
-    prepare,
-    wait_master,
-)
-from tests.integration.replication_support import wait_in_sync
+from tools.bench._ha_group import Group, Traffic, ha_group, prepare, wait_in_sync, wait_master
 
 TARGET_S = 10.0
 

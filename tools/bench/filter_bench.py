@@ -41,11 +41,11 @@ from pathlib import Path
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
-from rocketq.cli.server_cmd import dev_up
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.errors import TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue
+from services.cli.dev import dev_up
 from tools.bench.messaging_bench import _stop_local
 
 TOPIC = "FilterBench"

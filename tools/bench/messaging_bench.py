@@ -37,7 +37,7 @@ from rocketq.cli._bench import (
     run_produce,
 )
 from rocketq.cli._bench_stats import Summary, format_summary
-from rocketq.cli.server_cmd import dev_down, dev_up
+from services.cli.dev import dev_down, dev_up
 
 TOPIC = "BenchmarkTest"
 

@@ -50,6 +50,8 @@ from rocketq.cli._bench import ensure_topic
 from rocketq.client.admin import Admin
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue
+from services.common import supervisor
+from services.common.supervisor import Process, StopTimeout
 from tools.bench.messaging_bench import _start_local, _stop_local
 
 QUEUES = 16
@@ -63,7 +65,6 @@ DRAIN_FLOOR_MSGS_PER_S = 500
 """A run is abandoned when it would drain slower than this (plus a fixed grace)."""
 DRAIN_GRACE_S = 30.0
 POLL_S = 0.2
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -137,20 +138,20 @@ async def preload(namesrv: tuple[str, ...], topic: str, messages: int) -> float:
 # ---- one drain run ----------------------------------------------------------------------------
 @dataclass
 class _Worker:
-    proc: subprocess.Popen[bytes]
-    ready: Path
+    process: Process
     stats: Path
-    log: Path
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.process.proc
 
     def log_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        return self.process.log_tail(lines)
 
 
 def _spawn(base: Path, name: str, namesrv: str, topic: str, group: str, run: Run) -> _Worker:
+    """Start a worker (not waited for: :func:`_wait_ready` waits for all of them at once)."""
     d = base / name
-    d.mkdir(parents=True, exist_ok=True)
     ready, stats, log_path = d / "ready.json", d / "stats.json", d / "worker.log"
     argv = [
         sys.executable,
@@ -174,11 +175,14 @@ def _spawn(base: Path, name: str, namesrv: str, topic: str, group: str, run: Run
         "WARNING",
         *(["--async-listener"] if run.async_listener else []),
     ]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    return _Worker(proc, ready, stats, log_path)
+
+    def is_ready(_sp: Process) -> str | None:
+        return "ready" if _read_json(ready) is not None else None
+
+    process = supervisor.launch(
+        name, argv, d, is_ready, log_path=log_path, ready_file=ready, wait=False
+    )
+    return _Worker(process, stats)
 
 
 def _read_json(path: Path) -> dict[str, int] | None:
@@ -190,26 +194,16 @@ def _read_json(path: Path) -> dict[str, int] | None:
 
 
 def _wait_ready(workers: list[_Worker]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    for w in workers:
-        while _read_json(w.ready) is None:
-            if w.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {w.proc.returncode}\n{w.log_tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker not ready within {READY_TIMEOUT_S}s\n{w.log_tail()}")
-            time.sleep(0.05)
+    supervisor.wait_ready([w.process for w in workers], READY_TIMEOUT_S)
 
 
 def _stop(workers: list[_Worker]) -> None:
-    for w in workers:
-        if w.proc.poll() is None:
+    for w in workers:  # all at once: they leave the group in parallel
+        if w.process.alive():
             w.proc.send_signal(signal.SIGTERM)
     for w in workers:
-        try:
-            w.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            w.proc.kill()
-            w.proc.wait(5)
+        with contextlib.suppress(StopTimeout):
+            w.process.stop(20)
 
 
 def drain(base: Path, namesrv: str, topic: str, messages: int, run: Run, n: int) -> Result:

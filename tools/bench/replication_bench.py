@@ -30,14 +30,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -53,6 +49,8 @@ from rocketq._api.rocketq.v1 import (
     messaging_pb2,
     messaging_pb2_grpc,
 )
+from services.common import supervisor
+from services.common.supervisor import Process, StopTimeout
 
 TOPIC = "ReplicationBench"
 QUEUES = 8
@@ -60,7 +58,6 @@ BODY_BYTES = 200
 BATCH_SIZE = 32
 BATCH_IN_FLIGHT = 16
 SINGLE_IN_FLIGHT = 64
-READY_TIMEOUT_S = 30.0
 LAG_SAMPLE_INTERVAL_S = 0.5
 PACED_IN_FLIGHT_MAX = 64
 """Paced batches in flight at most; beyond it the rate is what the machine sustains."""
@@ -69,47 +66,9 @@ PACED_IN_FLIGHT_MAX = 64
 # ---- processes -----------------------------------------------------------------------------
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    addr: str
-
-
-def spawn(name: str, module: str, args: list[str], workdir: Path) -> Proc:
-    """``python -m module args --ready-file F``, waiting for its ready file."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    ready = workdir / f"{name}.ready"
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    with open(workdir / f"{name}.log", "ab") as log:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", module, *args, "--ready-file", str(ready)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=workdir,
-        )
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise RuntimeError(f"{name} exited with {popen.returncode}; see {workdir}")
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            return Proc(name, popen, json.loads(ready.read_text())["addr"])
-        time.sleep(0.05)
-    popen.kill()
-    raise RuntimeError(f"{name} not ready within {READY_TIMEOUT_S}s; see {workdir}")
-
-
-def stop(proc: Proc) -> None:
-    if proc.popen.poll() is None:
-        proc.popen.send_signal(signal.SIGTERM)
-        try:
-            proc.popen.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.popen.kill()
-            proc.popen.wait(5)
+def stop(proc: Process) -> None:
+    with contextlib.suppress(StopTimeout):
+        proc.stop(timeout_s=20)
 
 
 def broker_args(store: Path, namesrv: str, **keys: object) -> list[str]:
@@ -138,20 +97,22 @@ class Setup:
     label: str
     role: str
     slave: bool
-    procs: list[Proc] = field(default_factory=list)
+    procs: list[Process] = field(default_factory=list)
 
     @property
     def master(self) -> str:
         return self.procs[1].addr
 
     def start(self, base: Path) -> None:
-        ns = spawn("namesrv", "services.nameserver", ["--listen", "127.0.0.1:0"], base / "ns")
+        ns = supervisor.spawn(
+            "namesrv", "services.nameserver", ["--listen", "127.0.0.1:0"], base / "ns"
+        )
         self.procs.append(ns)
         args = broker_args(base / "master" / "store", ns.addr, brokerRole=self.role)
-        self.procs.append(spawn("master", "services.broker", args, base / "master"))
+        self.procs.append(supervisor.spawn("master", "services.broker", args, base / "master"))
         if self.slave:
             args = broker_args(base / "slave" / "store", ns.addr, brokerId=1, brokerRole="SLAVE")
-            self.procs.append(spawn("slave", "services.broker", args, base / "slave"))
+            self.procs.append(supervisor.spawn("slave", "services.broker", args, base / "slave"))
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

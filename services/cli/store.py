@@ -13,12 +13,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from services.store import inspect
+from services.store.inspect import detect_layout
+from services.store.inspect import verify as run_verify
+
 _SECTIONS = ("commitlog", "consumequeue", "index")
 
 
 def _layout(directory: Path, slots: int | None, entries: int | None) -> Any:
-    from services.store.inspect import detect_layout
-
     try:
         return detect_layout(directory, slots, entries)
     except ValueError as exc:
@@ -52,8 +54,6 @@ def dump(
     index_entries: int | None,
 ) -> None:
     """Print commitlog records, consume-queue units and index entries of DIRECTORY."""
-    from services.store import inspect
-
     layout = _layout(directory, index_slots, index_entries)
     problems: list[str] = []
     sources = {
@@ -113,8 +113,6 @@ def verify(
     directory: Path, as_json: bool, index_slots: int | None, index_entries: int | None
 ) -> None:
     """Check every record, unit and index entry of DIRECTORY; exit 1 on any problem."""
-    from services.store.inspect import verify as run_verify
-
     report = run_verify(_layout(directory, index_slots, index_entries))
     if as_json:
         click.echo(json.dumps(report.__dict__ | {"ok": report.ok}, indent=2))
