@@ -39,6 +39,10 @@ from services.store.flush import FlushDiskType
 BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 
 
+HA_MAX_IN_FLIGHT_BYTES_MAX = 1024**3
+"""Upper bound of haMaxInFlightBytes: bytes in flight to one slave beyond its last ack."""
+
+
 @dataclass
 class BrokerConfig:
     """Everything one broker process needs. Field docs give RocketMQ's key in brackets."""
@@ -218,6 +222,11 @@ class BrokerConfig:
             raise ValueError("haTransferBatchSize must be 4096..1048576 bytes")
         if self.ha_max_in_flight_bytes < self.ha_transfer_batch_size:
             raise ValueError("haMaxInFlightBytes must be at least haTransferBatchSize")
+        if self.ha_max_in_flight_bytes > HA_MAX_IN_FLIGHT_BYTES_MAX:
+            # the window is memory a master holds per slave: 10^30 was accepted (issue 21)
+            raise ValueError(
+                f"haMaxInFlightBytes must be at most {HA_MAX_IN_FLIGHT_BYTES_MAX} (1 GiB)"
+            )
         if not 100 <= self.ha_send_heartbeat_interval_ms <= 60_000:
             raise ValueError("haSendHeartbeatInterval must be 100..60000 ms")
         if self.ha_housekeeping_interval_ms <= self.ha_send_heartbeat_interval_ms:

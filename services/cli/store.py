@@ -124,6 +124,11 @@ def verify(
         )
         if report.unclean_shutdown:
             click.echo("note: abort marker present (unclean shutdown or running broker)")
+        if report.deleted_topic_records:
+            click.echo(
+                f"note: {report.deleted_topic_records} records of deleted topics (kept until "
+                "retention removes their files; no consume queue expected)"
+            )
         for p in report.problems:
             click.echo(f"problem: {p}")
         click.echo("OK" if report.ok else f"{len(report.problems)} problem(s)")

@@ -28,13 +28,26 @@ from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from rocketq._api.rocketq.v1 import common_pb2
-from rocketq.validation import clip
 
 log = logging.getLogger(__name__)
 
-MESSAGE_MAX_CHARS = 1024
-METADATA_VALUE_MAX_CHARS = 256
-METADATA_ENTRIES_MAX = 16
+# Bounds in UTF-8 bytes, because the trailers are: grpc-message percent-encodes every
+# non-ASCII byte (x3) and grpc-status-details-bin repeats the message and the metadata in
+# base64 (x4/3). With these, the worst case stays near 4 KiB, under the 8 KiB soft limit past
+# which a client may already refuse the trailers.
+MESSAGE_MAX_BYTES = 512
+METADATA_VALUE_MAX_BYTES = 128
+METADATA_ENTRIES_MAX = 8
+
+
+def _clip_utf8(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most about ``max_bytes`` of UTF-8, saying so."""
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    kept = data[: max_bytes - 24].decode(errors="ignore")  # never half a character
+    return f"{kept}… (cut, {len(data)} bytes)"
+
 
 Reason: TypeAlias = "common_pb2.ErrorReason.ValueType"
 
@@ -52,13 +65,13 @@ class ServiceError(Exception):
         # Bounded whatever the caller composed: the status travels in trailers a standard
         # client caps at 16 KiB, and an input echoed whole would turn this answer into
         # RESOURCE_EXHAUSTED on the caller's side (messages quote inputs with quote()).
-        message = clip(message, MESSAGE_MAX_CHARS)
+        message = _clip_utf8(message, MESSAGE_MAX_BYTES)
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.metadata = {
-            clip(k, METADATA_VALUE_MAX_CHARS): clip(str(v), METADATA_VALUE_MAX_CHARS)
+            _clip_utf8(k, METADATA_VALUE_MAX_BYTES): _clip_utf8(str(v), METADATA_VALUE_MAX_BYTES)
             for k, v in list(metadata.items())[:METADATA_ENTRIES_MAX]
         }
 

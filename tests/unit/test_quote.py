@@ -7,7 +7,7 @@ import pytest
 
 from rocketq._api.rocketq.v1 import common_pb2
 from rocketq.validation import QUOTE_MAX_CHARS, check_group, clip, quote
-from services.common.errors import MESSAGE_MAX_CHARS, METADATA_VALUE_MAX_CHARS, ServiceError
+from services.common.errors import MESSAGE_MAX_BYTES, METADATA_VALUE_MAX_BYTES, ServiceError
 
 pytestmark = pytest.mark.unit
 
@@ -34,8 +34,9 @@ def test_service_errors_are_bounded_whatever_the_caller_composed() -> None:
     err = ServiceError(
         grpc.StatusCode.INVALID_ARGUMENT, common_pb2.ILLEGAL_ARGUMENT, f"bad {huge}", topic=huge
     )
-    assert len(err.message) < MESSAGE_MAX_CHARS + 60
-    assert len(err.metadata["topic"]) < METADATA_VALUE_MAX_CHARS + 60
+    assert len(err.message.encode()) < MESSAGE_MAX_BYTES + 40
+    assert len(err.metadata["topic"].encode()) < METADATA_VALUE_MAX_BYTES + 40
+    err.to_status()  # packs
 
 
 @pytest.mark.parametrize("group", ["%RETRY%G", "%DLQ%G"])
