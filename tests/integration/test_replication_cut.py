@@ -20,7 +20,6 @@ byte-identical.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -77,7 +76,9 @@ class Sender:
             assert time.monotonic() - start < within_s, f"no {want} within {within_s}s: {seen}"
 
 
-def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(tmp_path: Path) -> None:
+async def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(
+    tmp_path: Path,
+) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(
         tmp_path,
@@ -95,7 +96,7 @@ def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(tmp_pa
         status, _ = await sender.send()
         assert status == "SEND_OK", status
 
-    async def main() -> int:
+    try:
         await create_topics(master.addr, "broker-a", [TOPIC], QUEUES)
         await create_group(master.addr, "broker-a", "ha-cut")
         await wait_in_sync(master.addr)
@@ -133,10 +134,7 @@ def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(tmp_pa
             for _ in range(5):  # stored all the same, for the slave to fetch after the heal
                 assert (await sender.send())[0] == "SLAVE_NOT_AVAILABLE"
             await healed(sender)
-        return await wait_replicated(master.addr, slave.addr, [TOPIC], QUEUES)
-
-    try:
-        end = asyncio.run(main())
+        end = await wait_replicated(master.addr, slave.addr, [TOPIC], QUEUES)
         assert slave.stop() == 0
         assert master.stop() == 0
         assert_same_commitlogs(master.workdir / "store", slave.workdir / "store", end)

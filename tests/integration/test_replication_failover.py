@@ -130,14 +130,16 @@ async def committed(addr: str, group: str) -> dict[int, int]:
     return out
 
 
-def test_master_killed_consumers_read_slave_producers_move_offsets_kept(tmp_path: Path) -> None:
+async def test_master_killed_consumers_read_slave_producers_move_offsets_kept(
+    tmp_path: Path,
+) -> None:
     ns = start_nameserver(tmp_path)
     master_a = start_master(tmp_path, [ns.addr], "broker-a")
     slave_a = start_ha_slave(tmp_path, [ns.addr], "broker-a")
     master_b = start_master(tmp_path, [ns.addr], "broker-b")
     procs = [ns, master_a, slave_a, master_b]
 
-    async def main() -> None:
+    try:
         for m, name in ((master_a, "broker-a"), (master_b, "broker-b")):
             await create_topics(m.addr, name, [TOPIC], QUEUES)
             await create_group(m.addr, name, GROUP)
@@ -224,9 +226,6 @@ def test_master_killed_consumers_read_slave_producers_move_offsets_kept(tmp_path
             await consumer2.close()
         again = [b for b in rec2.bodies if b not in after]
         assert not again, f"{len(again)} old messages redelivered, e.g. {again[:5]}"
-
-    try:
-        asyncio.run(main())
     finally:
         for sp in reversed(procs):
             sp.kill()
@@ -236,7 +235,7 @@ async def _equals(got: Awaitable[dict[int, int]], want: dict[int, int]) -> bool:
     return await got == want
 
 
-def test_sync_master_never_acks_what_the_slave_lacks(tmp_path: Path) -> None:
+async def test_sync_master_never_acks_what_the_slave_lacks(tmp_path: Path) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr], brokerRole="SYNC_MASTER")
     slave = start_ha_slave(tmp_path, [ns.addr])
@@ -257,7 +256,7 @@ def test_sync_master_never_acks_what_the_slave_lacks(tmp_path: Path) -> None:
             if len(acked) >= kill_after and master.alive():
                 master.kill()  # right after an acknowledgement, other sends in flight
 
-    async def main() -> set[bytes]:
+    try:
         await create_topics(master.addr, "broker-a", [TOPIC], QUEUES)
         await create_group(master.addr, "broker-a", GROUP)
         await wait_in_sync(master.addr)
@@ -267,10 +266,7 @@ def test_sync_master_never_acks_what_the_slave_lacks(tmp_path: Path) -> None:
         assert not master.alive() and len(acked) >= kill_after
         assert (await runtime_stats(slave.addr)).role == admin_pb2.SLAVE
         reads = await read_all(slave.addr, GROUP, [TOPIC], QUEUES)
-        return {b for r in reads.values() for b in bodies_of(r)}
-
-    try:
-        readable = asyncio.run(main())
+        readable = {b for r in reads.values() for b in bodies_of(r)}
         assert slave.stop() == 0
         on_disk = stored_uniq_keys(slave.workdir / "store")
         lacking = [s.body for s in acked if s.msg_id not in on_disk]

@@ -43,12 +43,12 @@ TOPIC = "HaSendBack"
 GROUP = "ha-send-back"
 
 
-def test_sync_master_send_back_waits_for_the_slave(tmp_path: Path) -> None:
+async def test_sync_master_send_back_waits_for_the_slave(tmp_path: Path) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr], brokerRole="SYNC_MASTER", syncFlushTimeout=20000)
     slave = start_ha_slave(tmp_path, [ns.addr])
 
-    async def main() -> None:
+    try:
         await create_topics(master.addr, "broker-a", [TOPIC], 1)
         await create_group(master.addr, "broker-a", GROUP)
         await wait_in_sync(master.addr)
@@ -82,9 +82,6 @@ def test_sync_master_send_back_waits_for_the_slave(tmp_path: Path) -> None:
         master_end = (await runtime_stats(master.addr)).commitlog_max_offset
         slave_end = (await runtime_stats(slave.addr)).commitlog_max_offset
         assert slave_end >= master_end > offset, (master_end, slave_end)
-
-    try:
-        asyncio.run(main())
     finally:
         for sp in (slave, master, ns):
             sp.kill()
@@ -100,12 +97,12 @@ async def _slave_tables(addr: str) -> tuple[set[str], set[str]]:
     return {t.topic_name for t in topics.topics}, {g.group_name for g in groups.groups}
 
 
-def test_new_topic_and_group_reach_the_slave_at_once(tmp_path: Path) -> None:
+async def test_new_topic_and_group_reach_the_slave_at_once(tmp_path: Path) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr])
     slave = start_ha_slave(tmp_path, [ns.addr], slaveSyncConfigInterval=600_000)
 
-    async def main() -> None:
+    try:
         await wait_in_sync(master.addr)
         # The first sync runs as the stream connects (before the slave is in sync); a moment
         # more and what follows can only come from the version change.
@@ -114,9 +111,6 @@ def test_new_topic_and_group_reach_the_slave_at_once(tmp_path: Path) -> None:
         await until(lambda: _has(slave.addr, "HaFreshTopic", None), 5, "the topic on the slave")
         await create_group(master.addr, "broker-a", "ha-fresh-group")
         await until(lambda: _has(slave.addr, None, "ha-fresh-group"), 5, "the group on the slave")
-
-    try:
-        asyncio.run(main())
     finally:
         for sp in (slave, master, ns):
             sp.kill()

@@ -138,71 +138,63 @@ async def timer_stats(addr: str) -> timer_pb2.GetTimerStatsResponse:
         return stats
 
 
-def test_delays_fire_on_time_in_their_queue(procs: Procs) -> None:
-    async def main() -> None:
-        ch, stub = messaging(procs.broker.addr)
-        async with ch:
-            await send_delayed(stub, "TwOnTime", {})  # creates the topic
-            base = await drain(stub, "TwOnTime", 1, 5)
-            assert len(base) == 1
-            sent = {}
-            for i in range(40):
-                props = {Prop.TIMER_DELAY_MS: str(1000 + 50 * i), "i": str(i)}
-                r = await send_delayed(stub, "TwOnTime", props, queue_id=i % QUEUES)
-                sent[r.msg_id] = i % QUEUES
-            r = await send_delayed(stub, "TwOnTime", {Prop.DELAY_LEVEL: "1"}, queue_id=1)
-            sent[r.msg_id] = 1
-            offsets = {q: (1 if q == 0 else 0) for q in range(QUEUES)}
-            got = await drain(stub, "TwOnTime", len(sent), 15, offsets)
-            assert sorted(m.msg_id for m in got) == sorted(sent)
-            assert all(m.queue_id == sent[m.msg_id] for m in got)
-            check_on_time(got, 1000)
-        stats = await timer_stats(procs.timer.addr)
-        assert stats.delivered_total >= len(sent) and stats.scheduled_total >= len(sent)
-        assert 0 <= stats.lateness_p50_ms <= stats.lateness_p99_ms <= stats.lateness_max_ms < 1000
-        assert [(q.broker_name, q.queue_id) for q in stats.queues] == [
-            ("broker-a", q) for q in range(QUEUES)
-        ]
-        assert stats.slot_precision_ms == 1000 and stats.wheel_slots_total == 604_800
-
-    asyncio.run(main())
+async def test_delays_fire_on_time_in_their_queue(procs: Procs) -> None:
+    ch, stub = messaging(procs.broker.addr)
+    async with ch:
+        await send_delayed(stub, "TwOnTime", {})  # creates the topic
+        base = await drain(stub, "TwOnTime", 1, 5)
+        assert len(base) == 1
+        sent = {}
+        for i in range(40):
+            props = {Prop.TIMER_DELAY_MS: str(1000 + 50 * i), "i": str(i)}
+            r = await send_delayed(stub, "TwOnTime", props, queue_id=i % QUEUES)
+            sent[r.msg_id] = i % QUEUES
+        r = await send_delayed(stub, "TwOnTime", {Prop.DELAY_LEVEL: "1"}, queue_id=1)
+        sent[r.msg_id] = 1
+        offsets = {q: (1 if q == 0 else 0) for q in range(QUEUES)}
+        got = await drain(stub, "TwOnTime", len(sent), 15, offsets)
+        assert sorted(m.msg_id for m in got) == sorted(sent)
+        assert all(m.queue_id == sent[m.msg_id] for m in got)
+        check_on_time(got, 1000)
+    stats = await timer_stats(procs.timer.addr)
+    assert stats.delivered_total >= len(sent) and stats.scheduled_total >= len(sent)
+    assert 0 <= stats.lateness_p50_ms <= stats.lateness_p99_ms <= stats.lateness_max_ms < 1000
+    assert [(q.broker_name, q.queue_id) for q in stats.queues] == [
+        ("broker-a", q) for q in range(QUEUES)
+    ]
+    assert stats.slot_precision_ms == 1000 and stats.wheel_slots_total == 604_800
 
 
-def test_cancel_timer(procs: Procs) -> None:
-    async def main() -> None:
-        ch, stub = messaging(procs.broker.addr)
-        async with ch, grpc.aio.insecure_channel(procs.timer.addr) as tch:
-            timers = timer_pb2_grpc.TimerAdminStub(tch)
-            await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "1"})
-            keep = await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "2500"})
-            drop = await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "2500"})
-            resp = await timers.CancelTimer(
-                timer_pb2.CancelTimerRequest(topic="TwCancel", handle=drop.msg_id)
-            )
-            assert resp.delivery_timestamp_ms > 0
-            for topic, handle, code in [
-                ("TwCancel", drop.msg_id, grpc.StatusCode.NOT_FOUND),  # already cancelled
-                ("Other", keep.msg_id, grpc.StatusCode.NOT_FOUND),
-                ("TwCancel", "zz", grpc.StatusCode.INVALID_ARGUMENT),
-            ]:
-                with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await timers.CancelTimer(
-                        timer_pb2.CancelTimerRequest(topic=topic, handle=handle)
-                    )
-                assert err.value.code() == code, err.value.details()
-            got = await drain(stub, "TwCancel", 3, 6)
-            assert keep.msg_id in {m.msg_id for m in got}
-            assert drop.msg_id not in {m.msg_id for m in got}
-        stats = await timer_stats(procs.timer.addr)
-        assert stats.cancelled_total >= 1
-
-    asyncio.run(main())
+async def test_cancel_timer(procs: Procs) -> None:
+    ch, stub = messaging(procs.broker.addr)
+    async with ch, grpc.aio.insecure_channel(procs.timer.addr) as tch:
+        timers = timer_pb2_grpc.TimerAdminStub(tch)
+        await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "1"})
+        keep = await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "2500"})
+        drop = await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "2500"})
+        resp = await timers.CancelTimer(
+            timer_pb2.CancelTimerRequest(topic="TwCancel", handle=drop.msg_id)
+        )
+        assert resp.delivery_timestamp_ms > 0
+        for topic, handle, code in [
+            ("TwCancel", drop.msg_id, grpc.StatusCode.NOT_FOUND),  # already cancelled
+            ("Other", keep.msg_id, grpc.StatusCode.NOT_FOUND),
+            ("TwCancel", "zz", grpc.StatusCode.INVALID_ARGUMENT),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await timers.CancelTimer(timer_pb2.CancelTimerRequest(topic=topic, handle=handle))
+            assert err.value.code() == code, err.value.details()
+        got = await drain(stub, "TwCancel", 3, 6)
+        assert keep.msg_id in {m.msg_id for m in got}
+        assert drop.msg_id not in {m.msg_id for m in got}
+    stats = await timer_stats(procs.timer.addr)
+    assert stats.cancelled_total >= 1
 
 
-def test_sigkill_and_restart_lose_nothing(tmp_path: Path) -> None:
+async def test_sigkill_and_restart_lose_nothing(tmp_path: Path) -> None:
     procs = Procs(tmp_path)
 
-    async def main() -> None:
+    try:
         ch, stub = messaging(procs.broker.addr)
         async with ch:
             await send_delayed(stub, "TwKill", {})
@@ -225,15 +217,12 @@ def test_sigkill_and_restart_lose_nothing(tmp_path: Path) -> None:
             assert duplicates == 0, duplicates  # the broker drops repeated TIMER_SOURCEs
             for m in got:
                 assert m.store_timestamp_ms >= int(m.message.properties[Prop.TIMER_OUT_MS])
-
-    try:
-        asyncio.run(main())
         assert "Traceback" not in procs.timer.log_path.read_text(errors="replace")
     finally:
         procs.close()
 
 
-def test_hour_long_level_fires_fast_on_a_scaled_clock(tmp_path: Path) -> None:
+async def test_hour_long_level_fires_fast_on_a_scaled_clock(tmp_path: Path) -> None:
     speed = 600
     env = {
         "ROCKETQ_CLOCK_SPEED": str(speed),
@@ -241,22 +230,18 @@ def test_hour_long_level_fires_fast_on_a_scaled_clock(tmp_path: Path) -> None:
     }
     p = Procs(tmp_path, env)
     try:
-
-        async def main() -> None:
-            ch, stub = messaging(p.broker.addr)
-            async with ch:
-                await send_delayed(stub, "TwFast", {})
-                await drain(stub, "TwFast", 1, 5)
-                while len((await timer_stats(p.timer.addr)).queues) < QUEUES:
-                    await asyncio.sleep(0.05)  # the timer-wheel owns every timer queue
-                r = await send_delayed(stub, "TwFast", {Prop.DELAY_LEVEL: "5"})  # 1 minute
-                started = time.monotonic()
-                got = await drain(stub, "TwFast", 2, 10)
-                real_s = time.monotonic() - started
-                [m] = [m for m in got if m.msg_id == r.msg_id]
-                check_on_time([m], 1000 * speed)  # within 1 s of real time on a busy machine
-                assert 0.05 < real_s < 5, real_s
-
-        asyncio.run(main())
+        ch, stub = messaging(p.broker.addr)
+        async with ch:
+            await send_delayed(stub, "TwFast", {})
+            await drain(stub, "TwFast", 1, 5)
+            while len((await timer_stats(p.timer.addr)).queues) < QUEUES:
+                await asyncio.sleep(0.05)  # the timer-wheel owns every timer queue
+            r = await send_delayed(stub, "TwFast", {Prop.DELAY_LEVEL: "5"})  # 1 minute
+            started = time.monotonic()
+            got = await drain(stub, "TwFast", 2, 10)
+            real_s = time.monotonic() - started
+            [m] = [m for m in got if m.msg_id == r.msg_id]
+            check_on_time([m], 1000 * speed)  # within 1 s of real time on a busy machine
+            assert 0.05 < real_s < 5, real_s
     finally:
         p.close()

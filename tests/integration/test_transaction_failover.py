@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,6 @@ from tests.integration.cluster import (
     spawn,
     start_broker,
     start_nameserver,
-    wait_for,
 )
 from tests.integration.transaction_support import (
     TX_BROKER_KEYS,
@@ -48,6 +46,7 @@ from tests.integration.transaction_support import (
     stored_bodies,
     wait_no_pending,
 )
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -156,37 +155,34 @@ def start_worker(
 
 
 # ---- 4. the producer killed after its half message --------------------------------------------
-def test_killed_producer_second_instance_answers_the_check(txc: TxCluster) -> None:
+async def test_killed_producer_second_instance_answers_the_check(txc: TxCluster) -> None:
     topic, group = "TxKilledProducer", "tx-killed-pg"
-    asyncio.run(create_topic(txc.namesrv_addrs, topic))
+    await create_topic(txc.namesrv_addrs, topic)
     # instance A: one UNKNOW transaction, then one it never ends (it hangs in the local
     # transaction after the half message is stored); it answers checks UNKNOW meanwhile
     a = start_worker(txc, "a", group, topic, "unknown,hang", "unknown")
-    wait_for(lambda: a.has("sent", "a-0") and a.has("half", "a-1"), timeout_s=20)
+    await until(lambda: a.has("sent", "a-0") and a.has("half", "a-1"), "a's two half messages", 20)
     a.sp.kill()
-    pending = asyncio.run(pending_bodies(txc.broker.addr, topic))
+    pending = await pending_bodies(txc.broker.addr, topic)
     assert {"a-0", "a-1"} <= set(pending), f"the half messages are not pending: {pending}"
 
-    async def main() -> None:
-        g1, g2 = Deliveries("tx-killed-g1"), Deliveries("tx-killed-g2")
-        async with (
-            consuming(txc.namesrv_addrs, g1.group, topic, g1),
-            consuming(txc.namesrv_addrs, g2.group, topic, g2),
-        ):
-            # instance B of the same group, another process: its own first transaction opens
-            # its stream to the broker; it answers every check COMMIT
-            b = start_worker(txc, "b", group, topic, "commit", "commit")
-            for d in (g1, g2):
-                await d.wait_for(["a-0", "a-1", "b-0"], DELIVERY_TIMEOUT_S)
-            await wait_no_pending(txc.broker.addr, topic, timeout_s=10)
-            await asyncio.sleep(QUIET_S)
-            assert {"a-0", "a-1"} <= b.checked_bodies(), b.events()
-            b.sp.stop()
+    g1, g2 = Deliveries("tx-killed-g1"), Deliveries("tx-killed-g2")
+    async with (
+        consuming(txc.namesrv_addrs, g1.group, topic, g1),
+        consuming(txc.namesrv_addrs, g2.group, topic, g2),
+    ):
+        # instance B of the same group, another process: its own first transaction opens
+        # its stream to the broker; it answers every check COMMIT
+        b = start_worker(txc, "b", group, topic, "commit", "commit")
         for d in (g1, g2):
-            assert d.snapshot() == {"a-0": 1, "a-1": 1, "b-0": 1}, d.snapshot()
-        assert (await stored_bodies(txc.broker.addr, topic)) == {"a-0": 1, "a-1": 1, "b-0": 1}
-
-    asyncio.run(main())
+            await d.wait_for(["a-0", "a-1", "b-0"], DELIVERY_TIMEOUT_S)
+        await wait_no_pending(txc.broker.addr, topic, timeout_s=10)
+        await asyncio.sleep(QUIET_S)
+        assert {"a-0", "a-1"} <= b.checked_bodies(), b.events()
+        b.sp.stop()
+    for d in (g1, g2):
+        assert d.snapshot() == {"a-0": 1, "a-1": 1, "b-0": 1}, d.snapshot()
+    assert (await stored_bodies(txc.broker.addr, topic)) == {"a-0": 1, "a-1": 1, "b-0": 1}
 
 
 # ---- 5. the broker restarted between half message and end -------------------------------------
@@ -194,19 +190,19 @@ async def send_when_reachable(p: TransactionProducer, msg: Message, timeout_s: f
     """A transactional send right after a broker restart: the producer's channel may still be
     in its reconnect backoff, and a half send that fails (nothing stored, no local transaction
     run) is simply tried again."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    async def sent() -> bool:
         try:
             await p.send_message_in_transaction(msg)
-            return
         except RocketQError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+            return False
+        return True
+
+    await until(sent, "a transactional send after the restart", timeout_s, interval_s=0.2)
 
 
 @pytest.mark.parametrize("how", ["term", "kill"])
-def test_broker_restart_between_half_and_end(txc: TxCluster, how: str) -> None:
+async def test_broker_restart_between_half_and_end(txc: TxCluster, how: str) -> None:
     topic = f"TxRestart{how.capitalize()}"
     committed = ["p-commit", "e-commit"]
 
@@ -247,11 +243,12 @@ def test_broker_restart_between_half_and_end(txc: TxCluster, how: str) -> None:
             assert d.snapshot() == dict.fromkeys(committed, 1), d.snapshot()
         assert (await stored_bodies(txc.broker.addr, topic)) == dict.fromkeys(committed, 1)
 
-    asyncio.run(produce())
-    asyncio.run(consume())
+    await produce()
+    await consume()
     # one more restart: the resolved state comes back from the op topic, nothing is re-checked
     # or committed twice
     txc.restart_broker(how)
-    time.sleep(QUIET_S)
-    assert not asyncio.run(pending_bodies(txc.broker.addr, topic))
-    assert asyncio.run(stored_bodies(txc.broker.addr, topic)) == dict.fromkeys(committed, 1)
+    # A deliberate quiet window: a re-check or second commit would land within it.
+    await asyncio.sleep(QUIET_S)
+    assert not await pending_bodies(txc.broker.addr, topic)
+    assert (await stored_bodies(txc.broker.addr, topic)) == dict.fromkeys(committed, 1)
