@@ -427,37 +427,26 @@ class Cluster:
 
 
 def wait_for(predicate: object, timeout_s: float = 10.0, interval_s: float = 0.05) -> None:
-    """Poll ``predicate()`` until it is truthy; fail with the timeout otherwise."""
+    """Thin alias of :func:`tests.support.until.until_sync`, kept for the callers outside this
+    tier's converted files (robustness, nameserver, orderly-faults, transaction-failover)."""
+    from tests.support.until import until_sync  # local: keeps this module's imports untouched
+
     assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s}s")
+    until_sync(predicate, "condition", timeout_s, interval_s)
 
 
 @contextlib.contextmanager
 def cluster(
     tmp_path: Path, brokers: int = 1, nameservers: int = 1, **config_keys: object
 ) -> Iterator[Cluster]:
-    """Nameservers and broker masters broker-a, broker-b, …; all stopped (killed if stuck) after."""
-    started: list[ServiceProcess] = []
-    try:
-        ns = [start_nameserver(tmp_path, name=f"namesrv{i}") for i in range(nameservers)]
-        started += ns
-        addrs = [n.addr for n in ns]
-        bs = []
-        for i in range(brokers):
-            b = start_broker(tmp_path, addrs, f"broker-{chr(ord('a') + i)}", None, **config_keys)
-            started.append(b)
-            bs.append(b)
-        yield Cluster(ns, bs)
-    finally:
-        for sp in reversed(started):
-            if sp.alive():
-                with contextlib.suppress(AssertionError):
-                    sp.stop(timeout_s=15)
+    """Nameservers and broker masters broker-a, broker-b, …; all stopped (killed if stuck) after.
+    A thin wrapper of :func:`tests.support.cluster.cluster` (which has every option)."""
+    from tests.support import cluster as family  # local: that module imports this one
+
+    with family.cluster(
+        tmp_path, brokers=brokers, nameservers=nameservers, broker_keys=config_keys
+    ) as c:
+        yield c
 
 
 @contextlib.asynccontextmanager

@@ -23,7 +23,7 @@ import ipaddress
 import itertools
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -32,24 +32,13 @@ from grpc_status import rpc_status
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
     messaging_pb2_grpc,
-    nameserver_pb2,
-    nameserver_pb2_grpc,
 )
 from rocketq.client.errors import RocketQError
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, SendStatus
-from tests.integration.cluster import (
-    ServiceProcess,
-    broker_args,
-    restart,
-    spawn,
-    start_etcd,
-    start_nameserver,
-)
 from tests.integration.replication_support import (
     HA_KEYS,
     create_topics,
@@ -57,6 +46,12 @@ from tests.integration.replication_support import (
     wait_in_sync,
     wait_route,
 )
+from tests.support.cluster import Group, cluster
+from tests.support.raw_client import RawClient
+from tests.support.until import until
+
+# Re-exported (the failover tests and tools/bench import it from here).
+__all__ = ["Group"]
 
 TOPIC = "Failover"
 QUEUES = 4
@@ -78,65 +73,6 @@ GROUP_KEYS: dict[str, object] = {
 # ---- the group -------------------------------------------------------------------------------
 
 
-@dataclass
-class Group:
-    """Replicas of one broker group in controller mode, by replica id."""
-
-    tmp_path: Path
-    nameserver: ServiceProcess
-    etcd: ServiceProcess
-    broker_name: str
-    keys: dict[str, object]
-    replicas: dict[int, ServiceProcess] = field(default_factory=dict)
-
-    @property
-    def namesrv_addrs(self) -> list[str]:
-        return [self.nameserver.addr]
-
-    def start_replica(self, rid: int, **extra: object) -> ServiceProcess:
-        name = f"{self.broker_name}-r{rid}"
-        workdir = self.tmp_path / name
-        keys = {**self.keys, "brokerId": rid, "etcdEndpoints": self.etcd.addr, **extra}
-        args = broker_args(workdir / "store", self.namesrv_addrs, self.broker_name, keys)
-        sp = spawn(name, "services.broker", args, workdir)
-        self.replicas[rid] = sp
-        return sp
-
-    def store(self, rid: int) -> Path:
-        return self.tmp_path / f"{self.broker_name}-r{rid}" / "store"
-
-    def addr(self, rid: int) -> str:
-        return self.replicas[rid].addr
-
-    def rid_of(self, addr: str) -> int:
-        for rid, sp in self.replicas.items():
-            if sp.addr == addr:
-                return rid
-        raise KeyError(f"no replica at {addr}")
-
-    def live(self) -> dict[int, ServiceProcess]:
-        return {rid: sp for rid, sp in self.replicas.items() if sp.alive()}
-
-    def restart(self, rid: int) -> ServiceProcess:
-        sp = restart(self.replicas[rid])
-        self.replicas[rid] = sp
-        return sp
-
-    def logs(self, lines: int = 40) -> str:
-        """The tail of every replica's log, for assertion messages."""
-        return "\n".join(
-            f"--- {sp.name} ({sp.addr}) ---\n{sp.log_tail(lines)}" for sp in self.replicas.values()
-        )
-
-    def stop_all(self) -> None:
-        for sp in [*self.replicas.values(), self.etcd, self.nameserver]:
-            if sp.alive():
-                with contextlib.suppress(OSError):
-                    sp.resume()  # a paused process cannot take SIGTERM
-                with contextlib.suppress(AssertionError):
-                    sp.stop(timeout_s=15)
-
-
 @contextlib.contextmanager
 def ha_group(
     tmp_path: Path,
@@ -146,16 +82,18 @@ def ha_group(
 ) -> Iterator[Group]:
     """A nameserver, an etcd and replicas 1..``replicas`` started in id order (a fresh group
     elects the lowest live id, so replica 1 leads first), with :data:`GROUP_KEYS` and ``keys``
-    (which win); everything stopped afterwards."""
-    ns = start_nameserver(tmp_path)
-    etcd = start_etcd(tmp_path)
-    group = Group(tmp_path, ns, etcd, broker_name, {**GROUP_KEYS, **(keys or {})})
-    try:
-        for rid in range(1, replicas + 1):
-            group.start_replica(rid)
-        yield group
-    finally:
-        group.stop_all()
+    (which win); everything stopped afterwards. A thin wrapper of
+    :func:`tests.support.cluster.cluster`."""
+    group_keys = {**GROUP_KEYS, **(keys or {})}
+    with cluster(
+        tmp_path,
+        brokers=0,
+        replicas=replicas,
+        group_name=broker_name,
+        group_keys=group_keys,
+    ) as c:
+        assert c.group is not None
+        yield c.group
 
 
 # ---- who leads -------------------------------------------------------------------------------
@@ -164,11 +102,8 @@ def ha_group(
 async def stats_of(addr: str, timeout_s: float = 2.0) -> admin_pb2.GetRuntimeStatsResponse | None:
     """The replica's GetRuntimeStats, or None when it does not answer in time."""
     try:
-        async with grpc.aio.insecure_channel(addr) as ch:
-            resp: admin_pb2.GetRuntimeStatsResponse = await admin_pb2_grpc.AdminStub(
-                ch
-            ).GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest(), timeout=timeout_s)
-            return resp
+        async with RawClient(addr) as c:
+            return await c.runtime_stats(timeout_s)
     except grpc.aio.AioRpcError:
         return None
 
@@ -221,11 +156,9 @@ async def wait_master(
 
 async def route_master(namesrv: str, topic: str, broker_name: str) -> str:
     """The address the nameserver gives for ``broker_name``'s brokerId 0 ("" if none)."""
-    async with grpc.aio.insecure_channel(namesrv) as ch:
+    async with RawClient(namesrv) as c:
         try:
-            resp = await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
-                nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=3
-            )
+            resp = await c.route(topic, timeout_s=3)
         except grpc.aio.AioRpcError:
             return ""
     for bd in resp.route.brokers:
@@ -238,17 +171,19 @@ async def wait_synced(group: Group, topic: str = TOPIC, timeout_s: float = 20) -
     """Until every live replica knows ``topic`` (slaves get it through config sync)."""
     deadline = time.monotonic() + timeout_s
     for rid in group.live():
-        async with grpc.aio.insecure_channel(group.addr(rid)) as ch:
-            stub = messaging_pb2_grpc.MessagingStub(ch)
-            while True:
+        async with RawClient(group.addr(rid)) as c:
+
+            async def knows_topic() -> bool:
                 try:
-                    await stub.GetMaxOffset(
+                    await c.messaging.GetMaxOffset(
                         messaging_pb2.GetMaxOffsetRequest(topic=topic, queue_id=0), timeout=3
                     )
-                    break
                 except grpc.aio.AioRpcError:
-                    assert time.monotonic() < deadline, f"replica {rid} never got {topic}"
-                    await asyncio.sleep(0.2)
+                    return False
+                return True
+
+            left_s = max(0.0, deadline - time.monotonic())
+            await until(knows_topic, f"replica {rid} to get {topic}", left_s, 0.2)
 
 
 # ---- recorded traffic ------------------------------------------------------------------------
@@ -381,8 +316,8 @@ async def raw_sender(
     Requests wait up to ``timeout_s``, so ones sent to a paused broker are answered (or
     refused) once it wakes."""
     counter = iter(range(1 << 40))
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as c:
+        stub = c.messaging
 
         async def loop() -> None:
             while not stop.is_set():

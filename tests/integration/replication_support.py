@@ -24,20 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_status import rpc_status
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
     messaging_pb2_grpc,
-    nameserver_pb2,
-    nameserver_pb2_grpc,
 )
 from services.store.inspect import detect_layout, iter_commitlog, verify
 from tests.integration.cluster import ServiceProcess, start_broker, start_slave
+from tests.support import until as support_until
+from tests.support.raw_client import RawClient, refused
+
+# Re-exported (the replication tests import it from here); __all__ only declares that export.
+__all__ = ["refused"]
 
 COMMITLOG_FILE_BYTES = 256 * 1024
 """Small commitlog files, so a few thousand messages roll several of them."""
@@ -84,30 +85,14 @@ def status_name(status: int) -> str:
     return str(messaging_pb2.SendStatus.Name(status))  # type: ignore[arg-type]
 
 
-async def refused(call: Awaitable[Any]) -> tuple[grpc.StatusCode, int, str]:
-    """Await ``call``, which must fail; its code, ErrorDetail reason and message."""
-    try:
-        await call
-    except grpc.aio.AioRpcError as err:
-        status = rpc_status.from_call(err)
-        reason = common_pb2.ERROR_REASON_UNSPECIFIED
-        if status is not None and status.details:
-            detail = common_pb2.ErrorDetail()
-            status.details[0].Unpack(detail)
-            reason = detail.reason
-        return err.code(), reason, err.details() or ""
-    raise AssertionError("the call succeeded but was expected to fail")
-
-
 # ---- setup -----------------------------------------------------------------------------------
 
 
 async def create_topics(addr: str, broker_name: str, topics: Iterable[str], queues: int) -> None:
     """Create each topic on the broker at ``addr`` (broker mode)."""
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as c:
         for topic in topics:
-            await stub.CreateTopic(
+            await c.admin.CreateTopic(
                 admin_pb2.CreateTopicRequest(
                     target=admin_pb2.ApplyTarget(broker_name=broker_name),
                     config=common_pb2.TopicConfig(
@@ -119,8 +104,8 @@ async def create_topics(addr: str, broker_name: str, topics: Iterable[str], queu
 
 
 async def create_group(addr: str, broker_name: str, group: str) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        await admin_pb2_grpc.AdminStub(ch).CreateSubscriptionGroup(
+    async with RawClient(addr) as c:
+        await c.admin.CreateSubscriptionGroup(
             admin_pb2.CreateSubscriptionGroupRequest(
                 target=admin_pb2.ApplyTarget(broker_name=broker_name),
                 config=common_pb2.SubscriptionGroupConfig(group_name=group),
@@ -131,28 +116,24 @@ async def create_group(addr: str, broker_name: str, group: str) -> None:
 
 async def wait_route(namesrv: str, topic: str, brokers: set[str], timeout_s: float = 15) -> None:
     """Until the nameserver routes ``topic`` to every broker group in ``brokers``."""
-    async with grpc.aio.insecure_channel(namesrv) as ch:
-        stub = nameserver_pb2_grpc.NameServerStub(ch)
+    async with RawClient(namesrv) as c:
 
         async def routed() -> bool:
             try:
-                resp = await stub.GetRouteInfoByTopic(
-                    nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5
-                )
+                resp = await c.route(topic)
             except grpc.aio.AioRpcError:
                 return False
             return brokers <= {q.broker_name for q in resp.route.queues}
 
-        await until(routed, timeout_s, f"route of {topic} to {sorted(brokers)}")
+        await support_until.until(routed, f"route of {topic} to {sorted(brokers)}", timeout_s, 0.1)
 
 
 async def until(
     pred: Callable[[], Awaitable[bool]], timeout_s: float, what: str, interval_s: float = 0.1
 ) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await pred():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        await asyncio.sleep(interval_s)
+    """Thin alias of :func:`tests.support.until.until` in this module's old argument order,
+    kept for the replication tests that still import it; new code uses the support one."""
+    await support_until.until(pred, what, timeout_s, interval_s)
 
 
 # ---- load ------------------------------------------------------------------------------------
@@ -199,8 +180,8 @@ async def send_load(
     result; raises on the first failed call. ``on_progress(sent_so_far)`` runs after every
     call (a hook for killing something mid-load; it holds up only the sender that called)."""
     sent: list[Sent] = []
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as c:
+        stub = c.messaging
 
         async def one_queue(topic: str, qid: int) -> None:
             n = 0
@@ -220,11 +201,8 @@ async def send_load(
 
 
 async def runtime_stats(addr: str) -> admin_pb2.GetRuntimeStatsResponse:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        resp: admin_pb2.GetRuntimeStatsResponse = await admin_pb2_grpc.AdminStub(
-            ch
-        ).GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest(), timeout=5)
-        return resp
+    async with RawClient(addr) as c:
+        return await c.runtime_stats()
 
 
 async def wait_in_sync(master_addr: str, slaves: int = 1, timeout_s: float = 20) -> None:
@@ -234,14 +212,14 @@ async def wait_in_sync(master_addr: str, slaves: int = 1, timeout_s: float = 20)
         stats = await runtime_stats(master_addr)
         return len(stats.slaves) >= slaves and all(s.in_sync for s in stats.slaves)
 
-    await until(ok, timeout_s, f"{slaves} in-sync slave(s) on {master_addr}")
+    await support_until.until(ok, f"{slaves} in-sync slave(s) on {master_addr}", timeout_s, 0.1)
 
 
 async def queue_ends(addr: str, topics: list[str], queues: int) -> dict[tuple[str, int], int]:
     """GetMaxOffset of every queue: where a consumer of this broker can read up to."""
     out: dict[tuple[str, int], int] = {}
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as c:
+        stub = c.messaging
         for t in topics:
             for q in range(queues):
                 try:
@@ -278,7 +256,9 @@ async def wait_replicated(
         )
         return me == se
 
-    await until(caught_up, timeout_s, f"slave {slave_addr} caught up with {master_addr}", 0.2)
+    await support_until.until(
+        caught_up, f"slave {slave_addr} caught up with {master_addr}", timeout_s, 0.2
+    )
     return master_end
 
 
@@ -314,8 +294,8 @@ async def read_queue(
 async def read_all(
     addr: str, group: str, topics: list[str], queues: int
 ) -> dict[tuple[str, int], bytes]:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as c:
+        stub = c.messaging
         return {(t, q): await read_queue(stub, group, t, q) for t in topics for q in range(queues)}
 
 
@@ -341,7 +321,7 @@ async def wait_readable(
         reads = on_master
         return on_master == on_slave
 
-    await until(same, timeout_s, f"the slave {slave_addr} reading as its master", 0.3)
+    await support_until.until(same, f"the slave {slave_addr} reading as its master", timeout_s, 0.3)
     return reads
 
 
@@ -362,7 +342,9 @@ async def wait_master_view(master_addr: str, end: int, timeout_s: float = 10) ->
         )
 
     try:
-        await until(ok, timeout_s, f"the master's stats showing its slave at {end}")
+        await support_until.until(
+            ok, f"the master's stats showing its slave at {end}", timeout_s, 0.1
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}; last stats: {last[0] if last else None}") from None
 

@@ -28,15 +28,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
 )
 from rocketq.client.admin import Admin
 from rocketq.client.consumer import (
@@ -51,14 +47,10 @@ from rocketq.client.errors import RocketQError
 from rocketq.codec import Prop
 from rocketq.message import ReceivedMessage
 from rocketq.validation import retry_topic
-from services.common.clock import CLOCK_ORIGIN_ENV, CLOCK_SPEED_ENV, ScaledClock
-from tests.integration.cluster import (
-    ServiceProcess,
-    restart,
-    spawn,
-    start_broker,
-    start_timer_wheel,
-)
+from services.common.clock import ScaledClock
+from tests.support.cluster import Cluster, cluster
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 BROKER = "broker-a"
 #: RocketMQ's default delay levels (messageDelayLevel), in ms: level i + 1 is element i.
@@ -82,61 +74,12 @@ DELAY_LEVELS_MS = [
     3_600_000,
     7_200_000,
 ]
-#: The broker expires a client silent for channelExpiredTimeout (120 s) measured on its clock,
-#: which runs fast in these tests; scaled up by the speed, it stays 120 s of real time.
-CHANNEL_EXPIRED_TIMEOUT_MS = 120_000
-#: Log lines that mean a service hit a bug.
-LOG_ALARMS = ("Traceback", "CRITICAL")
 
 
-def clock_env(speed: float, origin_ms: int | None = None) -> tuple[dict[str, str], ScaledClock]:
-    """The environment every process of a test cluster gets, and the matching test clock."""
-    origin = time.time_ns() // 1_000_000 if origin_ms is None else origin_ms
-    env = {CLOCK_SPEED_ENV: repr(float(speed)), CLOCK_ORIGIN_ENV: str(origin)}
-    return env, ScaledClock(speed, origin)
-
-
-@dataclass
-class TimerCluster:
-    """A nameserver, one broker and one timer-wheel on one scaled clock."""
-
-    root: Path
-    speed: float
-    clock: ScaledClock
-    env: dict[str, str]
-    nameserver: ServiceProcess
-    broker: ServiceProcess
-    timer: ServiceProcess
-    restarted_timers: list[ServiceProcess] = field(default_factory=list)
-
-    @property
-    def namesrv_addrs(self) -> list[str]:
-        return [self.nameserver.addr]
-
-    def now_ms(self) -> int:
-        """Scaled "now", the same reading the services take."""
-        return self.clock.now_ms()
-
-    def scaled(self, real_ms: float) -> int:
-        """A real-time span expressed on the scaled clock."""
-        return int(real_ms * self.speed)
-
-    def restart_timer(self) -> ServiceProcess:
-        """Start the timer-wheel again with the same command (same data dir, same clock)."""
-        self.timer = restart(self.timer)
-        self.restarted_timers.append(self.timer)
-        return self.timer
-
-    def processes(self) -> list[ServiceProcess]:
-        return [self.nameserver, self.broker, self.timer]
-
-    def check_logs(self) -> None:
-        """Fail if a service died or logged a traceback (a bug even when results look right)."""
-        for sp in self.processes():
-            assert sp.alive(), f"{sp.name} died (exit {sp.proc.returncode}):\n{sp.log_tail()}"
-            text = sp.log_path.read_text(errors="replace")
-            for alarm in LOG_ALARMS:
-                assert alarm not in text, f"{sp.name} logged {alarm!r}:\n{sp.log_tail(80)}"
+TimerCluster = Cluster
+"""A nameserver, one broker (``tc.broker``) and one timer-wheel (``tc.timer``) on one scaled
+clock (``tc.clock``): the :class:`tests.support.cluster.Cluster` that :func:`timer_cluster`
+starts."""
 
 
 @contextlib.contextmanager
@@ -147,34 +90,21 @@ def timer_cluster(
     timer_keys: dict[str, object] | None = None,
 ) -> Iterator[TimerCluster]:
     """Start nameserver, broker and timer-wheel sharing a clock running ``speed`` times fast;
-    all stopped (killed if stuck) after."""
-    env, clock = clock_env(speed)
-    started: list[ServiceProcess] = []
-    keys: dict[str, object] = {"channelExpiredTimeout": int(CHANNEL_EXPIRED_TIMEOUT_MS * speed)}
-    keys.update(broker_keys or {})
-    tc: TimerCluster | None = None
-    try:
-        ns = spawn("namesrv", "services.nameserver", ["--listen", "127.0.0.1:0"], root / "ns", env)
-        started.append(ns)
-        broker = start_broker(root, [ns.addr], BROKER, env, **keys)
-        started.append(broker)
-        timer = start_timer_wheel(root, [ns.addr], "timer-0", env, **(timer_keys or {}))
-        started.append(timer)
-        tc = TimerCluster(root, speed, clock, env, ns, broker, timer)
+    all stopped (killed if stuck) after. A thin wrapper of :func:`tests.support.cluster.cluster`."""
+    with cluster(
+        root,
+        timer_wheel=True,
+        clock_speed=speed,
+        broker_keys=broker_keys,
+        timer_keys=timer_keys,
+    ) as tc:
         yield tc
-    finally:
-        if tc is not None:
-            started += tc.restarted_timers
-        for sp in reversed(started):
-            if sp.alive():
-                with contextlib.suppress(AssertionError):
-                    sp.stop(timeout_s=15)
 
 
 async def create_topic(tc: TimerCluster, topic: str, queues: int = 4) -> None:
     """Create ``topic`` on the broker and wait until the nameserver routes it."""
-    async with grpc.aio.insecure_channel(tc.broker.addr) as ch:
-        await admin_pb2_grpc.AdminStub(ch).CreateTopic(
+    async with RawClient(tc.broker.addr) as c:
+        await c.admin.CreateTopic(
             admin_pb2.CreateTopicRequest(
                 target=admin_pb2.ApplyTarget(broker_name=BROKER),
                 config=common_pb2.TopicConfig(
@@ -184,14 +114,14 @@ async def create_topic(tc: TimerCluster, topic: str, queues: int = 4) -> None:
             timeout=10,
         )
     async with Admin(tc.namesrv_addrs) as admin:
-        deadline = time.monotonic() + 15
-        while True:
+
+        async def routed() -> bool:
             with contextlib.suppress(RocketQError):
                 route = await admin.route(topic)
-                if route.queues and route.queues[0].write_queue_nums == queues:
-                    return
-            assert time.monotonic() < deadline, f"the nameserver never routed {topic}"
-            await asyncio.sleep(0.05)
+                return bool(route.queues) and route.queues[0].write_queue_nums == queues
+            return False
+
+        await until(routed, f"the nameserver to route {topic}", 15)
 
 
 class TimerSender:
@@ -228,8 +158,8 @@ class TimerSender:
     async def run(self) -> None:
         started = time.monotonic()
         sem = asyncio.Semaphore(self.concurrency)
-        async with grpc.aio.insecure_channel(self.tc.broker.addr) as ch:
-            stub = messaging_pb2_grpc.MessagingStub(ch)
+        async with RawClient(self.tc.broker.addr) as c:
+            stub = c.messaging
 
             async def one(i: int) -> None:
                 async with sem:
@@ -394,13 +324,16 @@ async def recording_consumer(
 
 async def wait_assigned(consumer: PushConsumer, topic: str, queues: int, timeout_s: float) -> None:
     """Wait until ``consumer`` owns ``queues`` queues of ``topic`` (its rebalance ran)."""
-    deadline = time.monotonic() + timeout_s
-    while len([q for q in consumer.assigned_queues() if q.topic == topic]) < queues:
-        assert time.monotonic() < deadline, (
-            f"the consumer did not get {queues} queues of {topic} in {timeout_s:.0f} s: "
-            f"it owns {sorted(map(str, consumer.assigned_queues()))}"
+    try:
+        await until(
+            lambda: len([q for q in consumer.assigned_queues() if q.topic == topic]) >= queues,
+            f"the consumer to get {queues} queues of {topic}",
+            timeout_s,
+            0.02,
         )
-        await asyncio.sleep(0.02)
+    except AssertionError as exc:
+        owns = sorted(map(str, consumer.assigned_queues()))
+        raise AssertionError(f"{exc}: it owns {owns}") from None
 
 
 async def timer_record(tc: TimerCluster, d: Delivery) -> ReceivedMessage | None:

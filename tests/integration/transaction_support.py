@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import time
 from collections import Counter
@@ -31,10 +30,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
 from rocketq import LocalTransactionState
-from rocketq._api.rocketq.v1 import admin_pb2, admin_pb2_grpc, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import admin_pb2, messaging_pb2
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.consumer import (
     ConsumeContext,
@@ -45,7 +42,13 @@ from rocketq.client.consumer import (
 )
 from rocketq.client.errors import RocketQError
 from rocketq.message import Message, ReceivedMessage, decode_records
+from tests.integration.cluster import free_port
 from tests.integration.timer_support import wait_assigned
+from tests.support.raw_client import RawClient
+from tests.support.until import until
+
+# Re-exported (the transaction failover test imports it from here).
+__all__ = ["free_port"]
 
 #: Short transaction timings for every test cluster: a half message is due for its first check
 #: 1 s after it was born, and the check service looks every 300 ms.
@@ -70,14 +73,6 @@ PLANS: dict[str, tuple[LocalTransactionState, tuple[LocalTransactionState, ...]]
     "unknown": (S.UNKNOW, (S.UNKNOW,)),
 }
 COMMITTED_PLANS = frozenset({"commit", "unknown-commit", "unknown-x2-commit"})
-
-
-def free_port() -> int:
-    """A loopback port free right now, for a broker that must come back on the same address
-    after a restart (the producer ends its transaction at the address of the half send)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -169,17 +164,14 @@ class Deliveries:
 
     async def wait_for(self, bodies: Iterable[str], timeout_s: float) -> None:
         wanted = set(bodies)
-        deadline = time.monotonic() + timeout_s
-        while True:
+        try:
+            await until(lambda: wanted <= set(self.snapshot()), "every message", timeout_s)
+        except AssertionError:
             missing = wanted - set(self.snapshot())
-            if not missing:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"group {self.group}: {len(missing)} of {len(wanted)} messages not delivered "
-                    f"within {timeout_s:.0f} s, e.g. {sorted(missing)[:8]}"
-                )
-            await asyncio.sleep(0.05)
+            raise AssertionError(
+                f"group {self.group}: {len(missing)} of {len(wanted)} messages not delivered "
+                f"within {timeout_s:.0f} s, e.g. {sorted(missing)[:8]}"
+            ) from None
 
 
 @contextlib.asynccontextmanager
@@ -225,8 +217,8 @@ async def stored_messages(
 ) -> list[ReceivedMessage]:
     """Every message the broker holds in ``topic`` (all queues, from offset 0), raw pulls."""
     out: list[ReceivedMessage] = []
-    async with grpc.aio.insecure_channel(broker_addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(broker_addr) as c:
+        stub = c.messaging
         for qid in range(queues):
             offset = 0
             while True:
@@ -258,10 +250,8 @@ async def half_messages(
     broker_addr: str, topic: str = "", max_num: int = 1000
 ) -> admin_pb2.ListHalfMessagesResponse:
     """Admin.ListHalfMessages over a raw stub."""
-    async with grpc.aio.insecure_channel(broker_addr) as ch:
-        resp: admin_pb2.ListHalfMessagesResponse = await admin_pb2_grpc.AdminStub(
-            ch
-        ).ListHalfMessages(
+    async with RawClient(broker_addr) as c:
+        resp: admin_pb2.ListHalfMessagesResponse = await c.admin.ListHalfMessages(
             admin_pb2.ListHalfMessagesRequest(topic=topic, max_num=max_num), timeout=15
         )
         return resp
@@ -273,29 +263,19 @@ async def pending_bodies(broker_addr: str, topic: str) -> dict[str, int]:
     return {h.message.message.body.decode(): h.check_times for h in resp.messages}
 
 
-async def wait_until(
-    predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.05
-) -> None:
-    """Poll a plain predicate from a coroutine until it is truthy."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
-        await asyncio.sleep(interval_s)
-
-
 async def wait_no_pending(broker_addr: str, topic: str, timeout_s: float) -> None:
     """Wait until ListHalfMessages shows nothing pending for ``topic``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    pending: dict[str, int] = {}
+
+    async def none_pending() -> bool:
+        nonlocal pending
         pending = await pending_bodies(broker_addr, topic)
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"still pending after {timeout_s:.0f} s: {dict(list(pending.items())[:8])}"
-            )
-        await asyncio.sleep(0.1)
+        return not pending
+
+    try:
+        await until(none_pending, f"no half message of {topic} pending", timeout_s, 0.1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {dict(list(pending.items())[:8])}") from None
 
 
 def log_alarms(text: str) -> list[str]:

@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
@@ -19,12 +19,30 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_INTERVAL_S = 0.05
 
 
+@overload
 async def until(
-    pred: Callable[[], T | Awaitable[T]],
+    pred: Callable[[], Awaitable[T]],
+    what: str = ...,
+    timeout_s: float = ...,
+    interval_s: float = ...,
+) -> T: ...
+
+
+@overload
+async def until(
+    pred: Callable[[], T],
+    what: str = ...,
+    timeout_s: float = ...,
+    interval_s: float = ...,
+) -> T: ...
+
+
+async def until(
+    pred: Callable[[], object],
     what: str = "condition",
     timeout_s: float = DEFAULT_TIMEOUT_S,
     interval_s: float = DEFAULT_INTERVAL_S,
-) -> T:
+) -> object:
     """Poll ``pred()`` (awaited when it returns an awaitable) until it is truthy; return it.
 
     The predicate is evaluated once more at the deadline, so a condition that becomes true just
@@ -36,7 +54,7 @@ async def until(
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(interval_s)

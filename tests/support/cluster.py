@@ -1,0 +1,259 @@
+"""One cluster fixture family for the integration tier.
+
+``cluster(root, ...)`` starts real service processes and stops them (killed if stuck) after::
+
+    with cluster(tmp_path, brokers=2, broker_keys={"autoCreateTopicEnable": False}) as c:
+        c.brokers[0].addr, c.namesrv_addrs, ...
+
+Options, all composable:
+
+* ``nameservers`` / ``brokers``: nameservers and broker masters ``broker-a``, ``broker-b``, …;
+* ``slaves``: slaves 1..N of ``broker-a`` (they find their master through the nameservers)
+  with ``slave_keys``;
+* ``timer_wheel``: one timer-wheel (``timer-0``) with ``timer_keys``;
+* ``clock_speed``: every process on one :class:`ScaledClock` running that many times fast
+  (``c.clock`` reads the same time in the test);
+* ``etcd`` / ``replicas``: an etcd and an HA :class:`Group` of ``replicas`` replicas of
+  ``group_name`` in controller mode (``c.group``), with ``group_keys``.
+
+The old wrappers (``tests.integration.cluster.cluster``, ``timer_support.timer_cluster``,
+``failover_support.ha_group``) are thin calls of this one. The process-spawning functions stay
+in :mod:`tests.integration.cluster`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.clock import CLOCK_ORIGIN_ENV, CLOCK_SPEED_ENV, ScaledClock
+from tests.integration import cluster as spawning
+from tests.integration.cluster import ServiceProcess
+
+LOG_ALARMS = ("Traceback", "CRITICAL")
+"""Log lines that mean a service hit a bug, even when every result looks right."""
+CHANNEL_EXPIRED_TIMEOUT_MS = 120_000
+"""The broker expires a silent client after this on its own clock; on a scaled clock it is
+scaled up by the speed so it stays 120 s of real time."""
+
+
+def broker_name(i: int) -> str:
+    """broker-a, broker-b, … for master ``i``."""
+    return f"broker-{chr(ord('a') + i)}"
+
+
+@dataclass
+class Group:
+    """Replicas of one broker group in controller mode (etcd), by replica id."""
+
+    tmp_path: Path
+    nameserver: ServiceProcess
+    etcd: ServiceProcess
+    broker_name: str
+    keys: dict[str, object]
+    replicas: dict[int, ServiceProcess] = field(default_factory=dict)
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        return [self.nameserver.addr]
+
+    def start_replica(self, rid: int, **extra: object) -> ServiceProcess:
+        name = f"{self.broker_name}-r{rid}"
+        workdir = self.tmp_path / name
+        keys = {**self.keys, "brokerId": rid, "etcdEndpoints": self.etcd.addr, **extra}
+        args = spawning.broker_args(workdir / "store", self.namesrv_addrs, self.broker_name, keys)
+        sp = spawning.spawn(name, "services.broker", args, workdir)
+        self.replicas[rid] = sp
+        return sp
+
+    def store(self, rid: int) -> Path:
+        return self.tmp_path / f"{self.broker_name}-r{rid}" / "store"
+
+    def addr(self, rid: int) -> str:
+        return self.replicas[rid].addr
+
+    def rid_of(self, addr: str) -> int:
+        for rid, sp in self.replicas.items():
+            if sp.addr == addr:
+                return rid
+        raise KeyError(f"no replica at {addr}")
+
+    def live(self) -> dict[int, ServiceProcess]:
+        return {rid: sp for rid, sp in self.replicas.items() if sp.alive()}
+
+    def restart(self, rid: int) -> ServiceProcess:
+        sp = spawning.restart(self.replicas[rid])
+        self.replicas[rid] = sp
+        return sp
+
+    def logs(self, lines: int = 40) -> str:
+        """The tail of every replica's log, for assertion messages."""
+        return "\n".join(
+            f"--- {sp.name} ({sp.addr}) ---\n{sp.log_tail(lines)}" for sp in self.replicas.values()
+        )
+
+    def stop_all(self) -> None:
+        stop_all([*self.replicas.values(), self.etcd, self.nameserver])
+
+
+def stop_all(processes: list[ServiceProcess]) -> None:
+    """Stop each live process (resumed first: a paused one cannot take SIGTERM); one that does
+    not stop in time is killed, and the others are still stopped."""
+    for sp in processes:
+        if sp.alive():
+            with contextlib.suppress(OSError):
+                sp.resume()
+            with contextlib.suppress(AssertionError):
+                sp.stop(timeout_s=15)
+
+
+@dataclass
+class Cluster(spawning.Cluster):
+    """What :func:`cluster` started: ``nameservers`` and ``brokers`` (masters) as in the base,
+    plus slaves, the timer-wheel, etcd and HA group when asked for, and the clock."""
+
+    root: Path = Path()
+    slaves: list[ServiceProcess] = field(default_factory=list)
+    timer_proc: ServiceProcess | None = None
+    etcd: ServiceProcess | None = None
+    group: Group | None = None
+    speed: float = 1.0
+    clock: ScaledClock = field(default_factory=lambda: clock_env(1.0)[1])
+    """The services' clock (real time unless ``clock_speed`` was given)."""
+    env: dict[str, str] = field(default_factory=dict)
+    replaced: list[ServiceProcess] = field(default_factory=list)
+    """Processes restarted by the test (stopped with the rest)."""
+
+    @property
+    def nameserver(self) -> ServiceProcess:
+        return self.nameservers[0]
+
+    @property
+    def broker(self) -> ServiceProcess:
+        """The first master, broker-a."""
+        return self.brokers[0]
+
+    @property
+    def timer(self) -> ServiceProcess:
+        assert self.timer_proc is not None, "the cluster was started without timer_wheel=True"
+        return self.timer_proc
+
+    @property
+    def restarted_timers(self) -> list[ServiceProcess]:
+        return [sp for sp in self.replaced if sp.name.startswith("timer")]
+
+    def now_ms(self) -> int:
+        """Scaled "now", the same reading the services take."""
+        return self.clock.now_ms()
+
+    def scaled(self, real_ms: float) -> int:
+        """A real-time span expressed on the scaled clock."""
+        return int(real_ms * self.speed)
+
+    def restart_timer(self) -> ServiceProcess:
+        """Start the timer-wheel again with the same command (same data dir, same clock)."""
+        self.timer_proc = spawning.restart(self.timer)
+        self.replaced.append(self.timer_proc)
+        return self.timer_proc
+
+    def restart(self, sp: ServiceProcess) -> ServiceProcess:
+        """Start ``sp`` again (same command, same data dir) and put it in its old place."""
+        new = spawning.restart(sp)
+        for procs in (self.nameservers, self.brokers, self.slaves):
+            if sp in procs:
+                procs[procs.index(sp)] = new
+        self.replaced.append(new)
+        return new
+
+    def processes(self) -> list[ServiceProcess]:
+        """The current services (not replaced ones), nameservers first."""
+        timer = [self.timer_proc] if self.timer_proc is not None else []
+        return [*self.nameservers, *self.brokers, *self.slaves, *timer]
+
+    def check_logs(self) -> None:
+        """Fail if a service died or logged a traceback (a bug even when results look right)."""
+        for sp in self.processes():
+            assert sp.alive(), f"{sp.name} died (exit {sp.proc.returncode}):\n{sp.log_tail()}"
+            text = sp.log_path.read_text(errors="replace")
+            for alarm in LOG_ALARMS:
+                assert alarm not in text, f"{sp.name} logged {alarm!r}:\n{sp.log_tail(80)}"
+
+
+@contextlib.contextmanager
+def cluster(
+    root: Path,
+    *,
+    brokers: int = 1,
+    nameservers: int = 1,
+    slaves: int = 0,
+    timer_wheel: bool = False,
+    clock_speed: float | None = None,
+    etcd: bool = False,
+    replicas: int = 0,
+    broker_keys: dict[str, object] | None = None,
+    slave_keys: dict[str, object] | None = None,
+    timer_keys: dict[str, object] | None = None,
+    group_name: str = "broker-a",
+    group_keys: dict[str, object] | None = None,
+) -> Iterator[Cluster]:
+    """Start the asked-for services in dependency order; stop them all after (see module)."""
+    c = Cluster([], [], root=root)
+    if clock_speed is not None:
+        c.env, c.clock = clock_env(clock_speed)
+        c.speed = clock_speed
+    try:
+        _start(c, brokers, nameservers, slaves, timer_wheel, broker_keys, slave_keys, timer_keys)
+        if etcd or replicas:
+            c.etcd = spawning.start_etcd(root)
+        if replicas:
+            assert c.etcd is not None
+            c.group = Group(root, c.nameserver, c.etcd, group_name, dict(group_keys or {}))
+            for rid in range(1, replicas + 1):  # a fresh group elects the lowest live id
+                c.group.start_replica(rid)
+        yield c
+    finally:
+        group = list(c.group.replicas.values()) if c.group is not None else []
+        etcd_proc = [c.etcd] if c.etcd is not None else []
+        stop_all([*group, *reversed(c.replaced), *reversed(c.processes()), *etcd_proc])
+
+
+def _start(
+    c: Cluster,
+    brokers: int,
+    nameservers: int,
+    slaves: int,
+    timer_wheel: bool,
+    broker_keys: dict[str, object] | None,
+    slave_keys: dict[str, object] | None,
+    timer_keys: dict[str, object] | None,
+) -> None:
+    env = c.env or None
+    for i in range(nameservers):
+        name = f"namesrv{i}" if nameservers > 1 else "namesrv"
+        args = ["--listen", "127.0.0.1:0"]
+        c.nameservers.append(spawning.spawn(name, "services.nameserver", args, c.root / name, env))
+    keys: dict[str, object] = {}
+    if c.env:
+        keys["channelExpiredTimeout"] = int(CHANNEL_EXPIRED_TIMEOUT_MS * c.speed)
+    keys.update(broker_keys or {})
+    for i in range(brokers):
+        b = spawning.start_broker(c.root, c.namesrv_addrs, broker_name(i), env, **keys)
+        c.brokers.append(b)
+    for sid in range(1, slaves + 1):
+        skeys = slave_keys or {}
+        c.slaves.append(
+            spawning.start_slave(c.root, c.namesrv_addrs, "broker-a", sid, env, **skeys)
+        )
+    if timer_wheel:
+        tkeys = timer_keys or {}
+        c.timer_proc = spawning.start_timer_wheel(c.root, c.namesrv_addrs, "timer-0", env, **tkeys)
+
+
+def clock_env(speed: float, origin_ms: int | None = None) -> tuple[dict[str, str], ScaledClock]:
+    """The environment every process of a scaled-clock cluster gets, and the matching clock."""
+    origin = time.time_ns() // 1_000_000 if origin_ms is None else origin_ms
+    env = {CLOCK_SPEED_ENV: repr(float(speed)), CLOCK_ORIGIN_ENV: str(origin)}
+    return env, ScaledClock(speed, origin)
