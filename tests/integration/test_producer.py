@@ -13,15 +13,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
 )
 from rocketq.client._instance import ClientConfig, ClientInstance
 from rocketq.client._nameserver import NameServerClient
@@ -72,11 +69,10 @@ FLAG_SUBSCRIPTION = 0x4
 async def pull_queue(addr: str, topic: str, queue_id: int) -> list[ReceivedMessage]:
     """Every stored message of one queue, in queue order (raw gRPC Pull, no long polling)."""
     out: list[ReceivedMessage] = []
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as c:
         offset = 0
         while True:
-            resp = await stub.Pull(
+            resp = await c.messaging.Pull(
                 messaging_pb2.PullRequest(
                     consumer_group="producer_test_reader",
                     topic=topic,
@@ -108,8 +104,8 @@ async def pull_topic(route: TopicRoute) -> dict[str, ReceivedMessage]:
 
 
 async def create_topic(addr: str, broker_name: str, topic: str, queue_nums: int = 4) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        await admin_pb2_grpc.AdminStub(ch).CreateTopic(
+    async with RawClient(addr) as c:
+        await c.admin.CreateTopic(
             admin_pb2.CreateTopicRequest(
                 target=admin_pb2.ApplyTarget(broker_name=broker_name),
                 config=common_pb2.TopicConfig(
@@ -135,7 +131,9 @@ async def wait_route(namesrv_addrs: list[str], topic: str, brokers: set[str]) ->
         return route if set(route.brokers) == brokers else None
 
     try:
-        return await until(matching, f"route of {topic} to show {brokers}", 15, 0.1)
+        route = await until(matching, f"route of {topic} to show {brokers}", 15, 0.1)
+        assert route is not None  # until returns a truthy value only
+        return route
     finally:
         await client.close()
 
@@ -184,9 +182,9 @@ async def test_every_send_mode_round_trips(one_broker: Cluster) -> None:
             assert await p.instance.heartbeat_now() == [one_broker.brokers[0].addr]
             route = await p.instance.get_route(topic, refresh=True)
 
-        async def with_oneway() -> dict[str, ReceivedMessage] | None:
+        async def with_oneway() -> dict[str, ReceivedMessage]:
             stored = await pull_topic(route)
-            return stored if any(m.body == b"oneway" for m in stored.values()) else None
+            return stored if any(m.body == b"oneway" for m in stored.values()) else {}
 
         return await until(with_oneway, "the oneway message stored", timeout_s=10)
 
@@ -551,8 +549,8 @@ class ProbeConsumer:
 
 
 async def consumer_ids(addr: str, group: str) -> list[str]:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        resp = await messaging_pb2_grpc.MessagingStub(ch).GetConsumerIdList(
+    async with RawClient(addr) as c:
+        resp = await c.messaging.GetConsumerIdList(
             messaging_pb2.GetConsumerIdListRequest(consumer_group=group), timeout=5
         )
     return list(resp.consumer_ids)

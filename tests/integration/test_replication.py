@@ -38,7 +38,6 @@ from tests.integration.replication_support import (
     create_group,
     create_topics,
     read_all,
-    refused,
     runtime_stats,
     send_load,
     start_ha_slave,
@@ -49,6 +48,7 @@ from tests.integration.replication_support import (
     wait_readable,
     wait_replicated,
 )
+from tests.support.raw_client import refused
 
 pytestmark = pytest.mark.integration
 

@@ -47,12 +47,12 @@ from tests.integration.replication_support import (
     start_ha_slave,
     start_master,
     stored_uniq_keys,
-    until,
     wait_in_sync,
     wait_readable,
     wait_replicated,
     wait_route,
 )
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -153,7 +153,7 @@ async def test_master_killed_consumers_read_slave_producers_move_offsets_kept(
         await producer.start()
         try:
             warm = await send_phase(producer, "warm", 40)
-            await until(rec.has(set(warm)), 30, "the warm-up messages consumed")
+            await until(rec.has(set(warm)), "the warm-up messages consumed", timeout_s=30)
             consumer.suspend()
             backlog = await send_phase(producer, "backlog", 200)
             on_a = {b for b, broker in backlog.items() if broker == "broker-a"}
@@ -167,7 +167,9 @@ async def test_master_killed_consumers_read_slave_producers_move_offsets_kept(
             moved = await send_phase(producer, "moved", 60)
             assert set(moved.values()) == {"broker-b"}, "sends kept going to the dead master"
             everything = set(warm) | set(backlog) | set(moved)
-            await until(rec.has(everything), 45, "the push consumer reading broker-a's slave")
+            await until(
+                rec.has(everything), "the push consumer reading broker-a's slave", timeout_s=45
+            )
             from_slave = on_a - before_kill
             assert len(from_slave) >= len(on_a) // 2, (
                 f"only {len(from_slave)} of broker-a's {len(on_a)} backlog messages were read "
@@ -207,8 +209,8 @@ async def test_master_killed_consumers_read_slave_producers_move_offsets_kept(
         procs.append(master_a_again := restart(master_a))
         await until(
             lambda: _equals(committed(master_a_again.addr, GROUP), ends),
-            20,
             "the returned master holding the offsets committed on its slave",
+            timeout_s=20,
         )
         rec2 = Recorder()
         consumer2 = push_consumer(ns.addr, rec2)
@@ -220,7 +222,7 @@ async def test_master_killed_consumers_read_slave_producers_move_offsets_kept(
             ) as p2:
                 after = await send_phase(p2, "after", 40)
             assert set(after.values()) == {"broker-a", "broker-b"}
-            await until(rec2.has(set(after)), 30, "the new member consuming new messages")
+            await until(rec2.has(set(after)), "the new member consuming new messages", timeout_s=30)
             await asyncio.sleep(1.0)  # time for any wrongful redelivery to show up
         finally:
             await consumer2.close()

@@ -18,18 +18,16 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_status import rpc_status
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     replication_pb2,
-    replication_pb2_grpc,
 )
 from tests.integration.cluster import ServiceProcess, start_broker, start_slave
+from tests.support.raw_client import RawClient, refused
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -56,19 +54,11 @@ def _epochs(*pairs: tuple[int, int]) -> list[replication_pb2.EpochEntry]:
     return [replication_pb2.EpochEntry(epoch=e, start_offset=s) for e, s in pairs]
 
 
-def _reason(err: grpc.aio.AioRpcError) -> int:
-    status = rpc_status.from_call(err)
-    assert status is not None
-    detail = common_pb2.ErrorDetail()
-    status.details[0].Unpack(detail)
-    return detail.reason
-
-
 class FakeSlave:
     """One Replication.Stream opened by the test."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.call: Any = replication_pb2_grpc.ReplicationStub(channel).Stream()
+    def __init__(self, c: RawClient) -> None:
+        self.call: Any = c.replication.Stream()
         self.data = bytearray()
         self.start = 0
         self.confirms: list[int] = []
@@ -144,8 +134,8 @@ class FakeSlave:
 
 async def _produce(addr: str, count: int, body_bytes: int = 1000) -> int:
     """Create the topic and send ``count`` messages; the master's commitlog max offset."""
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as c:
+        admin = c.admin
         await admin.CreateTopic(
             admin_pb2.CreateTopicRequest(
                 target=admin_pb2.ApplyTarget(broker_name="broker-a"),
@@ -154,12 +144,12 @@ async def _produce(addr: str, count: int, body_bytes: int = 1000) -> int:
                 ),
             )
         )
-        await _send(ch, count, body_bytes)
-        return await _max_offset(ch)
+        await _send(c, count, body_bytes)
+        return await _max_offset(c)
 
 
-async def _send(ch: grpc.aio.Channel, count: int, body_bytes: int = 1000) -> list[int]:
-    stub = messaging_pb2_grpc.MessagingStub(ch)
+async def _send(c: RawClient, count: int, body_bytes: int = 1000) -> list[int]:
+    stub = c.messaging
     statuses = []
     for i in range(count):
         resp = await stub.Send(
@@ -172,15 +162,18 @@ async def _send(ch: grpc.aio.Channel, count: int, body_bytes: int = 1000) -> lis
     return statuses
 
 
-async def _stats(ch: grpc.aio.Channel) -> admin_pb2.GetRuntimeStatsResponse:
-    stats: admin_pb2.GetRuntimeStatsResponse = await admin_pb2_grpc.AdminStub(ch).GetRuntimeStats(
-        admin_pb2.GetRuntimeStatsRequest()
-    )
-    return stats
+async def _stats(c: RawClient) -> admin_pb2.GetRuntimeStatsResponse:
+    return await c.runtime_stats()
 
 
-async def _max_offset(ch: grpc.aio.Channel) -> int:
-    return (await _stats(ch)).commitlog_max_offset
+async def _in_sync(c: RawClient) -> bool:
+    """Whether the master reports its one slave in sync."""
+    slaves = (await _stats(c)).slaves
+    return bool(slaves) and slaves[0].in_sync
+
+
+async def _max_offset(c: RawClient) -> int:
+    return (await _stats(c)).commitlog_max_offset
 
 
 def _commitlog_bytes(master: ServiceProcess, start: int, end: int) -> bytes:
@@ -197,8 +190,8 @@ async def test_hello_statuses(master_factory: Callable[..., ServiceProcess]) -> 
     master = master_factory()
 
     async def expect(code: grpc.StatusCode, first: Any) -> grpc.aio.AioRpcError:
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            call = replication_pb2_grpc.ReplicationStub(ch).Stream()
+        async with RawClient(master.addr) as c:
+            call = c.replication.Stream()
             await call.write(first)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await asyncio.wait_for(call.read(), 10)
@@ -221,8 +214,8 @@ async def test_hello_statuses(master_factory: Callable[..., ServiceProcess]) -> 
     err = await expect(precondition, hello(epochs=_epochs((0, 0), (3, 0)), max_physical_offset=5))
     assert "newer" in (err.details() or "")
     # An ack beyond what was sent breaks the protocol.
-    async with grpc.aio.insecure_channel(master.addr) as ch:
-        slave = FakeSlave(ch)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
         await slave.hello()
         await slave.ack(1 << 30)
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -238,26 +231,27 @@ async def test_a_slave_answers_replication_calls_not_master(
     slave = start_slave(tmp_path, [], haMasterAddress=master.addr)
     try:
         # Let the real slave settle on its own stream first (and stop it only then).
-        async with grpc.aio.insecure_channel(master.addr) as mch:
-            for _ in range(100):
-                if (await _stats(mch)).slaves:
-                    break
-                await asyncio.sleep(0.05)
-            assert (await _stats(mch)).slaves[0].broker_id == 1
-        async with grpc.aio.insecure_channel(slave.addr) as ch:
-            call = replication_pb2_grpc.ReplicationStub(ch).Stream()
+        async with RawClient(master.addr) as mc:
+
+            async def has_slave() -> bool:
+                return bool((await _stats(mc)).slaves)
+
+            await until(has_slave, "the real slave's stream on the master", timeout_s=5)
+            assert (await _stats(mc)).slaves[0].broker_id == 1
+        async with RawClient(slave.addr) as c:
+            call = c.replication.Stream()
             hello = replication_pb2.SlaveHello(broker_name="broker-a", broker_id=2)
             await call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await asyncio.wait_for(call.read(), 10)
-            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert _reason(info.value) == common_pb2.NOT_MASTER
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await replication_pb2_grpc.ReplicationStub(ch).SyncConfig(
+            code, reason, _ = await refused(asyncio.wait_for(call.read(), 10))
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert reason == common_pb2.NOT_MASTER
+            code, reason, _ = await refused(
+                c.replication.SyncConfig(
                     replication_pb2.SyncConfigRequest(broker_name="broker-a", broker_id=2)
                 )
-            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert _reason(info.value) == common_pb2.NOT_MASTER
+            )
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert reason == common_pb2.NOT_MASTER
     finally:
         slave.stop()
 
@@ -272,7 +266,7 @@ async def test_truncate_to_for_empty_behind_ahead_and_diverged_histories(
 
     end = await _produce(master.addr, 20)
     assert end > 0
-    async with grpc.aio.insecure_channel(master.addr) as ch:
+    async with RawClient(master.addr) as c:
         cases = [
             ((), 0, 0),  # empty store: from the start
             (_epochs((0, 0)), 1000, 1000),  # behind: keeps everything
@@ -280,7 +274,7 @@ async def test_truncate_to_for_empty_behind_ahead_and_diverged_histories(
             (_epochs((0, 300)), 900, 0),  # histories differ from the first entry
         ]
         for epochs, slave_max, want in cases:
-            slave = FakeSlave(ch)
+            slave = FakeSlave(c)
             truncate = await slave.hello(slave_max, epochs)
             assert truncate.physical_offset == want, (epochs, slave_max)
             assert [(e.epoch, e.start_offset) for e in truncate.epochs] == [(0, 0)]
@@ -294,8 +288,8 @@ async def test_chunks_are_contiguous_bounded_and_equal_to_the_master_commitlog(
     master = master_factory(haTransferBatchSize=batch)
 
     end = await _produce(master.addr, 200)
-    async with grpc.aio.insecure_channel(master.addr) as ch:
-        slave = FakeSlave(ch)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
         truncate = await slave.hello(1000, _epochs((0, 0)))
         assert truncate.physical_offset == 1000
         sizes: list[int] = []
@@ -309,8 +303,8 @@ async def test_chunks_are_contiguous_bounded_and_equal_to_the_master_commitlog(
         assert max(sizes) <= batch and len(sizes) >= (end - 1000) // batch
         assert bytes(slave.data) == _commitlog_bytes(master, 1000, end)
         # New bytes are pushed without asking.
-        await _send(ch, 3)
-        end2 = await _max_offset(ch)
+        await _send(c, 3)
+        end2 = await _max_offset(c)
         await slave.receive_until(lambda: slave.end >= end2, ack=True)
         assert bytes(slave.data) == _commitlog_bytes(master, 1000, end2)
 
@@ -322,8 +316,8 @@ async def test_in_flight_bytes_are_capped_until_the_slave_acks(
 
     end = await _produce(master.addr, 100)
     assert end > 40_000
-    async with grpc.aio.insecure_channel(master.addr) as ch:
-        slave = FakeSlave(ch)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
         await slave.hello()
         await slave.drain(quiet_s=1.0)
         assert slave.end == 16384  # the window, exactly, and nothing more without an ack
@@ -344,49 +338,49 @@ async def test_confirm_offset_follows_the_in_sync_slave(
     master = master_factory()
 
     end = await _produce(master.addr, 10)
-    async with grpc.aio.insecure_channel(master.addr) as ch:
-        slave = FakeSlave(ch)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
         await slave.hello()
         await slave.receive_until(lambda: slave.end >= end, ack=False)
-        stats = await _stats(ch)
+        stats = await _stats(c)
         (link,) = stats.slaves
         assert not link.in_sync and link.lag_bytes == end and link.lag_seconds > 0
         assert stats.confirm_offset == end  # nobody in sync: unbounded
         await slave.ack(end)
-        await asyncio.sleep(0.2)
-        stats = await _stats(ch)
+        await until(lambda: _in_sync(c), "the slave in sync after its ack")
+        stats = await _stats(c)
         assert stats.slaves[0].in_sync and stats.slaves[0].lag_bytes == 0
-        await _send(ch, 5)
-        end2 = await _max_offset(ch)
-        stats = await _stats(ch)
+        await _send(c, 5)
+        end2 = await _max_offset(c)
+        stats = await _stats(c)
         assert stats.confirm_offset == end  # new bytes wait for the in-sync slave
         assert stats.slaves[0].lag_bytes == end2 - end
         await slave.receive_until(lambda: slave.end >= end2, ack=False)
         await slave.ack(end2)
         await slave.receive_until(lambda: end2 in slave.confirms, ack=False)
-        assert (await _stats(ch)).confirm_offset == end2
+        assert (await _stats(c)).confirm_offset == end2
         assert slave.confirms == sorted(slave.confirms)
 
 
 async def test_sync_master_statuses(master_factory: Callable[..., ServiceProcess]) -> None:
     master = master_factory(brokerRole="SYNC_MASTER", syncFlushTimeout=700)
 
-    async with grpc.aio.insecure_channel(master.addr) as ch:
+    async with RawClient(master.addr) as c:
         await _produce(master.addr, 0)
-        assert await _send(ch, 1) == [messaging_pb2.SLAVE_NOT_AVAILABLE]
-        slave = FakeSlave(ch)
+        assert await _send(c, 1) == [messaging_pb2.SLAVE_NOT_AVAILABLE]
+        slave = FakeSlave(c)
         await slave.hello()
-        end = await _max_offset(ch)
+        end = await _max_offset(c)
         await slave.receive_until(lambda: slave.end >= end, ack=True)
-        await asyncio.sleep(0.2)
-        assert (await _stats(ch)).slaves[0].in_sync
+        await until(lambda: _in_sync(c), "the slave in sync after its acks")
+        assert (await _stats(c)).slaves[0].in_sync
         # The slave acks what it receives: SEND_OK.
-        send = asyncio.create_task(_send(ch, 1))
+        send = asyncio.create_task(_send(c, 1))
         await slave.receive_until(send.done, ack=True)
         assert await send == [messaging_pb2.SEND_OK]
         # The slave stops acking: FLUSH_SLAVE_TIMEOUT after syncFlushTimeout.
         started = time.monotonic()
-        assert await _send(ch, 1) == [messaging_pb2.FLUSH_SLAVE_TIMEOUT]
+        assert await _send(c, 1) == [messaging_pb2.FLUSH_SLAVE_TIMEOUT]
         assert time.monotonic() - started >= 0.6
 
 
@@ -395,8 +389,8 @@ async def test_a_silent_slave_is_dropped_after_the_housekeeping_interval(
 ) -> None:
     master = master_factory(haSendHeartbeatInterval=200, haHousekeepingInterval=1000)
 
-    async with grpc.aio.insecure_channel(master.addr) as ch:
-        slave = FakeSlave(ch)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
         await slave.hello()
         started = time.monotonic()
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -404,7 +398,7 @@ async def test_a_silent_slave_is_dropped_after_the_housekeeping_interval(
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "no ack" in (info.value.details() or "")
         assert 0.9 <= time.monotonic() - started < 5
-        assert not (await _stats(ch)).slaves
+        assert not (await _stats(c)).slaves
 
 
 # -- SyncConfig ----------------------------------------------------------------------------------
@@ -416,15 +410,15 @@ async def test_sync_config_tables_and_slave_offsets(
     master = master_factory()
 
     await _produce(master.addr, 0)
-    async with grpc.aio.insecure_channel(master.addr) as ch:
-        msg = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(master.addr) as c:
+        msg = c.messaging
         for qid, offset in ((0, 10), (1, 10)):
             await msg.UpdateConsumerOffset(
                 messaging_pb2.UpdateConsumerOffsetRequest(
                     consumer_group="g1", topic=TOPIC, queue_id=qid, commit_offset=offset
                 )
             )
-        repl = replication_pb2_grpc.ReplicationStub(ch)
+        repl = c.replication
         for name, code in (("", "INVALID_ARGUMENT"), ("broker-b", "FAILED_PRECONDITION")):
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await repl.SyncConfig(replication_pb2.SyncConfigRequest(broker_name=name))

@@ -38,7 +38,7 @@ from services.store.commitlog import MessageToStore
 from services.store.config import StoreConfig
 from services.store.message_store import MessageStore
 from tests.integration.cluster import ServiceProcess, start_nameserver, start_slave
-from tests.integration.replication_support import refused
+from tests.support.raw_client import refused
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,6 @@ from rocketq._api.rocketq.v1 import (
     messaging_pb2,
     messaging_pb2_grpc,
     timer_pb2,
-    timer_pb2_grpc,
 )
 from rocketq.codec import Prop
 from tests.integration.cluster import (
@@ -32,6 +31,8 @@ from tests.integration.cluster import (
     start_nameserver,
     start_timer_wheel,
 )
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -69,11 +70,6 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
         assert "Traceback" not in p.timer.log_path.read_text(errors="replace"), p.timer.log_tail()
     finally:
         p.close()
-
-
-def messaging(addr: str) -> tuple[grpc.aio.Channel, messaging_pb2_grpc.MessagingStub]:
-    ch = grpc.aio.insecure_channel(addr)
-    return ch, messaging_pb2_grpc.MessagingStub(ch)
 
 
 async def send_delayed(
@@ -131,16 +127,16 @@ def check_on_time(msgs: list[common_pb2.StoredMessage], late_ms_max: int) -> Non
 
 
 async def timer_stats(addr: str) -> timer_pb2.GetTimerStatsResponse:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stats: timer_pb2.GetTimerStatsResponse = await timer_pb2_grpc.TimerAdminStub(
-            ch
-        ).GetTimerStats(timer_pb2.GetTimerStatsRequest())
+    async with RawClient(addr) as c:
+        stats: timer_pb2.GetTimerStatsResponse = await c.timer.GetTimerStats(
+            timer_pb2.GetTimerStatsRequest()
+        )
         return stats
 
 
 async def test_delays_fire_on_time_in_their_queue(procs: Procs) -> None:
-    ch, stub = messaging(procs.broker.addr)
-    async with ch:
+    async with RawClient(procs.broker.addr) as broker:
+        stub = broker.messaging
         await send_delayed(stub, "TwOnTime", {})  # creates the topic
         base = await drain(stub, "TwOnTime", 1, 5)
         assert len(base) == 1
@@ -166,9 +162,8 @@ async def test_delays_fire_on_time_in_their_queue(procs: Procs) -> None:
 
 
 async def test_cancel_timer(procs: Procs) -> None:
-    ch, stub = messaging(procs.broker.addr)
-    async with ch, grpc.aio.insecure_channel(procs.timer.addr) as tch:
-        timers = timer_pb2_grpc.TimerAdminStub(tch)
+    async with RawClient(procs.broker.addr) as broker, RawClient(procs.timer.addr) as timer:
+        stub, timers = broker.messaging, timer.timer
         await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "1"})
         keep = await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "2500"})
         drop = await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "2500"})
@@ -195,8 +190,8 @@ async def test_sigkill_and_restart_lose_nothing(tmp_path: Path) -> None:
     procs = Procs(tmp_path)
 
     try:
-        ch, stub = messaging(procs.broker.addr)
-        async with ch:
+        async with RawClient(procs.broker.addr) as broker:
+            stub = broker.messaging
             await send_delayed(stub, "TwKill", {})
             first = await drain(stub, "TwKill", 1, 5)
             offsets = {q: (1 if q == first[0].queue_id else 0) for q in range(QUEUES)}
@@ -206,9 +201,9 @@ async def test_sigkill_and_restart_lose_nothing(tmp_path: Path) -> None:
                     stub, "TwKill", {Prop.TIMER_DELAY_MS: str(500 + 60 * i)}, queue_id=i % QUEUES
                 )
                 sent.add(r.msg_id)
-            await asyncio.sleep(1.2)
+            await asyncio.sleep(1.2)  # deliberate: the first timers fire, the rest are pending
             procs.timer.kill()
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # deliberate: the timer-wheel stays down a while
             procs.restart_timer()
             got = await drain(stub, "TwKill", len(sent), 20, offsets)
             ids = [m.msg_id for m in got]
@@ -230,12 +225,15 @@ async def test_hour_long_level_fires_fast_on_a_scaled_clock(tmp_path: Path) -> N
     }
     p = Procs(tmp_path, env)
     try:
-        ch, stub = messaging(p.broker.addr)
-        async with ch:
+        async with RawClient(p.broker.addr) as broker:
+            stub = broker.messaging
             await send_delayed(stub, "TwFast", {})
             await drain(stub, "TwFast", 1, 5)
-            while len((await timer_stats(p.timer.addr)).queues) < QUEUES:
-                await asyncio.sleep(0.05)  # the timer-wheel owns every timer queue
+
+            async def owns_every_queue() -> bool:
+                return len((await timer_stats(p.timer.addr)).queues) >= QUEUES
+
+            await until(owns_every_queue, "the timer-wheel to own every timer queue", 30)
             r = await send_delayed(stub, "TwFast", {Prop.DELAY_LEVEL: "5"})  # 1 minute
             started = time.monotonic()
             got = await drain(stub, "TwFast", 2, 10)
