@@ -12,10 +12,9 @@ import asyncio
 import threading
 from collections.abc import Iterator, Sequence
 
-import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.consumer import (
     ConsumeFromWhere,
@@ -29,6 +28,7 @@ from rocketq.java_hash import java_string_hash
 from rocketq.message import Message, MessageQueue, ReceivedMessage, decode_records
 from tests.integration.cluster import Cluster, cluster
 from tests.integration.topic_routes import create_routed_topic
+from tests.support.raw_client import RawClient
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -52,8 +52,8 @@ async def pull_all(c: Cluster, topic: str, queue_id: int) -> list[ReceivedMessag
     """Every message stored in one queue, in queue order, read with plain Pull calls."""
     out: list[ReceivedMessage] = []
     offset = 0
-    async with grpc.aio.insecure_channel(c.brokers[0].addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(c.brokers[0].addr) as raw:
+        stub = raw.messaging
         while True:
             resp = await stub.Pull(
                 messaging_pb2.PullRequest(

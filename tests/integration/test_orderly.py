@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.consumer import (
     ConsumeFromWhere,
@@ -38,6 +38,7 @@ from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue, ReceivedMessage
 from tests.integration.cluster import Cluster, cluster
 from tests.integration.topic_routes import create_routed_topic
+from tests.support.raw_client import RawClient
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -84,8 +85,8 @@ async def lock_call(
         common_pb2.MessageQueue(topic=mq.topic, broker_name=BROKER, queue_id=mq.queue_id)
         for mq in mqs
     ]
-    async with grpc.aio.insecure_channel(c.brokers[0].addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(c.brokers[0].addr) as raw:
+        stub = raw.messaging
         if method == "lock":
             resp = await stub.LockBatch(
                 messaging_pb2.LockBatchRequest(
@@ -102,8 +103,8 @@ async def lock_call(
 
 
 async def stored_offset(c: Cluster, group: str, mq: MessageQueue) -> int:
-    async with grpc.aio.insecure_channel(c.brokers[0].addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(c.brokers[0].addr) as raw:
+        stub = raw.messaging
         try:
             resp = await stub.QueryConsumerOffset(
                 messaging_pb2.QueryConsumerOffsetRequest(

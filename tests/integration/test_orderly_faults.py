@@ -16,6 +16,7 @@ only for messages the killed worker had taken.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import admin_pb2, admin_pb2_grpc
+from rocketq._api.rocketq.v1 import admin_pb2
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue
@@ -39,6 +40,7 @@ from tests.integration.history import (
     load_histories,
 )
 from tests.integration.topic_routes import create_routed_topic
+from tests.support.raw_client import RawClient
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -166,6 +168,10 @@ class Workers:
             out[name] = sum(1 for e in h.events if e.ev == END)
         return out
 
+    def has_consumed(self, name: str) -> bool:
+        """Whether worker ``name`` completed a delivery yet."""
+        return self.done_per_worker()[name] > 0
+
     def consumed(self) -> set[tuple[str, int]]:
         h = load_histories(self.history(n) for n in self.procs)
         return {(e.key, e.seq) for e in h.events if e.ev == END}
@@ -177,8 +183,8 @@ class Workers:
 async def _lock_table(addr: str, group: str) -> str:
     """Who holds which queue on the broker, for failure messages."""
     try:
-        async with grpc.aio.insecure_channel(addr) as ch:
-            resp = await admin_pb2_grpc.AdminStub(ch).GetConsumerConnection(
+        async with RawClient(addr) as raw:
+            resp = await raw.admin.GetConsumerConnection(
                 admin_pb2.GetConsumerConnectionRequest(consumer_group=group), timeout=5
             )
     except grpc.aio.AioRpcError as err:
@@ -319,10 +325,9 @@ async def test_clean_handovers_into_a_backlog_redeliver_nothing(
     )
     try:
         for n in range(HANDOVER_WORKERS):
-            workers.start(f"h{n + 1}", *flags)
-            await until(
-                lambda n=n: workers.done_per_worker()[f"h{n + 1}"] > 0, f"h{n + 1} consumed", 20
-            )
+            name = f"h{n + 1}"
+            workers.start(name, *flags)
+            await until(functools.partial(workers.has_consumed, name), f"{name} consumed", 20)
         await _wait_consumed(workers, len(sent), sent, CONSUME_WAIT_S, "handover backlog")
         _stop_all(workers)
     finally:

@@ -23,12 +23,9 @@ import pytest
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     nameserver_pb2,
-    nameserver_pb2_grpc,
 )
 from tests.integration.cluster import restart, start_nameserver
 from tests.integration.replication_support import (
@@ -48,7 +45,7 @@ from tests.integration.replication_support import (
     wait_readable,
     wait_replicated,
 )
-from tests.support.raw_client import refused
+from tests.support.raw_client import RawClient, refused
 
 pytestmark = pytest.mark.integration
 
@@ -143,9 +140,9 @@ async def test_slave_refuses_writes_and_serves_reads(tmp_path: Path) -> None:
         await wait_in_sync(master.addr)
         sent = await send_load(master.addr, [topic], 2, batches_per_queue=1, batch_size=4)
         await wait_replicated(master.addr, slave.addr, [topic], 2)
-        async with grpc.aio.insecure_channel(slave.addr) as ch:
-            msg = messaging_pb2_grpc.MessagingStub(ch)
-            adm = admin_pb2_grpc.AdminStub(ch)
+        async with RawClient(slave.addr) as raw:
+            msg = raw.messaging
+            adm = raw.admin
             target = admin_pb2.ApplyTarget(broker_name="broker-a")
             tconf = common_pb2.TopicConfig(
                 topic_name=topic, read_queue_nums=2, write_queue_nums=2, perm=6
@@ -231,8 +228,8 @@ async def test_slave_refuses_writes_and_serves_reads(tmp_path: Path) -> None:
             )
             topics = await adm.ListTopics(admin_pb2.ListTopicsRequest(), timeout=5)
             assert topic in str(topics)
-        async with grpc.aio.insecure_channel(ns.addr) as ch:
-            route = await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
+        async with RawClient(ns.addr) as raw:
+            route = await raw.nameserver.GetRouteInfoByTopic(
                 nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5
             )
         addrs = {b.broker_name: dict(b.broker_addrs) for b in route.route.brokers}

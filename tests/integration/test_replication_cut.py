@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from rocketq._api.rocketq.v1 import messaging_pb2_grpc
@@ -41,6 +40,7 @@ from tests.integration.replication_support import (
     wait_replicated,
 )
 from tests.integration.workers.tcp_proxy import start_proxy
+from tests.support.raw_client import RawClient
 
 pytestmark = pytest.mark.integration
 
@@ -100,8 +100,8 @@ async def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(
         await create_topics(master.addr, "broker-a", [TOPIC], QUEUES)
         await create_group(master.addr, "broker-a", "ha-cut")
         await wait_in_sync(master.addr)
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            sender = Sender(messaging_pb2_grpc.MessagingStub(ch))
+        async with RawClient(master.addr) as raw:
+            sender = Sender(raw.messaging)
             for _ in range(10):
                 assert (await sender.send())[0] == "SEND_OK"
 

@@ -52,6 +52,7 @@ from tests.integration.replication_support import (
     wait_replicated,
     wait_route,
 )
+from tests.support.raw_client import RawClient
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -113,8 +114,8 @@ async def send_phase(p: Producer, tag: str, n: int) -> dict[str, str]:
 
 async def committed(addr: str, group: str) -> dict[int, int]:
     out: dict[int, int] = {}
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as raw:
+        stub = raw.messaging
         for q in range(QUEUES):
             try:
                 resp = await stub.QueryConsumerOffset(
@@ -262,8 +263,8 @@ async def test_sync_master_never_acks_what_the_slave_lacks(tmp_path: Path) -> No
         await create_topics(master.addr, "broker-a", [TOPIC], QUEUES)
         await create_group(master.addr, "broker-a", GROUP)
         await wait_in_sync(master.addr)
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            stub = messaging_pb2_grpc.MessagingStub(ch)
+        async with RawClient(master.addr) as raw:
+            stub = raw.messaging
             await asyncio.gather(*(sender(stub, q) for q in range(QUEUES)))
         assert not master.alive() and len(acked) >= kill_after
         assert (await runtime_stats(slave.addr)).role == admin_pb2.SLAVE

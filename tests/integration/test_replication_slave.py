@@ -23,12 +23,9 @@ import pytest
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     nameserver_pb2,
-    nameserver_pb2_grpc,
     replication_pb2,
     replication_pb2_grpc,
 )
@@ -38,7 +35,7 @@ from services.store.commitlog import MessageToStore
 from services.store.config import StoreConfig
 from services.store.message_store import MessageStore
 from tests.integration.cluster import ServiceProcess, start_nameserver, start_slave
-from tests.support.raw_client import refused
+from tests.support.raw_client import RawClient, refused
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -201,8 +198,8 @@ async def setup(tmp_path: Path) -> AsyncIterator[tuple[FakeMaster, ServiceProces
 
 
 async def pull(slave: str, offset: int = 0, max_nums: int = 100) -> messaging_pb2.PullResponse:
-    async with grpc.aio.insecure_channel(slave) as ch:
-        resp: messaging_pb2.PullResponse = await messaging_pb2_grpc.MessagingStub(ch).Pull(
+    async with RawClient(slave) as raw:
+        resp: messaging_pb2.PullResponse = await raw.messaging.Pull(
             messaging_pb2.PullRequest(
                 consumer_group=GROUP,
                 topic=TOPIC,
@@ -223,8 +220,8 @@ def pulled_bodies(resp: messaging_pb2.PullResponse) -> list[str]:
 
 
 async def commit(slave: str, offset: int) -> None:
-    async with grpc.aio.insecure_channel(slave) as ch:
-        await messaging_pb2_grpc.MessagingStub(ch).UpdateConsumerOffset(
+    async with RawClient(slave) as raw:
+        await raw.messaging.UpdateConsumerOffset(
             messaging_pb2.UpdateConsumerOffsetRequest(
                 consumer_group=GROUP, topic=TOPIC, queue_id=0, commit_offset=offset
             ),
@@ -233,10 +230,8 @@ async def commit(slave: str, offset: int) -> None:
 
 
 async def slave_topics(slave: str) -> list[str]:
-    async with grpc.aio.insecure_channel(slave) as ch:
-        resp = await admin_pb2_grpc.AdminStub(ch).ListTopics(
-            admin_pb2.ListTopicsRequest(), timeout=10
-        )
+    async with RawClient(slave) as raw:
+        resp = await raw.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=10)
         return [t.topic_name for t in resp.topics]
 
 
@@ -398,8 +393,8 @@ def local_offsets(req: replication_pb2.SyncConfigRequest) -> dict[int, int]:
 
 
 async def register_fake_master(namesrv: str, fake: FakeMaster) -> None:
-    async with grpc.aio.insecure_channel(namesrv) as ch:
-        await nameserver_pb2_grpc.NameServerStub(ch).RegisterBroker(
+    async with RawClient(namesrv) as raw:
+        await raw.nameserver.RegisterBroker(
             nameserver_pb2.RegisterBrokerRequest(
                 cluster_name="DefaultCluster",
                 broker_addr="127.0.0.1:1",
@@ -412,8 +407,8 @@ async def register_fake_master(namesrv: str, fake: FakeMaster) -> None:
 
 
 async def topic_route(namesrv: str) -> nameserver_pb2.TopicRouteData:
-    async with grpc.aio.insecure_channel(namesrv) as ch:
-        resp = await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
+    async with RawClient(namesrv) as raw:
+        resp = await raw.nameserver.GetRouteInfoByTopic(
             nameserver_pb2.GetRouteInfoByTopicRequest(topic=TOPIC), timeout=10
         )
         route: nameserver_pb2.TopicRouteData = resp.route

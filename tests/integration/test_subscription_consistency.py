@@ -25,7 +25,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client.admin import Admin, ConsumerConnectionInfo, TopicConfig
 from rocketq.client.consumer import (
     ConsumeContext,
@@ -44,6 +44,7 @@ from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, ReceivedMessage
 from tests.integration.cluster import cluster
 from tests.integration.topic_routes import wait_routed
+from tests.support.raw_client import RawClient
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -152,9 +153,9 @@ async def raw_pull(admin: Admin, expression: str) -> RocketQError | None:
         subscription=expression,
         expression_type=common_pb2.TAG,
     )
-    async with grpc.aio.insecure_channel(addr) as channel:
+    async with RawClient(addr) as raw:
         try:
-            await messaging_pb2_grpc.MessagingStub(channel).Pull(request, timeout=5)
+            await raw.messaging.Pull(request, timeout=5)
         except grpc.aio.AioRpcError as err:
             return from_rpc_error(err, addr)
     return None

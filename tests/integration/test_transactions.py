@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from rocketq import LocalTransactionState, TransactionProducer
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client.producer import ProducerConfig
 from rocketq.codec import Prop, SysFlag
 from rocketq.message import Message
@@ -46,6 +46,7 @@ from tests.integration.transaction_support import (
     stored_messages,
     wait_no_pending,
 )
+from tests.support.raw_client import RawClient
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -295,8 +296,8 @@ async def test_delayed_or_batched_transactional_sends_are_refused(env: Cluster) 
         ("batch via TRAN_MSG", 0, [half, {}], "tx-raw-pg"),
         ("no producer group", 4, [half], ""),
     ]
-    async with grpc.aio.insecure_channel(broker) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(broker) as raw:
+        stub = raw.messaging
         for what, sys_flag, props, group in cases:
             request = messaging_pb2.SendRequest(
                 producer_group=group,
