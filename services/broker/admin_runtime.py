@@ -150,6 +150,7 @@ def runtime_stats(svc: AdminService) -> admin_pb2.GetRuntimeStatsResponse:
             "consume_queues": str(len(svc.store.queues.queues)),
             "uptime_ms": str(max(0, svc.clock.now_ms() - svc.started_ms)),
             "advertised_addr": svc.advertised_addr,
+            **svc.hold.stats(),
         },
     )
     for provider in svc.extra_stats:

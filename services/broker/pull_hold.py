@@ -99,10 +99,20 @@ class PullHoldService:
         self.held_pulls_max = held_pulls_max
         self._held: dict[tuple[str, int], list[HeldPull]] = {}
         self._count = 0
+        self._arrivals_checked = 0
         store.dispatcher.listeners.append(self._on_arrival)
 
     def held_count(self) -> int:
         return self._count
+
+    def stats(self) -> dict[str, str]:
+        """For GetRuntimeStats ``extra``: the held pulls now, and how many arrivals were checked
+        against held pulls so far (a test sees "the broker looked at this message and the pull
+        stayed held" without sleeping)."""
+        return {
+            "held_pulls": str(self._count),
+            "held_pull_arrivals_checked": str(self._arrivals_checked),
+        }
 
     def hold_time_ms(self, requested_ms: int) -> int:
         """How long a pull asking ``requested_ms`` is held under the current config."""
@@ -176,6 +186,7 @@ class PullHoldService:
             pulls = held.get((req.topic, req.queue_id))
             if not pulls:
                 continue
+            self._arrivals_checked += 1
             record: memoryview | None = None
             woken: list[HeldPull] = []
             for p in pulls:

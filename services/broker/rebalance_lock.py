@@ -17,8 +17,11 @@ A lock expires ``rebalanceLockMaxLiveTime`` (60 s) after it was last taken or re
 config is read at every call so ``UpdateBrokerConfig`` takes effect at once. A client that
 disconnects keeps its locks until they expire: it may still be finishing a batch, and handing
 its queue to another member at once would let both consume it. Expiry is measured on the
-injected clock's monotonic reading (a wall-clock jump must not free or pin every lock); the
-wall-clock time is kept only to show it (``Admin.GetConsumerConnection``).
+injected clock's monotonic reading (a wall-clock jump must not free or pin every lock), run at
+the clock's speed: a :class:`~services.common.clock.ScaledClock` keeps monotonic time real for
+deadlines, but a lock's life is one of the long spans a test runs fast, so 60 s of lock life is
+60 s / speed of real time there (the real clock has no speed: 1). The wall-clock time is kept
+only to show it (``Admin.GetConsumerConnection``).
 
 Bounds: one request names at most :data:`QUEUES_PER_REQUEST_MAX` queues, and the whole table
 holds at most ``entries_max`` locks (:data:`LOCK_ENTRIES_MAX`); beyond it new locks are refused
@@ -92,7 +95,8 @@ class RebalanceLockManager:
 
     # -- time ------------------------------------------------------------------------------
     def _mono_ms(self) -> int:
-        return round(self.clock.monotonic_s() * 1000)
+        speed = float(getattr(self.clock, "speed", 1.0))  # a ScaledClock's, see the module doc
+        return round(self.clock.monotonic_s() * 1000 * speed)
 
     def _expired(self, lock: _Lock, mono_ms: int) -> bool:
         return mono_ms - lock.last_lock_mono_ms > self.config.rebalance_lock_max_live_time_ms

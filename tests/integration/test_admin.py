@@ -112,9 +112,9 @@ async def send(addr: str, topic: str, queue_id: int, count: int) -> None:
 # -- topics, broker mode ---------------------------------------------------------------------
 
 
-def test_topic_lifecycle_broker_mode(tmp_path: Path) -> None:
+async def test_topic_lifecycle_broker_mode(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=1) as c:
-        asyncio.run(_topic_lifecycle(c.brokers[0].addr, c.namesrv_addrs[0]))
+        await _topic_lifecycle(c.brokers[0].addr, c.namesrv_addrs[0])
 
 
 async def _topic_lifecycle(addr: str, namesrv: str) -> None:
@@ -192,9 +192,9 @@ async def _topic_lifecycle(addr: str, namesrv: str) -> None:
         assert all(q.max_offset == 0 for q in desc.queues)
 
 
-def test_topic_request_errors(tmp_path: Path) -> None:
+async def test_topic_request_errors(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=1) as c:
-        asyncio.run(_topic_errors(c.brokers[0].addr))
+        await _topic_errors(c.brokers[0].addr)
 
 
 async def _topic_errors(addr: str) -> None:
@@ -230,9 +230,9 @@ async def _topic_errors(addr: str) -> None:
 # -- topics and groups, cluster mode -----------------------------------------------------------
 
 
-def test_cluster_mode_two_brokers(tmp_path: Path) -> None:
+async def test_cluster_mode_two_brokers(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=2) as c:
-        asyncio.run(_cluster_mode([b.addr for b in c.brokers], c.namesrv_addrs[0]))
+        await _cluster_mode([b.addr for b in c.brokers], c.namesrv_addrs[0])
 
 
 async def _both_registered(namesrv: str) -> bool:
@@ -328,9 +328,9 @@ async def _cluster_mode(addrs: list[str], namesrv: str) -> None:
 # -- subscription groups, broker mode ----------------------------------------------------------
 
 
-def test_subscription_groups_broker_mode(tmp_path: Path) -> None:
+async def test_subscription_groups_broker_mode(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=1) as c:
-        asyncio.run(_groups(c.brokers[0].addr))
+        await _groups(c.brokers[0].addr)
 
 
 async def _groups(addr: str) -> None:
@@ -400,9 +400,9 @@ async def _groups(addr: str) -> None:
 # -- consumer progress and offset reset ------------------------------------------------------
 
 
-def test_consume_stats_and_reset_offset(tmp_path: Path) -> None:
+async def test_consume_stats_and_reset_offset(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=1) as c:
-        asyncio.run(_progress(c.brokers[0].addr))
+        await _progress(c.brokers[0].addr)
 
 
 async def _progress(addr: str) -> None:
@@ -514,9 +514,9 @@ async def _progress(addr: str) -> None:
         )
 
 
-def test_reset_offset_tells_live_members(tmp_path: Path) -> None:
+async def test_reset_offset_tells_live_members(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=1) as c:
-        asyncio.run(_reset_notice(c.brokers[0].addr))
+        await _reset_notice(c.brokers[0].addr)
 
 
 async def _reset_notice(addr: str) -> None:
@@ -576,14 +576,14 @@ async def _reset_notice(addr: str) -> None:
 # -- broker config and runtime stats -----------------------------------------------------------
 
 
-def test_broker_config_update_survives_restart(tmp_path: Path) -> None:
+async def test_broker_config_update_survives_restart(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=1) as c:
         broker = c.brokers[0]
-        asyncio.run(_config_update(broker.addr))
+        await _config_update(broker.addr)
         assert broker.stop() == 0
         again = restart(broker)
         c.brokers[0] = again  # so the fixture stops the new process
-        cfg = asyncio.run(_get_config(again.addr))
+        cfg = await _get_config(again.addr)
         assert float(cfg["fileReservedTime"]) == 48
         assert cfg["longPollingEnable"] == "false"
         assert cfg["brokerName"] == "broker-a"
@@ -658,13 +658,13 @@ async def _config_update(addr: str) -> None:
         assert 0.0 <= stats.disk_used_ratio <= 1.0
 
 
-def test_slave_refuses_changes(tmp_path: Path) -> None:
+async def test_slave_refuses_changes(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=1) as c:
         slave = start_broker(
             tmp_path, c.namesrv_addrs, name="broker-a-s1", brokerId=1, brokerRole="SLAVE"
         )
         try:
-            asyncio.run(_slave(slave.addr))
+            await _slave(slave.addr)
         finally:
             slave.stop()
 

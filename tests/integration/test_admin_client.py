@@ -47,9 +47,9 @@ async def _wait_route(admin: Admin, topic: str, brokers: int) -> None:
         await asyncio.sleep(0.05)
 
 
-def test_fan_out_over_two_brokers(tmp_path: Path) -> None:
+async def test_fan_out_over_two_brokers(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=2) as c:
-        asyncio.run(_fan_out(c.namesrv_addrs, c.brokers[1]))
+        await _fan_out(c.namesrv_addrs, c.brokers[1])
 
 
 async def _fan_out(namesrv: list[str], broker_b: ServiceProcess) -> None:
@@ -138,12 +138,12 @@ async def _fan_out(namesrv: list[str], broker_b: ServiceProcess) -> None:
         assert (await admin.query_by_key("fan", "k-fan")) != []
 
 
-def test_consumer_connection_merges_members_conflicts_and_locks(tmp_path: Path) -> None:
+async def test_consumer_connection_merges_members_conflicts_and_locks(tmp_path: Path) -> None:
     """Two orderly members that subscribe to a topic on two brokers differently: both brokers
     report the conflict, each member is seen by both, and every queue lock is listed with its
     broker."""
     with cluster(tmp_path, brokers=2) as c:
-        asyncio.run(_consumer_connection(c.namesrv_addrs))
+        await _consumer_connection(c.namesrv_addrs)
 
 
 async def _consumer_connection(namesrv: list[str]) -> None:
@@ -202,13 +202,13 @@ async def _consumer_connection(namesrv: list[str]) -> None:
 
 
 # ---- dead letters -------------------------------------------------------------------------------
-def test_dead_letters_listed_per_broker_paged_and_resent(tmp_path: Path) -> None:
+async def test_dead_letters_listed_per_broker_paged_and_resent(tmp_path: Path) -> None:
     """A group whose listener always fails, with no redelivery allowed, sends every message of a
     topic on two brokers to its DLQ on each; the admin lists them per broker (oldest first, with
     where they came from), pages one broker by offset, and resends one to its original topic as
     a new message while it stays in the DLQ."""
     with cluster(tmp_path, brokers=2) as c:
-        asyncio.run(_dead_letters(c.namesrv_addrs))
+        await _dead_letters(c.namesrv_addrs)
 
 
 async def _fail_into_dlq(namesrv: list[str], topic: str, group: str, bodies: list[bytes]) -> None:

@@ -132,90 +132,79 @@ def consecutive(offsets: list[int]) -> bool:
 # ---- tests --------------------------------------------------------------------------------
 
 
-def test_backlog_is_consumed_in_batches_of_at_most_eight(env: Cluster) -> None:
+async def test_backlog_is_consumed_in_batches_of_at_most_eight(env: Cluster) -> None:
     topic, group, queues, per_queue = "BatchBacklog", "g-batch-backlog", 4, 150
+    await make_topic(env, topic, queues)
+    await preload(env, topic, queues, per_queue)
+    rec = Calls()
 
-    async def main() -> None:
-        await make_topic(env, topic, queues)
-        await preload(env, topic, queues, per_queue)
-        rec = Calls()
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        call = rec.record(msgs)
+        assert ctx.message_queue.queue_id == call.queue_id
+        return ConsumeResult.CONSUME_SUCCESS
 
-        def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            call = rec.record(msgs)
-            assert ctx.message_queue.queue_id == call.queue_id
-            return ConsumeResult.CONSUME_SUCCESS
-
-        cfg = config(env, group, consume_message_batch_max_size=8, pull_batch_size=32)
-        consumer = PushConsumer(cfg, listener)
-        consumer.subscribe(topic, "*")
-        async with read_only_broker(env), consumer:
-            total = queues * per_queue
-            await until(lambda: rec.delivered() >= total, 30, f"{total} messages")
-            ends = {MessageQueue(topic, BROKER, q): per_queue for q in range(queues)}
-            await until(lambda: consumer.consume_offsets(topic) == ends, 10, "offsets at end")
-        sizes = [len(c.offsets) for c in rec.calls]
-        assert all(1 <= s <= 8 for s in sizes), sorted(set(sizes))
-        # Pulls of 32 from a backlog split into full batches of 8.
-        assert sizes.count(8) >= total // 8 // 2, sizes
-        for c in rec.calls:
-            assert consecutive(c.offsets), c  # queue order inside a call, no gap
-            assert c.bodies == [f"q{c.queue_id}:{o}" for o in c.offsets]
-        seen = sorted((c.queue_id, o) for c in rec.calls for o in c.offsets)
-        assert seen == [(q, o) for q in range(queues) for o in range(per_queue)]  # once each
-
-    asyncio.run(main())
+    cfg = config(env, group, consume_message_batch_max_size=8, pull_batch_size=32)
+    consumer = PushConsumer(cfg, listener)
+    consumer.subscribe(topic, "*")
+    async with read_only_broker(env), consumer:
+        total = queues * per_queue
+        await until(lambda: rec.delivered() >= total, 30, f"{total} messages")
+        ends = {MessageQueue(topic, BROKER, q): per_queue for q in range(queues)}
+        await until(lambda: consumer.consume_offsets(topic) == ends, 10, "offsets at end")
+    sizes = [len(c.offsets) for c in rec.calls]
+    assert all(1 <= s <= 8 for s in sizes), sorted(set(sizes))
+    # Pulls of 32 from a backlog split into full batches of 8.
+    assert sizes.count(8) >= total // 8 // 2, sizes
+    for c in rec.calls:
+        assert consecutive(c.offsets), c  # queue order inside a call, no gap
+        assert c.bodies == [f"q{c.queue_id}:{o}" for o in c.offsets]
+    seen = sorted((c.queue_id, o) for c in rec.calls for o in c.offsets)
+    assert seen == [(q, o) for q in range(queues) for o in range(per_queue)]  # once each
 
 
-def test_a_failed_batch_is_redelivered_whole(env: Cluster) -> None:
+async def test_a_failed_batch_is_redelivered_whole(env: Cluster) -> None:
     """RECONSUME_LATER for a batch of 8 retries all 8 and nothing else; the offset then moves
     past all of them. The broker is read-only meanwhile, so the send-backs are refused and the
     client's local retry redelivers the batch with the original offsets (the served retry path
     through %RETRY% and the timer wheel has its own tests)."""
     topic, group = "BatchRetry", "g-batch-retry"
+    await make_topic(env, topic, 1)
+    await preload(env, topic, 1, 24)
+    rec = Calls()
+    failed: list[Call] = []
 
-    async def main() -> None:
-        await make_topic(env, topic, 1)
-        await preload(env, topic, 1, 24)
-        rec = Calls()
-        failed: list[Call] = []
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        call = rec.record(msgs)
+        if "q0:10" in call.bodies and call.reconsume_times[0] == 0:
+            failed.append(call)
+            return ConsumeResult.RECONSUME_LATER
+        return ConsumeResult.CONSUME_SUCCESS
 
-        async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            call = rec.record(msgs)
-            if "q0:10" in call.bodies and call.reconsume_times[0] == 0:
-                failed.append(call)
-                return ConsumeResult.RECONSUME_LATER
-            return ConsumeResult.CONSUME_SUCCESS
-
-        cfg = config(env, group, consume_message_batch_max_size=8, pull_batch_size=32)
-        consumer = PushConsumer(cfg, listener)
-        consumer.subscribe(topic, "*")
-        async with read_only_broker(env), consumer:
-            await until(lambda: rec.delivered() >= 24, 15, "first deliveries")
-            assert len(failed) == 1
-            bad = failed[0]
-            assert len(bad.offsets) == 8 and 10 in bad.offsets
-            mq = MessageQueue(topic, BROKER, 0)
-            held = bad.offsets[0]
-            await until(lambda: consumer.consume_offsets(topic).get(mq) == held, 3, "held")
-            await asyncio.sleep(0.5)
-            assert consumer.consume_offsets(topic)[mq] == held  # held at the failed batch
-            await until(lambda: rec.delivered() >= 32, 20, "the batch again")
-            await until(lambda: consumer.consume_offsets(topic)[mq] == 24, 10, "offset at end")
-            await asyncio.sleep(0.3)
-        again = [
-            (o, r)
-            for c in rec.calls
-            for o, r in zip(c.offsets, c.reconsume_times, strict=True)
-            if r
-        ]
-        assert sorted(again) == [(o, 1) for o in bad.offsets]
-        firsts = sorted(
-            o for c in rec.calls for o, r in zip(c.offsets, c.reconsume_times, strict=True) if not r
-        )
-        assert firsts == list(range(24))
-        assert rec.delivered() == 32
-
-    asyncio.run(main())
+    cfg = config(env, group, consume_message_batch_max_size=8, pull_batch_size=32)
+    consumer = PushConsumer(cfg, listener)
+    consumer.subscribe(topic, "*")
+    async with read_only_broker(env), consumer:
+        await until(lambda: rec.delivered() >= 24, 15, "first deliveries")
+        assert len(failed) == 1
+        bad = failed[0]
+        assert len(bad.offsets) == 8 and 10 in bad.offsets
+        mq = MessageQueue(topic, BROKER, 0)
+        held = bad.offsets[0]
+        await until(lambda: consumer.consume_offsets(topic).get(mq) == held, 3, "held")
+        await asyncio.sleep(0.5)
+        assert consumer.consume_offsets(topic)[mq] == held  # held at the failed batch
+        await until(lambda: rec.delivered() >= 32, 20, "the batch again")
+        await until(lambda: consumer.consume_offsets(topic)[mq] == 24, 10, "offset at end")
+        await asyncio.sleep(0.3)
+    again = [
+        (o, r) for c in rec.calls for o, r in zip(c.offsets, c.reconsume_times, strict=True) if r
+    ]
+    assert sorted(again) == [(o, 1) for o in bad.offsets]
+    firsts = sorted(
+        o for c in rec.calls for o, r in zip(c.offsets, c.reconsume_times, strict=True) if not r
+    )
+    assert firsts == list(range(24))
+    assert rec.delivered() == 32
 
 
 def test_batch_larger_than_pull_batch_is_refused_at_construction() -> None:
@@ -242,51 +231,45 @@ def test_batch_larger_than_pull_batch_is_refused_at_construction() -> None:
     )
 
 
-def test_orderly_batches_of_four_keep_queue_order(env: Cluster) -> None:
+async def test_orderly_batches_of_four_keep_queue_order(env: Cluster) -> None:
     """An orderly consumer with batches of 4 over 4 queues: every call holds 1..4 consecutive
     offsets of one queue, a queue's calls follow each other in offset order without overlap
     (a suspended batch comes back first, whole), and every message is consumed."""
     topic, group, queues, per_queue = "BatchOrderly", "g-batch-orderly", 4, 60
+    await make_topic(env, topic, queues)
+    await preload(env, topic, queues, per_queue)
+    rec = Calls()
+    suspended: list[Call] = []
 
-    async def main() -> None:
-        await make_topic(env, topic, queues)
-        await preload(env, topic, queues, per_queue)
-        rec = Calls()
-        suspended: list[Call] = []
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+        call = rec.record(msgs)
+        if "q2:21" in call.bodies and not suspended:
+            suspended.append(call)
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        return ConsumeOrderlyStatus.SUCCESS
 
-        def listener(
-            msgs: list[ReceivedMessage], ctx: ConsumeOrderlyContext
-        ) -> ConsumeOrderlyStatus:
-            call = rec.record(msgs)
-            if "q2:21" in call.bodies and not suspended:
-                suspended.append(call)
-                return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
-            return ConsumeOrderlyStatus.SUCCESS
-
-        cfg = config(
-            env,
-            group,
-            consume_message_batch_max_size=4,
-            pull_batch_size=32,
-            suspend_current_queue_time_ms=200,
-        )
-        consumer = PushConsumer(cfg, listener, orderly=True)
-        consumer.subscribe(topic, "*")
-        async with consumer:
-            await until(lambda: rec.delivered() > queues * per_queue, 30, "all messages")
-            ends = {MessageQueue(topic, BROKER, q): per_queue for q in range(queues)}
-            await until(lambda: consumer.consume_offsets(topic) == ends, 10, "offsets at end")
-        assert len(suspended) == 1
-        for c in rec.calls:
-            assert 1 <= len(c.offsets) <= 4 and consecutive(c.offsets), c
-        for q in range(queues):
-            calls = [c for c in rec.calls if c.queue_id == q]
-            if q == 2:
-                # The suspended batch is the only repeat, and it comes back next, whole.
-                i = next(i for i, c in enumerate(calls) if c is suspended[0])
-                assert calls[i + 1].offsets == suspended[0].offsets
-                del calls[i]
-            flat = [o for c in calls for o in c.offsets]
-            assert flat == list(range(per_queue)), (q, flat)
-
-    asyncio.run(main())
+    cfg = config(
+        env,
+        group,
+        consume_message_batch_max_size=4,
+        pull_batch_size=32,
+        suspend_current_queue_time_ms=200,
+    )
+    consumer = PushConsumer(cfg, listener, orderly=True)
+    consumer.subscribe(topic, "*")
+    async with consumer:
+        await until(lambda: rec.delivered() > queues * per_queue, 30, "all messages")
+        ends = {MessageQueue(topic, BROKER, q): per_queue for q in range(queues)}
+        await until(lambda: consumer.consume_offsets(topic) == ends, 10, "offsets at end")
+    assert len(suspended) == 1
+    for c in rec.calls:
+        assert 1 <= len(c.offsets) <= 4 and consecutive(c.offsets), c
+    for q in range(queues):
+        calls = [c for c in rec.calls if c.queue_id == q]
+        if q == 2:
+            # The suspended batch is the only repeat, and it comes back next, whole.
+            i = next(i for i, c in enumerate(calls) if c is suspended[0])
+            assert calls[i + 1].offsets == suspended[0].offsets
+            del calls[i]
+        flat = [o for c in calls for o in c.offsets]
+        assert flat == list(range(per_queue)), (q, flat)

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import pytest
-from grpc_status import rpc_status
 
 from rocketq import codec
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.message import decode_records
-from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver
+from tests.support.cluster import cluster
+from tests.support.raw_client import RawClient, refused
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -33,53 +33,24 @@ T = TypeVar("T")
 class Brokers:
     a: str
     b: str
-    procs: list[ServiceProcess]
 
 
 @pytest.fixture(scope="module")
 def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
-    root: Path = tmp_path_factory.mktemp("messaging")
-    procs: list[ServiceProcess] = []
-    try:
-        ns = start_nameserver(root)
-        procs.append(ns)
-        a = start_broker(root, [ns.addr], "broker-a")
-        procs.append(a)
-        b = start_broker(
-            root,
-            [ns.addr],
+    with cluster(tmp_path_factory.mktemp("messaging")) as c:
+        b = c.start_broker(
             "broker-b",
             autoCreateTopicEnable=False,
             autoCreateSubscriptionGroup=False,
             channelExpiredTimeout=1000,
             clientScanIntervalMs=200,
         )
-        procs.append(b)
-        yield Brokers(a.addr, b.addr, procs)
-        for p in procs[1:]:
-            assert p.alive(), f"{p.name} died:\n{p.log_tail()}"
-            log = p.log_path.read_text(errors="replace")
-            assert "Traceback" not in log, f"{p.name} logged an exception:\n{p.log_tail()}"
-    finally:
-        for p in reversed(procs):
-            p.stop()
+        yield Brokers(c.broker.addr, b.addr)
+        c.check_logs()
 
 
-def run(coro: Awaitable[T]) -> T:
-    async def main() -> T:
-        return await coro
-
-    return asyncio.run(main())
-
-
-class Client:
-    """A Messaging stub on its own channel, with request shorthands."""
-
-    def __init__(self, addr: str) -> None:
-        self.channel = grpc.aio.insecure_channel(
-            addr, options=[("grpc.max_send_message_length", 16 * 1024 * 1024)]
-        )
-        self.stub = messaging_pb2_grpc.MessagingStub(self.channel)
+class Client(RawClient):
+    """Request shorthands on the raw stubs."""
 
     async def send(
         self,
@@ -90,7 +61,7 @@ class Client:
         props: dict[str, str] | None = None,
         auto_create: bool = True,
     ) -> messaging_pb2.SendResponse:
-        resp: messaging_pb2.SendResponse = await self.stub.Send(
+        resp: messaging_pb2.SendResponse = await self.messaging.Send(
             messaging_pb2.SendRequest(
                 producer_group="pg",
                 queue_id=queue_id,
@@ -114,7 +85,7 @@ class Client:
         group: str = "cg",
         **fields: Any,
     ) -> messaging_pb2.PullResponse:
-        resp: messaging_pb2.PullResponse = await self.stub.Pull(
+        resp: messaging_pb2.PullResponse = await self.messaging.Pull(
             messaging_pb2.PullRequest(
                 consumer_group=group,
                 topic=topic,
@@ -130,237 +101,210 @@ class Client:
         return resp
 
 
-async def client(addr: str) -> AsyncIterator[Client]:
-    c = Client(addr)
-    try:
-        yield c
-    finally:
-        await c.channel.close()
+async def _more(count: Awaitable[int], than: int) -> bool:
+    return await count > than
 
 
-async def refused(call: Awaitable[Any]) -> tuple[grpc.StatusCode, int, str]:
-    """Await ``call``, which must fail; its code, ErrorDetail reason and message."""
-    try:
-        await call
-    except grpc.aio.AioRpcError as err:
-        status = rpc_status.from_call(err)
-        reason = common_pb2.ERROR_REASON_UNSPECIFIED
-        if status is not None and status.details:
-            detail = common_pb2.ErrorDetail()
-            status.details[0].Unpack(detail)
-            reason = detail.reason
-        return err.code(), reason, err.details() or ""
-    raise AssertionError("the call succeeded but was expected to fail")
+async def _empty(items: Awaitable[list[str]]) -> bool:
+    return not await items
 
 
 # -- send and pull ---------------------------------------------------------------------------
-def test_send_single_and_batch_then_pull_and_decode(brokers: Brokers) -> None:
-    async def main() -> None:
-        async for c in client(brokers.a):
-            one = await c.send("SendPull", [b"first"], props={"TAGS": "A", "KEYS": "k1 k2"})
-            assert one.results[0].status == messaging_pb2.SEND_OK
-            assert one.results[0].queue_offset == 0
-            batch = await c.send("SendPull", [b"b1", b"b2", b"b3"], props={"TAGS": "B"})
-            assert [r.queue_offset for r in batch.results] == [1, 2, 3]
-            resp = await c.pull("SendPull", 0)
-            assert resp.status == messaging_pb2.FOUND
-            assert (resp.next_begin_offset, resp.min_offset, resp.max_offset) == (4, 0, 4)
-            assert resp.suggest_which_broker_id == 0
-            msgs = decode_records(resp.records)
-            assert [m.body for m in msgs] == [b"first", b"b1", b"b2", b"b3"]
-            assert [m.msg_id for m in msgs] == [r.msg_id for r in [*one.results, *batch.results]]
-            assert msgs[0].keys == ["k1", "k2"] and msgs[0].tags == "A"
-            assert msgs[0].born_host.startswith("127.0.0.1:")
-            assert msgs[0].store_host == brokers.a
-            decoded = await c.pull("SendPull", 1, decoded=True, max_msg_nums=2)
-            assert [m.message.body for m in decoded.messages] == [b"b1", b"b2"]
-            assert decoded.next_begin_offset == 3 and decoded.records == b""
-
-    run(main())
+async def test_send_single_and_batch_then_pull_and_decode(brokers: Brokers) -> None:
+    async with Client(brokers.a) as c:
+        one = await c.send("SendPull", [b"first"], props={"TAGS": "A", "KEYS": "k1 k2"})
+        assert one.results[0].status == messaging_pb2.SEND_OK
+        assert one.results[0].queue_offset == 0
+        batch = await c.send("SendPull", [b"b1", b"b2", b"b3"], props={"TAGS": "B"})
+        assert [r.queue_offset for r in batch.results] == [1, 2, 3]
+        resp = await c.pull("SendPull", 0)
+        assert resp.status == messaging_pb2.FOUND
+        assert (resp.next_begin_offset, resp.min_offset, resp.max_offset) == (4, 0, 4)
+        assert resp.suggest_which_broker_id == 0
+        msgs = decode_records(resp.records)
+        assert [m.body for m in msgs] == [b"first", b"b1", b"b2", b"b3"]
+        assert [m.msg_id for m in msgs] == [r.msg_id for r in [*one.results, *batch.results]]
+        assert msgs[0].keys == ["k1", "k2"] and msgs[0].tags == "A"
+        assert msgs[0].born_host.startswith("127.0.0.1:")
+        assert msgs[0].store_host == brokers.a
+        decoded = await c.pull("SendPull", 1, decoded=True, max_msg_nums=2)
+        assert [m.message.body for m in decoded.messages] == [b"b1", b"b2"]
+        assert decoded.next_begin_offset == 3 and decoded.records == b""
 
 
-def test_offset_correction_cases(brokers: Brokers) -> None:
-    async def main() -> None:
-        async for c in client(brokers.a):
-            await c.send("Offsets", [b"x"], queue_id=1)  # creates the topic; queue 0 stays empty
-            empty = await c.pull("Offsets", 0)
-            assert (empty.status, empty.next_begin_offset) == (messaging_pb2.NO_NEW_MSG, 0)
-            moved = await c.pull("Offsets", 3)  # NO_MESSAGE_IN_QUEUE with offset != 0
-            assert (moved.status, moved.next_begin_offset) == (messaging_pb2.OFFSET_ILLEGAL, 0)
-            await c.send("Offsets", [b"a", b"b", b"c"], props={"TAGS": "T1"})
-            found = await c.pull("Offsets", 1)
-            assert found.status == messaging_pb2.FOUND and found.next_begin_offset == 3
-            one = await c.pull("Offsets", 3)  # OFFSET_OVERFLOW_ONE
-            assert (one.status, one.next_begin_offset) == (messaging_pb2.NO_NEW_MSG, 3)
-            badly = await c.pull("Offsets", 10)  # OFFSET_OVERFLOW_BADLY, min offset 0
-            assert (badly.status, badly.next_begin_offset) == (messaging_pb2.OFFSET_ILLEGAL, 0)
-            miss = await c.pull("Offsets", 0, expression="Other || T2")
-            assert (miss.status, miss.next_begin_offset) == (messaging_pb2.NO_MATCHED_MSG, 3)
-            assert miss.records == b""
-            await c.send("Offsets", [b"d"], props={"TAGS": "T2"})
-            hit = await c.pull("Offsets", 0, expression="Other || T2")
-            assert [m.body for m in decode_records(hit.records)] == [b"d"]
-
-    run(main())
+async def test_offset_correction_cases(brokers: Brokers) -> None:
+    async with Client(brokers.a) as c:
+        await c.send("Offsets", [b"x"], queue_id=1)  # creates the topic; queue 0 stays empty
+        empty = await c.pull("Offsets", 0)
+        assert (empty.status, empty.next_begin_offset) == (messaging_pb2.NO_NEW_MSG, 0)
+        moved = await c.pull("Offsets", 3)  # NO_MESSAGE_IN_QUEUE with offset != 0
+        assert (moved.status, moved.next_begin_offset) == (messaging_pb2.OFFSET_ILLEGAL, 0)
+        await c.send("Offsets", [b"a", b"b", b"c"], props={"TAGS": "T1"})
+        found = await c.pull("Offsets", 1)
+        assert found.status == messaging_pb2.FOUND and found.next_begin_offset == 3
+        one = await c.pull("Offsets", 3)  # OFFSET_OVERFLOW_ONE
+        assert (one.status, one.next_begin_offset) == (messaging_pb2.NO_NEW_MSG, 3)
+        badly = await c.pull("Offsets", 10)  # OFFSET_OVERFLOW_BADLY, min offset 0
+        assert (badly.status, badly.next_begin_offset) == (messaging_pb2.OFFSET_ILLEGAL, 0)
+        miss = await c.pull("Offsets", 0, expression="Other || T2")
+        assert (miss.status, miss.next_begin_offset) == (messaging_pb2.NO_MATCHED_MSG, 3)
+        assert miss.records == b""
+        await c.send("Offsets", [b"d"], props={"TAGS": "T2"})
+        hit = await c.pull("Offsets", 0, expression="Other || T2")
+        assert [m.body for m in decode_records(hit.records)] == [b"d"]
 
 
-def test_long_polling_wakes_within_milliseconds_and_times_out(brokers: Brokers) -> None:
-    async def main() -> None:
-        async for c in client(brokers.a):
-            await c.send("LongPoll", [b"seed"])
-            held = asyncio.create_task(c.pull("LongPoll", 1, suspend_ms=15_000))
-            await asyncio.sleep(0.3)
-            assert not held.done(), "the pull should be held until a message arrives"
-            sent_at = time.monotonic()
-            await c.send("LongPoll", [b"wake"])
-            resp = await held
-            woke_after_s = time.monotonic() - sent_at
-            assert resp.status == messaging_pb2.FOUND
-            assert [m.body for m in decode_records(resp.records)] == [b"wake"]
-            assert woke_after_s < 1.0, f"long poll woke {woke_after_s:.3f} s after the send"
+async def test_long_polling_wakes_within_milliseconds_and_times_out(brokers: Brokers) -> None:
+    async with Client(brokers.a) as c:
+        await c.send("LongPoll", [b"seed"])
+        base = await c.held_pulls()
+        held = asyncio.create_task(c.pull("LongPoll", 1, suspend_ms=15_000))
+        await until(lambda: _more(c.held_pulls(), base), "the pull to be held")
+        assert not held.done(), "the pull should be held until a message arrives"
+        sent_at = time.monotonic()
+        await c.send("LongPoll", [b"wake"])
+        resp = await held
+        woke_after_s = time.monotonic() - sent_at
+        assert resp.status == messaging_pb2.FOUND
+        assert [m.body for m in decode_records(resp.records)] == [b"wake"]
+        assert woke_after_s < 1.0, f"long poll woke {woke_after_s:.3f} s after the send"
 
-            # a message with a tag the pull does not want leaves it held
-            held = asyncio.create_task(c.pull("LongPoll", 2, expression="Want", suspend_ms=15_000))
-            await asyncio.sleep(0.2)
-            await c.send("LongPoll", [b"other"], props={"TAGS": "Nope"})
-            await asyncio.sleep(0.2)
-            assert not held.done()
-            await c.send("LongPoll", [b"wanted"], props={"TAGS": "Want"})
-            resp = await held
-            assert [m.body for m in decode_records(resp.records)] == [b"wanted"]
+        # a message with a tag the pull does not want leaves it held
+        held = asyncio.create_task(c.pull("LongPoll", 2, expression="Want", suspend_ms=15_000))
+        await until(lambda: _more(c.held_pulls(), base), "the tagged pull to be held")
+        checked = await c.arrivals_checked()
+        await c.send("LongPoll", [b"other"], props={"TAGS": "Nope"})
+        await until(lambda: _more(c.arrivals_checked(), checked), "the broker to check 'other'")
+        assert await c.held_pulls() > base  # looked at and left held
+        assert not held.done()
+        await c.send("LongPoll", [b"wanted"], props={"TAGS": "Want"})
+        resp = await held
+        assert [m.body for m in decode_records(resp.records)] == [b"wanted"]
 
-            started = time.monotonic()
-            resp = await c.pull("LongPoll", 4, suspend_ms=300)
-            held_s = time.monotonic() - started
-            assert (resp.status, resp.next_begin_offset) == (messaging_pb2.NO_NEW_MSG, 4)
-            assert 0.25 <= held_s < 2.0, f"a 300 ms suspend held {held_s:.3f} s"
-
-    run(main())
+        started = time.monotonic()
+        resp = await c.pull("LongPoll", 4, suspend_ms=300)
+        held_s = time.monotonic() - started
+        assert (resp.status, resp.next_begin_offset) == (messaging_pb2.NO_NEW_MSG, 4)
+        assert 0.25 <= held_s < 2.0, f"a 300 ms suspend held {held_s:.3f} s"
 
 
-def test_commit_offset_on_pull_and_offset_rpcs(brokers: Brokers) -> None:
-    async def main() -> None:
-        async for c in client(brokers.a):
-            before_ms = int(time.time() * 1000) - 1
-            await c.send("OffsetRpc", [b"a", b"b", b"c"], queue_id=2)
-            code, _, _ = await refused(
-                c.stub.QueryConsumerOffset(
-                    messaging_pb2.QueryConsumerOffsetRequest(
-                        consumer_group="cg", topic="OffsetRpc", queue_id=2
-                    )
+async def test_commit_offset_on_pull_and_offset_rpcs(brokers: Brokers) -> None:
+    async with Client(brokers.a) as c:
+        before_ms = int(time.time() * 1000) - 1
+        await c.send("OffsetRpc", [b"a", b"b", b"c"], queue_id=2)
+        code, _, _ = await refused(
+            c.messaging.QueryConsumerOffset(
+                messaging_pb2.QueryConsumerOffsetRequest(
+                    consumer_group="cg", topic="OffsetRpc", queue_id=2
                 )
             )
-            assert code == grpc.StatusCode.NOT_FOUND
-            await c.pull("OffsetRpc", 0, queue_id=2, flags=FLAG_SUB | FLAG_COMMIT, commit_offset=2)
-            q = messaging_pb2.QueryConsumerOffsetRequest(
-                consumer_group="cg", topic="OffsetRpc", queue_id=2
+        )
+        assert code == grpc.StatusCode.NOT_FOUND
+        await c.pull("OffsetRpc", 0, queue_id=2, flags=FLAG_SUB | FLAG_COMMIT, commit_offset=2)
+        q = messaging_pb2.QueryConsumerOffsetRequest(
+            consumer_group="cg", topic="OffsetRpc", queue_id=2
+        )
+        assert (await c.messaging.QueryConsumerOffset(q)).offset == 2
+        await c.messaging.UpdateConsumerOffset(
+            messaging_pb2.UpdateConsumerOffsetRequest(
+                consumer_group="cg", topic="OffsetRpc", queue_id=2, commit_offset=1
             )
-            assert (await c.stub.QueryConsumerOffset(q)).offset == 2
-            await c.stub.UpdateConsumerOffset(
+        )
+        assert (await c.messaging.QueryConsumerOffset(q)).offset == 1  # overwritten, even if less
+        mx = await c.messaging.GetMaxOffset(
+            messaging_pb2.GetMaxOffsetRequest(topic="OffsetRpc", queue_id=2)
+        )
+        mn = await c.messaging.GetMinOffset(
+            messaging_pb2.GetMinOffsetRequest(topic="OffsetRpc", queue_id=2)
+        )
+        assert (mn.offset, mx.offset) == (0, 3)
+        search = messaging_pb2.SearchOffsetByTimestampRequest
+        early = await c.messaging.SearchOffsetByTimestamp(search(topic="OffsetRpc", queue_id=2))
+        late = await c.messaging.SearchOffsetByTimestamp(
+            search(topic="OffsetRpc", queue_id=2, timestamp_ms=before_ms + 3_600_000)
+        )
+        assert (early.offset, late.offset) == (0, 3)
+        for call in (
+            c.messaging.GetMaxOffset(messaging_pb2.GetMaxOffsetRequest(topic="NoSuch", queue_id=0)),
+            c.messaging.UpdateConsumerOffset(
                 messaging_pb2.UpdateConsumerOffsetRequest(
-                    consumer_group="cg", topic="OffsetRpc", queue_id=2, commit_offset=1
+                    consumer_group="cg", topic="NoSuch", queue_id=0, commit_offset=1
                 )
-            )
-            assert (await c.stub.QueryConsumerOffset(q)).offset == 1  # overwritten, even if less
-            mx = await c.stub.GetMaxOffset(
-                messaging_pb2.GetMaxOffsetRequest(topic="OffsetRpc", queue_id=2)
-            )
-            mn = await c.stub.GetMinOffset(
-                messaging_pb2.GetMinOffsetRequest(topic="OffsetRpc", queue_id=2)
-            )
-            assert (mn.offset, mx.offset) == (0, 3)
-            search = messaging_pb2.SearchOffsetByTimestampRequest
-            early = await c.stub.SearchOffsetByTimestamp(search(topic="OffsetRpc", queue_id=2))
-            late = await c.stub.SearchOffsetByTimestamp(
-                search(topic="OffsetRpc", queue_id=2, timestamp_ms=before_ms + 3_600_000)
-            )
-            assert (early.offset, late.offset) == (0, 3)
-            for call in (
-                c.stub.GetMaxOffset(messaging_pb2.GetMaxOffsetRequest(topic="NoSuch", queue_id=0)),
-                c.stub.UpdateConsumerOffset(
-                    messaging_pb2.UpdateConsumerOffsetRequest(
-                        consumer_group="cg", topic="NoSuch", queue_id=0, commit_offset=1
-                    )
-                ),
-            ):
-                assert (await refused(call))[0] == grpc.StatusCode.NOT_FOUND
-            for call in (
-                c.stub.GetMinOffset(
-                    messaging_pb2.GetMinOffsetRequest(topic="OffsetRpc", queue_id=9)
-                ),
-                c.stub.SearchOffsetByTimestamp(
-                    search(topic="OffsetRpc", queue_id=0, timestamp_ms=-1)
-                ),
-                c.stub.UpdateConsumerOffset(
-                    messaging_pb2.UpdateConsumerOffsetRequest(
-                        consumer_group="cg", topic="OffsetRpc", queue_id=0, commit_offset=-5
-                    )
-                ),
-            ):
-                assert (await refused(call))[0] == grpc.StatusCode.INVALID_ARGUMENT
-
-    run(main())
+            ),
+        ):
+            assert (await refused(call))[0] == grpc.StatusCode.NOT_FOUND
+        for call in (
+            c.messaging.GetMinOffset(
+                messaging_pb2.GetMinOffsetRequest(topic="OffsetRpc", queue_id=9)
+            ),
+            c.messaging.SearchOffsetByTimestamp(
+                search(topic="OffsetRpc", queue_id=0, timestamp_ms=-1)
+            ),
+            c.messaging.UpdateConsumerOffset(
+                messaging_pb2.UpdateConsumerOffsetRequest(
+                    consumer_group="cg", topic="OffsetRpc", queue_id=0, commit_offset=-5
+                )
+            ),
+        ):
+            assert (await refused(call))[0] == grpc.StatusCode.INVALID_ARGUMENT
 
 
 # -- queries ---------------------------------------------------------------------------------
-def test_query_by_key_id_and_offset_id(brokers: Brokers) -> None:
-    async def main() -> None:
-        async for c in client(brokers.a):
-            first = await c.send("Query", [b"v1"], props={"KEYS": "order-7 other"})
-            second = await c.send("Query", [b"v2"], props={"KEYS": "order-7"})
-            await c.send("Query", [b"v3"], props={"KEYS": "order-8"})
-            by_key = await c.stub.QueryMessageByKey(
-                messaging_pb2.QueryMessageByKeyRequest(topic="Query", key="order-7")
+async def test_query_by_key_id_and_offset_id(brokers: Brokers) -> None:
+    async with Client(brokers.a) as c:
+        first = await c.send("Query", [b"v1"], props={"KEYS": "order-7 other"})
+        second = await c.send("Query", [b"v2"], props={"KEYS": "order-7"})
+        await c.send("Query", [b"v3"], props={"KEYS": "order-8"})
+        by_key = await c.messaging.QueryMessageByKey(
+            messaging_pb2.QueryMessageByKeyRequest(topic="Query", key="order-7")
+        )
+        assert [m.message.body for m in by_key.messages] == [b"v2", b"v1"]  # newest first
+        limited = await c.messaging.QueryMessageByKey(
+            messaging_pb2.QueryMessageByKeyRequest(topic="Query", key="order-7", max_num=1)
+        )
+        assert len(limited.messages) == 1
+        none = await c.messaging.QueryMessageByKey(
+            messaging_pb2.QueryMessageByKeyRequest(topic="Query", key="missing")
+        )
+        assert list(none.messages) == []
+        msg_id = first.results[0].msg_id
+        by_id = await c.messaging.QueryMessageById(
+            messaging_pb2.QueryMessageByIdRequest(topic="Query", msg_id=msg_id)
+        )
+        assert [m.msg_id for m in by_id.messages] == [msg_id]
+        view = await c.messaging.ViewMessage(
+            messaging_pb2.ViewMessageRequest(offset_msg_id=second.results[0].offset_msg_id)
+        )
+        assert view.message.message.body == b"v2"
+        assert view.message.offset_msg_id == second.results[0].offset_msg_id
+        host, offset = codec.decode_offset_msg_id(second.results[0].offset_msg_id)
+        missing = codec.encode_offset_msg_id(host, offset + 10**9)
+        code, reason, _ = await refused(
+            c.messaging.ViewMessage(messaging_pb2.ViewMessageRequest(offset_msg_id=missing))
+        )
+        assert (code, reason) == (grpc.StatusCode.NOT_FOUND, common_pb2.MESSAGE_NOT_FOUND)
+        inside = codec.encode_offset_msg_id(host, offset + 3)  # not a record start
+        code, _, _ = await refused(
+            c.messaging.ViewMessage(messaging_pb2.ViewMessageRequest(offset_msg_id=inside))
+        )
+        assert code == grpc.StatusCode.NOT_FOUND
+        code, reason, _ = await refused(
+            c.messaging.QueryMessageById(
+                messaging_pb2.QueryMessageByIdRequest(topic="Query", msg_id="0" * 32)
             )
-            assert [m.message.body for m in by_key.messages] == [b"v2", b"v1"]  # newest first
-            limited = await c.stub.QueryMessageByKey(
-                messaging_pb2.QueryMessageByKeyRequest(topic="Query", key="order-7", max_num=1)
-            )
-            assert len(limited.messages) == 1
-            none = await c.stub.QueryMessageByKey(
-                messaging_pb2.QueryMessageByKeyRequest(topic="Query", key="missing")
-            )
-            assert list(none.messages) == []
-            msg_id = first.results[0].msg_id
-            by_id = await c.stub.QueryMessageById(
-                messaging_pb2.QueryMessageByIdRequest(topic="Query", msg_id=msg_id)
-            )
-            assert [m.msg_id for m in by_id.messages] == [msg_id]
-            view = await c.stub.ViewMessage(
-                messaging_pb2.ViewMessageRequest(offset_msg_id=second.results[0].offset_msg_id)
-            )
-            assert view.message.message.body == b"v2"
-            assert view.message.offset_msg_id == second.results[0].offset_msg_id
-            host, offset = codec.decode_offset_msg_id(second.results[0].offset_msg_id)
-            missing = codec.encode_offset_msg_id(host, offset + 10**9)
-            code, reason, _ = await refused(
-                c.stub.ViewMessage(messaging_pb2.ViewMessageRequest(offset_msg_id=missing))
-            )
-            assert (code, reason) == (grpc.StatusCode.NOT_FOUND, common_pb2.MESSAGE_NOT_FOUND)
-            inside = codec.encode_offset_msg_id(host, offset + 3)  # not a record start
-            code, _, _ = await refused(
-                c.stub.ViewMessage(messaging_pb2.ViewMessageRequest(offset_msg_id=inside))
-            )
-            assert code == grpc.StatusCode.NOT_FOUND
-            code, reason, _ = await refused(
-                c.stub.QueryMessageById(
-                    messaging_pb2.QueryMessageByIdRequest(topic="Query", msg_id="0" * 32)
-                )
-            )
-            assert (code, reason) == (grpc.StatusCode.NOT_FOUND, common_pb2.MESSAGE_NOT_FOUND)
-            for call in (
-                c.stub.ViewMessage(messaging_pb2.ViewMessageRequest(offset_msg_id="zz")),
-                c.stub.QueryMessageById(
-                    messaging_pb2.QueryMessageByIdRequest(topic="Query", msg_id="123")
-                ),
-                c.stub.QueryMessageByKey(
-                    messaging_pb2.QueryMessageByKeyRequest(topic="Query", key="k", max_num=65)
-                ),
-                c.stub.QueryMessageByKey(messaging_pb2.QueryMessageByKeyRequest(topic="Query")),
-            ):
-                assert (await refused(call))[0] == grpc.StatusCode.INVALID_ARGUMENT
-
-    run(main())
+        )
+        assert (code, reason) == (grpc.StatusCode.NOT_FOUND, common_pb2.MESSAGE_NOT_FOUND)
+        for call in (
+            c.messaging.ViewMessage(messaging_pb2.ViewMessageRequest(offset_msg_id="zz")),
+            c.messaging.QueryMessageById(
+                messaging_pb2.QueryMessageByIdRequest(topic="Query", msg_id="123")
+            ),
+            c.messaging.QueryMessageByKey(
+                messaging_pb2.QueryMessageByKeyRequest(topic="Query", key="k", max_num=65)
+            ),
+            c.messaging.QueryMessageByKey(messaging_pb2.QueryMessageByKeyRequest(topic="Query")),
+        ):
+            assert (await refused(call))[0] == grpc.StatusCode.INVALID_ARGUMENT
 
 
 # -- client stream ---------------------------------------------------------------------------
@@ -407,225 +351,206 @@ async def _next_ids(call: Any) -> list[str]:
             return list(msg.consumer_ids_changed.consumer_ids)
 
 
-def test_client_stream_heartbeats_and_membership_notices(brokers: Brokers) -> None:
-    async def main() -> None:
-        async for c in client(brokers.a):
-            first = c.stub.ClientStream()
-            await first.write(_heartbeat("client-1"))
-            ack = await _read(first)
-            assert ack.heartbeat_ack.expire_timestamp_ms > time.time() * 1000
-            assert await _next_ids(first) == ["client-1"]
+async def test_client_stream_heartbeats_and_membership_notices(brokers: Brokers) -> None:
+    async with Client(brokers.a) as c:
+        first = c.messaging.ClientStream()
+        await first.write(_heartbeat("client-1"))
+        ack = await _read(first)
+        assert ack.heartbeat_ack.expire_timestamp_ms > time.time() * 1000
+        assert await _next_ids(first) == ["client-1"]
 
-            ids = await c.stub.GetConsumerIdList(
+        ids = await c.messaging.GetConsumerIdList(
+            messaging_pb2.GetConsumerIdListRequest(consumer_group="stream-group")
+        )
+        assert list(ids.consumer_ids) == ["client-1"]
+
+        second = c.messaging.ClientStream()
+        await second.write(_heartbeat("client-0"))
+        assert await _next_ids(first) == ["client-0", "client-1"]  # sorted
+        assert await _next_ids(second) == ["client-0", "client-1"]
+
+        # the heartbeat carried the subscription: a pull without FLAG_SUBSCRIPTION uses it
+        await c.send("StreamTopic", [b"no"], props={"TAGS": "B"})
+        await c.send("StreamTopic", [b"yes"], props={"TAGS": "A"})
+        resp = await c.pull("StreamTopic", 0, flags=0, group="stream-group")
+        assert [m.body for m in decode_records(resp.records)] == [b"yes"]
+
+        await second.done_writing()  # the second client leaves
+        assert await _next_ids(first) == ["client-1"]
+        assert await asyncio.wait_for(second.read(), 5) is grpc.aio.EOF
+
+        await first.write(
+            messaging_pb2.ClientStreamRequest(
+                unregister=messaging_pb2.UnregisterClient(client_id="client-1")
+            )
+        )
+
+        async def consumer_ids() -> list[str]:
+            ids = await c.messaging.GetConsumerIdList(
                 messaging_pb2.GetConsumerIdListRequest(consumer_group="stream-group")
             )
-            assert list(ids.consumer_ids) == ["client-1"]
+            return list(ids.consumer_ids)
 
-            second = c.stub.ClientStream()
-            await second.write(_heartbeat("client-0"))
-            assert await _next_ids(first) == ["client-0", "client-1"]  # sorted
-            assert await _next_ids(second) == ["client-0", "client-1"]
+        await until(lambda: _empty(consumer_ids()), "client-1 to leave stream-group", 2.5)
+        assert await consumer_ids() == []
+        first.cancel()
 
-            # the heartbeat carried the subscription: a pull without FLAG_SUBSCRIPTION uses it
-            await c.send("StreamTopic", [b"no"], props={"TAGS": "B"})
-            await c.send("StreamTopic", [b"yes"], props={"TAGS": "A"})
-            resp = await c.pull("StreamTopic", 0, flags=0, group="stream-group")
-            assert [m.body for m in decode_records(resp.records)] == [b"yes"]
 
-            await second.done_writing()  # the second client leaves
-            assert await _next_ids(first) == ["client-1"]
-            assert await asyncio.wait_for(second.read(), 5) is grpc.aio.EOF
-
-            await first.write(
-                messaging_pb2.ClientStreamRequest(
-                    unregister=messaging_pb2.UnregisterClient(client_id="client-1")
-                )
+async def test_client_stream_must_start_with_a_heartbeat(brokers: Brokers) -> None:
+    async with Client(brokers.a) as c:
+        call = c.messaging.ClientStream()
+        await call.write(
+            messaging_pb2.ClientStreamRequest(
+                unregister=messaging_pb2.UnregisterClient(client_id="x")
             )
-            for _ in range(50):
-                ids = await c.stub.GetConsumerIdList(
-                    messaging_pb2.GetConsumerIdListRequest(consumer_group="stream-group")
-                )
-                if not ids.consumer_ids:
-                    break
-                await asyncio.sleep(0.05)
-            assert list(ids.consumer_ids) == []
-            first.cancel()
-
-    run(main())
+        )
+        assert await _end_code(call) == grpc.StatusCode.INVALID_ARGUMENT
+        bad = c.messaging.ClientStream()
+        await bad.write(_heartbeat("c", group="bad group!"))
+        assert await _end_code(bad) == grpc.StatusCode.INVALID_ARGUMENT
+        empty_id = c.messaging.ClientStream()
+        await empty_id.write(_heartbeat(""))
+        assert await _end_code(empty_id) == grpc.StatusCode.INVALID_ARGUMENT
+        await c.send("StillServing", [b"x"])
 
 
-def test_client_stream_must_start_with_a_heartbeat(brokers: Brokers) -> None:
-    async def main() -> None:
-        async for c in client(brokers.a):
-            call = c.stub.ClientStream()
-            await call.write(
-                messaging_pb2.ClientStreamRequest(
-                    unregister=messaging_pb2.UnregisterClient(client_id="x")
-                )
-            )
-            assert await _end_code(call) == grpc.StatusCode.INVALID_ARGUMENT
-            bad = c.stub.ClientStream()
-            await bad.write(_heartbeat("c", group="bad group!"))
-            assert await _end_code(bad) == grpc.StatusCode.INVALID_ARGUMENT
-            empty_id = c.stub.ClientStream()
-            await empty_id.write(_heartbeat(""))
-            assert await _end_code(empty_id) == grpc.StatusCode.INVALID_ARGUMENT
-            await c.send("StillServing", [b"x"])
-
-    run(main())
-
-
-def test_silent_client_expires(brokers: Brokers) -> None:
-    async def main() -> None:
-        async for c in client(brokers.b):
-            call = c.stub.ClientStream()
-            await call.write(_heartbeat("quiet", group="quiet-group"))
-            await _read(call)
-            started = time.monotonic()
-            while True:  # the broker ends the stream ~1 s after the last heartbeat
-                msg = await asyncio.wait_for(call.read(), 10)
-                if msg is grpc.aio.EOF:
-                    break
-            assert time.monotonic() - started < 5
-            ids = await c.stub.GetConsumerIdList(
-                messaging_pb2.GetConsumerIdListRequest(consumer_group="quiet-group")
-            )
-            assert list(ids.consumer_ids) == []
-
-    run(main())
+async def test_silent_client_expires(brokers: Brokers) -> None:
+    async with Client(brokers.b) as c:
+        call = c.messaging.ClientStream()
+        await call.write(_heartbeat("quiet", group="quiet-group"))
+        await _read(call)
+        started = time.monotonic()
+        while True:  # the broker ends the stream ~1 s after the last heartbeat
+            msg = await asyncio.wait_for(call.read(), 10)
+            if msg is grpc.aio.EOF:
+                break
+        assert time.monotonic() - started < 5
+        ids = await c.messaging.GetConsumerIdList(
+            messaging_pb2.GetConsumerIdListRequest(consumer_group="quiet-group")
+        )
+        assert list(ids.consumer_ids) == []
 
 
 # -- bad input -------------------------------------------------------------------------------
-def test_bad_sends_are_refused_and_the_broker_keeps_serving(brokers: Brokers) -> None:
+async def test_bad_sends_are_refused_and_the_broker_keeps_serving(brokers: Brokers) -> None:
     invalid = grpc.StatusCode.INVALID_ARGUMENT
-
-    async def main() -> None:
-        async for c in client(brokers.a):
-            await c.send("Good", [b"ok"])
-            cases: list[tuple[Awaitable[Any], grpc.StatusCode, int]] = [
-                (c.send("bad topic!", [b"x"]), invalid, common_pb2.ILLEGAL_ARGUMENT),
-                (c.send("t" * 128, [b"x"]), invalid, common_pb2.ILLEGAL_ARGUMENT),
-                (c.send("Good", [b""]), invalid, common_pb2.ILLEGAL_ARGUMENT),
-                (
-                    c.send("Good", [b"x" * (4 * 1024 * 1024 + 1)]),
-                    invalid,
-                    common_pb2.MESSAGE_TOO_LARGE,
-                ),
-                (c.send("Good", [b"x" * (1024 * 1024)] * 5), invalid, common_pb2.MESSAGE_TOO_LARGE),
-                (c.send("Good", [b"x"], queue_id=4), invalid, common_pb2.ILLEGAL_ARGUMENT),
-                (c.send("Good", [b"x"], queue_id=-1), invalid, common_pb2.ILLEGAL_ARGUMENT),
-                (
-                    c.send("Good", [b"x"], props={"DELAY": "40"}),
-                    invalid,
-                    common_pb2.ILLEGAL_ARGUMENT,
-                ),
-                (
-                    c.send("Good", [b"x"], props={"TIMER_DELAY_MS": str(4 * 86_400_000)}),
-                    invalid,  # beyond timerMaxDelaySec (3 days)
-                    common_pb2.ILLEGAL_ARGUMENT,
-                ),
-                (
-                    c.send("Good", [b"x", b"y"], props={"DELAY": "2"}),
-                    invalid,  # a batch may not be delayed
-                    common_pb2.ILLEGAL_ARGUMENT,
-                ),
-                (
-                    c.send("Unknown", [b"x"], auto_create=False),
-                    grpc.StatusCode.NOT_FOUND,
-                    common_pb2.TOPIC_NOT_EXIST,
-                ),
-                (
-                    c.stub.Send(messaging_pb2.SendRequest(queue_id=0)),
-                    invalid,
-                    common_pb2.ILLEGAL_ARGUMENT,
-                ),
-            ]
-            mixed = messaging_pb2.SendRequest(
-                queue_id=0,
-                messages=[
-                    common_pb2.Message(topic="Good", body=b"a"),
-                    common_pb2.Message(topic="Other", body=b"b"),
-                ],
-            )
-            cases.append((c.stub.Send(mixed), invalid, common_pb2.ILLEGAL_ARGUMENT))
-            for call, code, reason in cases:
-                got = await refused(call)
-                assert got[:2] == (code, reason), got
-            delayed = await c.send("Good", [b"later"], props={"DELAY": "2"})
-            assert delayed.results[0].status == messaging_pb2.SEND_OK  # waits in the timer topic
-            after = await c.send("Good", [b"still here"])
-            assert after.results[0].queue_offset == 1  # nothing refused (or delayed) is in Good
-
-    run(main())
-
-
-def test_bad_pulls_and_unsupported_rpcs(brokers: Brokers) -> None:
-    invalid = grpc.StatusCode.INVALID_ARGUMENT
-
-    async def main() -> None:
-        async for c in client(brokers.a):
-            await c.send("PullBad", [b"x"])
-            cases: list[tuple[Awaitable[Any], grpc.StatusCode]] = [
-                (c.pull("bad topic!", 0), invalid),
-                (c.pull("PullBad", 0, group="bad group!"), invalid),
-                (c.pull("PullBad", -1), invalid),
-                (c.pull("PullBad", 0, queue_id=4), invalid),
-                (c.pull("PullBad", 0, max_msg_nums=0), invalid),
-                (c.pull("PullBad", 0, flags=FLAG_SUB | 0x8), invalid),
-                (c.pull("PullBad", 0, expression="||"), invalid),
-                (
-                    c.pull("PullBad", 0, expression="a > 1", expression_type=common_pb2.SQL92),
-                    invalid,
-                ),
-                (
-                    c.pull("PullBad", 0, flags=0, group="nobody-heartbeats"),
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                ),
-                (c.pull("NoSuchTopic", 0), grpc.StatusCode.NOT_FOUND),
-                (
-                    c.stub.LockBatch(messaging_pb2.LockBatchRequest(consumer_group="g")),
-                    invalid,
-                ),
-                (
-                    c.stub.UnlockBatch(messaging_pb2.UnlockBatchRequest(consumer_group="g")),
-                    invalid,
-                ),
-                (
-                    c.stub.ConsumerSendBack(messaging_pb2.ConsumerSendBackRequest()),
-                    invalid,
-                ),
-                (
-                    c.stub.EndTransaction(messaging_pb2.EndTransactionRequest()),
-                    invalid,
-                ),
-                (
-                    c.stub.GetConsumerIdList(
-                        messaging_pb2.GetConsumerIdListRequest(consumer_group="")
-                    ),
-                    invalid,
-                ),
-            ]
-            for call, code in cases:
-                got = await refused(call)
-                assert got[0] == code, got
-            resp = await c.pull("PullBad", 0)
-            assert resp.status == messaging_pb2.FOUND
-
-    run(main())
-
-
-def test_auto_create_off_refuses_unknown_topics_and_groups(brokers: Brokers) -> None:
-    async def main() -> None:
-        async for c in client(brokers.b):
-            code, reason, message = await refused(c.send("NotThere", [b"x"]))
-            assert (code, reason) == (grpc.StatusCode.NOT_FOUND, common_pb2.TOPIC_NOT_EXIST)
-            assert "autoCreateTopicEnable" in message
-            # SELF_TEST_TOPIC exists on every broker; the group does not
-            await c.send("SELF_TEST_TOPIC", [b"x"], auto_create=False)
-            code, reason, _ = await refused(c.pull("SELF_TEST_TOPIC", 0, group="no-such-group"))
-            assert (code, reason) == (
+    async with Client(brokers.a) as c:
+        await c.send("Good", [b"ok"])
+        cases: list[tuple[Awaitable[Any], grpc.StatusCode, int]] = [
+            (c.send("bad topic!", [b"x"]), invalid, common_pb2.ILLEGAL_ARGUMENT),
+            (c.send("t" * 128, [b"x"]), invalid, common_pb2.ILLEGAL_ARGUMENT),
+            (c.send("Good", [b""]), invalid, common_pb2.ILLEGAL_ARGUMENT),
+            (
+                c.send("Good", [b"x" * (4 * 1024 * 1024 + 1)]),
+                invalid,
+                common_pb2.MESSAGE_TOO_LARGE,
+            ),
+            (c.send("Good", [b"x" * (1024 * 1024)] * 5), invalid, common_pb2.MESSAGE_TOO_LARGE),
+            (c.send("Good", [b"x"], queue_id=4), invalid, common_pb2.ILLEGAL_ARGUMENT),
+            (c.send("Good", [b"x"], queue_id=-1), invalid, common_pb2.ILLEGAL_ARGUMENT),
+            (
+                c.send("Good", [b"x"], props={"DELAY": "40"}),
+                invalid,
+                common_pb2.ILLEGAL_ARGUMENT,
+            ),
+            (
+                c.send("Good", [b"x"], props={"TIMER_DELAY_MS": str(4 * 86_400_000)}),
+                invalid,  # beyond timerMaxDelaySec (3 days)
+                common_pb2.ILLEGAL_ARGUMENT,
+            ),
+            (
+                c.send("Good", [b"x", b"y"], props={"DELAY": "2"}),
+                invalid,  # a batch may not be delayed
+                common_pb2.ILLEGAL_ARGUMENT,
+            ),
+            (
+                c.send("Unknown", [b"x"], auto_create=False),
                 grpc.StatusCode.NOT_FOUND,
-                common_pb2.SUBSCRIPTION_GROUP_NOT_EXIST,
-            )
+                common_pb2.TOPIC_NOT_EXIST,
+            ),
+            (
+                c.messaging.Send(messaging_pb2.SendRequest(queue_id=0)),
+                invalid,
+                common_pb2.ILLEGAL_ARGUMENT,
+            ),
+        ]
+        mixed = messaging_pb2.SendRequest(
+            queue_id=0,
+            messages=[
+                common_pb2.Message(topic="Good", body=b"a"),
+                common_pb2.Message(topic="Other", body=b"b"),
+            ],
+        )
+        cases.append((c.messaging.Send(mixed), invalid, common_pb2.ILLEGAL_ARGUMENT))
+        for call, code, reason in cases:
+            got = await refused(call)
+            assert got[:2] == (code, reason), got
+        delayed = await c.send("Good", [b"later"], props={"DELAY": "2"})
+        assert delayed.results[0].status == messaging_pb2.SEND_OK  # waits in the timer topic
+        after = await c.send("Good", [b"still here"])
+        assert after.results[0].queue_offset == 1  # nothing refused (or delayed) is in Good
 
-    run(main())
+
+async def test_bad_pulls_and_unsupported_rpcs(brokers: Brokers) -> None:
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    async with Client(brokers.a) as c:
+        await c.send("PullBad", [b"x"])
+        cases: list[tuple[Awaitable[Any], grpc.StatusCode]] = [
+            (c.pull("bad topic!", 0), invalid),
+            (c.pull("PullBad", 0, group="bad group!"), invalid),
+            (c.pull("PullBad", -1), invalid),
+            (c.pull("PullBad", 0, queue_id=4), invalid),
+            (c.pull("PullBad", 0, max_msg_nums=0), invalid),
+            (c.pull("PullBad", 0, flags=FLAG_SUB | 0x8), invalid),
+            (c.pull("PullBad", 0, expression="||"), invalid),
+            (
+                c.pull("PullBad", 0, expression="a > 1", expression_type=common_pb2.SQL92),
+                invalid,
+            ),
+            (
+                c.pull("PullBad", 0, flags=0, group="nobody-heartbeats"),
+                grpc.StatusCode.FAILED_PRECONDITION,
+            ),
+            (c.pull("NoSuchTopic", 0), grpc.StatusCode.NOT_FOUND),
+            (
+                c.messaging.LockBatch(messaging_pb2.LockBatchRequest(consumer_group="g")),
+                invalid,
+            ),
+            (
+                c.messaging.UnlockBatch(messaging_pb2.UnlockBatchRequest(consumer_group="g")),
+                invalid,
+            ),
+            (
+                c.messaging.ConsumerSendBack(messaging_pb2.ConsumerSendBackRequest()),
+                invalid,
+            ),
+            (
+                c.messaging.EndTransaction(messaging_pb2.EndTransactionRequest()),
+                invalid,
+            ),
+            (
+                c.messaging.GetConsumerIdList(
+                    messaging_pb2.GetConsumerIdListRequest(consumer_group="")
+                ),
+                invalid,
+            ),
+        ]
+        for call, code in cases:
+            got = await refused(call)
+            assert got[0] == code, got
+        resp = await c.pull("PullBad", 0)
+        assert resp.status == messaging_pb2.FOUND
+
+
+async def test_auto_create_off_refuses_unknown_topics_and_groups(brokers: Brokers) -> None:
+    async with Client(brokers.b) as c:
+        code, reason, message = await refused(c.send("NotThere", [b"x"]))
+        assert (code, reason) == (grpc.StatusCode.NOT_FOUND, common_pb2.TOPIC_NOT_EXIST)
+        assert "autoCreateTopicEnable" in message
+        # SELF_TEST_TOPIC exists on every broker; the group does not
+        await c.send("SELF_TEST_TOPIC", [b"x"], auto_create=False)
+        code, reason, _ = await refused(c.pull("SELF_TEST_TOPIC", 0, group="no-such-group"))
+        assert (code, reason) == (
+            grpc.StatusCode.NOT_FOUND,
+            common_pb2.SUBSCRIPTION_GROUP_NOT_EXIST,
+        )

@@ -8,7 +8,6 @@ which is RocketMQ's documented behaviour; messages acknowledged under SYNC_FLUSH
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
@@ -16,15 +15,13 @@ import pytest
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     nameserver_pb2,
-    nameserver_pb2_grpc,
 )
 from rocketq.message import decode_records
 from tests.integration.cluster import cluster, restart
+from tests.support.raw_client import RawClient
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +30,8 @@ GROUP = "restart-group"
 
 
 async def _setup_and_send(addr: str, count: int) -> list[str]:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as rc:
+        admin = rc.admin
         await admin.CreateTopic(
             admin_pb2.CreateTopicRequest(
                 target=admin_pb2.ApplyTarget(broker_name="broker-a"),
@@ -49,7 +46,7 @@ async def _setup_and_send(addr: str, count: int) -> list[str]:
                 config=common_pb2.SubscriptionGroupConfig(group_name=GROUP, retry_max_times=3),
             )
         )
-        msg = messaging_pb2_grpc.MessagingStub(ch)
+        msg = rc.messaging
         ids = []
         for i in range(count):
             resp = await msg.Send(
@@ -75,8 +72,8 @@ async def _setup_and_send(addr: str, count: int) -> list[str]:
 async def _read_back(
     addr: str,
 ) -> tuple[list[bytes], int, admin_pb2.ListSubscriptionGroupsResponse]:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        msg = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as rc:
+        msg = rc.messaging
         bodies: list[bytes] = []
         for qid in (0, 1):
             resp = await msg.Pull(
@@ -101,32 +98,28 @@ async def _read_back(
         except grpc.aio.AioRpcError as exc:  # after a SIGKILL the 5 s persist may not have run
             assert exc.code() == grpc.StatusCode.NOT_FOUND
             offset = -1
-        groups = await admin_pb2_grpc.AdminStub(ch).ListSubscriptionGroups(
-            admin_pb2.ListSubscriptionGroupsRequest()
-        )
+        groups = await rc.admin.ListSubscriptionGroups(admin_pb2.ListSubscriptionGroupsRequest())
         return bodies, offset, groups
 
 
 async def _route(namesrv: str) -> nameserver_pb2.GetRouteInfoByTopicResponse:
-    async with grpc.aio.insecure_channel(namesrv) as ch:
-        return await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
-            nameserver_pb2.GetRouteInfoByTopicRequest(topic=TOPIC)
-        )
+    async with RawClient(namesrv) as rc:
+        return await rc.route(TOPIC)
 
 
-def test_clean_restart_keeps_topics_groups_offsets_and_messages(tmp_path: Path) -> None:
+async def test_clean_restart_keeps_topics_groups_offsets_and_messages(tmp_path: Path) -> None:
     with cluster(tmp_path) as c:
         broker = c.brokers[0]
-        asyncio.run(_setup_and_send(broker.addr, 10))
+        await _setup_and_send(broker.addr, 10)
         assert broker.stop() == 0
         again = restart(broker)
         try:
-            bodies, offset, groups = asyncio.run(_read_back(again.addr))
+            bodies, offset, groups = await _read_back(again.addr)
             assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(10))
             assert offset == 3
             mine = [g for g in groups.groups if g.group_name == GROUP]
             assert mine and mine[0].retry_max_times == 3
-            route = asyncio.run(_route(c.namesrv_addrs[0]))
+            route = await _route(c.namesrv_addrs[0])
             assert [q.write_queue_nums for q in route.route.queues] == [2]
             assert (again.workdir / "store" / "abort").exists()  # running: not clean yet
         finally:
@@ -134,14 +127,14 @@ def test_clean_restart_keeps_topics_groups_offsets_and_messages(tmp_path: Path) 
         assert not (again.workdir / "store" / "abort").exists()
 
 
-def test_killed_broker_restarts_with_its_messages(tmp_path: Path) -> None:
+async def test_killed_broker_restarts_with_its_messages(tmp_path: Path) -> None:
     with cluster(tmp_path, flushDiskType="SYNC_FLUSH") as c:
         broker = c.brokers[0]
-        asyncio.run(_setup_and_send(broker.addr, 10))
+        await _setup_and_send(broker.addr, 10)
         broker.kill()
         again = restart(broker)
         try:
-            bodies, _, _ = asyncio.run(_read_back(again.addr))
+            bodies, _, _ = await _read_back(again.addr)
             assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(10))
         finally:
             again.stop()

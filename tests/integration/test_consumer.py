@@ -224,291 +224,261 @@ def at_offsets(consumer: PushConsumer, topic: str, offsets: dict[MessageQueue, i
 # ---- clustering ---------------------------------------------------------------------------
 
 
-def test_clustering_members_join_and_leave_without_loss(env: Cluster) -> None:
+async def test_clustering_members_join_and_leave_without_loss(env: Cluster) -> None:
     """Three consumers, one joining and one leaving mid-stream: nothing lost, and every
     duplicate delivery happens after a membership change (SPEC §6.10)."""
     topic, group = "CJoinLeave", "g-join-leave"
+    await make_topic(env, topic, 8)
+    rec = Recorder()
+    c1 = push(env, group, rec.listener("c1", 0.002), topic)
+    c2 = push(env, group, rec.listener("c2", 0.002), topic)
+    c3 = push(env, group, rec.listener("c3", 0.002), topic)
+    await c1.start()
+    await c2.start()
+    await until(
+        lambda: (
+            owned(c1, topic) | owned(c2, topic) == queues(topic, 8)
+            and not owned(c1, topic) & owned(c2, topic)
+        ),
+        what="c1 and c2 sharing the 8 queues",
+    )
+    sent: list[str] = []
+    async with producer(env, "join-leave") as p:
+        sent += await send_all(p, topic, [f"a{i}" for i in range(120)])
+        t_join = time.monotonic()
+        await c3.start()
+        sent += await send_all(p, topic, [f"b{i}" for i in range(120)])
+        await c2.close()
+        t_leave = time.monotonic()
+        sent += await send_all(p, topic, [f"c{i}" for i in range(120)])
+    await until(lambda: set(sent) <= set(rec.bodies()), what="every message delivered")
+    await until(
+        lambda: (
+            owned(c1, topic) | owned(c3, topic) == queues(topic, 8)
+            and not owned(c1, topic) & owned(c3, topic)
+        ),
+        what="c1 and c3 sharing the queues after c2 left",
+    )
+    await c1.close()
+    await c3.close()
 
-    async def main() -> None:
-        await make_topic(env, topic, 8)
-        rec = Recorder()
-        c1 = push(env, group, rec.listener("c1", 0.002), topic)
-        c2 = push(env, group, rec.listener("c2", 0.002), topic)
-        c3 = push(env, group, rec.listener("c3", 0.002), topic)
-        await c1.start()
-        await c2.start()
-        await until(
-            lambda: (
-                owned(c1, topic) | owned(c2, topic) == queues(topic, 8)
-                and not owned(c1, topic) & owned(c2, topic)
-            ),
-            what="c1 and c2 sharing the 8 queues",
-        )
-        sent: list[str] = []
-        async with producer(env, "join-leave") as p:
-            sent += await send_all(p, topic, [f"a{i}" for i in range(120)])
-            t_join = time.monotonic()
-            await c3.start()
-            sent += await send_all(p, topic, [f"b{i}" for i in range(120)])
-            await c2.close()
-            t_leave = time.monotonic()
-            sent += await send_all(p, topic, [f"c{i}" for i in range(120)])
-        await until(lambda: set(sent) <= set(rec.bodies()), what="every message delivered")
-        await until(
-            lambda: (
-                owned(c1, topic) | owned(c3, topic) == queues(topic, 8)
-                and not owned(c1, topic) & owned(c3, topic)
-            ),
-            what="c1 and c3 sharing the queues after c2 left",
-        )
-        await c1.close()
-        await c3.close()
-
-        assert set(rec.bodies()) == set(sent)  # nothing lost, nothing invented
-        seen: set[str] = set()
-        for d in rec.deliveries:
-            if d.body in seen:
-                assert d.at >= t_join, f"duplicate of {d.body} before any rebalance"
-            seen.add(d.body)
-        duplicates = len(rec.deliveries) - len(seen)
-        assert duplicates <= len(sent) // 4, f"{duplicates} duplicates is more than a rebalance"
-        assert any(d.at > t_join for d in rec.deliveries if d.consumer == "c3")
-        assert not [d for d in rec.deliveries if d.consumer == "c2" and d.at > t_leave + 0.5]
-        assert {d.consumer for d in rec.deliveries if d.body.startswith("c")} <= {"c1", "c3"}
-
-    asyncio.run(main())
+    assert set(rec.bodies()) == set(sent)  # nothing lost, nothing invented
+    seen: set[str] = set()
+    for d in rec.deliveries:
+        if d.body in seen:
+            assert d.at >= t_join, f"duplicate of {d.body} before any rebalance"
+        seen.add(d.body)
+    duplicates = len(rec.deliveries) - len(seen)
+    assert duplicates <= len(sent) // 4, f"{duplicates} duplicates is more than a rebalance"
+    assert any(d.at > t_join for d in rec.deliveries if d.consumer == "c3")
+    assert not [d for d in rec.deliveries if d.consumer == "c2" and d.at > t_leave + 0.5]
+    assert {d.consumer for d in rec.deliveries if d.body.startswith("c")} <= {"c1", "c3"}
 
 
-def test_restart_resumes_from_the_committed_offset(env: Cluster) -> None:
+async def test_restart_resumes_from_the_committed_offset(env: Cluster) -> None:
     topic, group = "CRestart", "g-restart"
-
-    async def main() -> None:
-        await make_topic(env, topic, 2)
-        rec = Recorder()
-        async with producer(env, "restart") as p:
-            first = await send_all(p, topic, [f"r1-{i}" for i in range(30)])
-            c = push(env, group, rec.listener("first"), topic)
-            await c.start()
-            await until(lambda: set(first) <= set(rec.bodies()), what="first batch")
-            await c.close()  # persists offsets, leaves the group
-            for mq in queues(topic, 2):
-                assert await stored_offset(env, group, mq) == await max_offset(env, mq)
-            second = await send_all(p, topic, [f"r2-{i}" for i in range(30)])
-        again = push(env, group, rec.listener("second"), topic)
-        await again.start()
-        await until(lambda: set(second) <= set(rec.bodies("second")), what="second batch")
-        await asyncio.sleep(0.3)
-        await again.close()
-        assert sorted(rec.bodies("second")) == sorted(second)  # nothing lost, nothing repeated
-
-    asyncio.run(main())
+    await make_topic(env, topic, 2)
+    rec = Recorder()
+    async with producer(env, "restart") as p:
+        first = await send_all(p, topic, [f"r1-{i}" for i in range(30)])
+        c = push(env, group, rec.listener("first"), topic)
+        await c.start()
+        await until(lambda: set(first) <= set(rec.bodies()), what="first batch")
+        await c.close()  # persists offsets, leaves the group
+        for mq in queues(topic, 2):
+            assert await stored_offset(env, group, mq) == await max_offset(env, mq)
+        second = await send_all(p, topic, [f"r2-{i}" for i in range(30)])
+    again = push(env, group, rec.listener("second"), topic)
+    await again.start()
+    await until(lambda: set(second) <= set(rec.bodies("second")), what="second batch")
+    await asyncio.sleep(0.3)
+    await again.close()
+    assert sorted(rec.bodies("second")) == sorted(second)  # nothing lost, nothing repeated
 
 
-def test_committed_offset_is_the_smallest_in_flight(env: Cluster) -> None:
+async def test_committed_offset_is_the_smallest_in_flight(env: Cluster) -> None:
     """SPEC §15: later messages finishing first never move the offset past an earlier one."""
     topic, group = "CInFlight", "g-in-flight"
+    await make_topic(env, topic, 1)
+    mq = MessageQueue(topic, BROKER, 0)
+    release = asyncio.Event()
+    done: list[int] = []
 
-    async def main() -> None:
-        await make_topic(env, topic, 1)
-        mq = MessageQueue(topic, BROKER, 0)
-        release = asyncio.Event()
-        done: list[int] = []
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        if msgs[0].queue_offset == 3:
+            await release.wait()
+        done.append(msgs[0].queue_offset)
+        return ConsumeResult.CONSUME_SUCCESS
 
-        async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            if msgs[0].queue_offset == 3:
-                await release.wait()
-            done.append(msgs[0].queue_offset)
-            return ConsumeResult.CONSUME_SUCCESS
-
-        c = push(env, group, listener, topic, consume_thread_max=4)
-        await c.start()
-        async with producer(env, "in-flight") as p:
-            await send_all(p, topic, [f"f{i}" for i in range(10)])
-        await until(lambda: len(done) == 9, what="all but offset 3 consumed")
-        assert c.consume_offsets(topic)[mq] == 3
-        await c.persist_offsets()
-        assert await stored_offset(env, group, mq) == 3
-        release.set()
-        await until(lambda: c.consume_offsets(topic).get(mq) == 10, what="offset 10")
-        await c.persist_offsets()
-        assert await stored_offset(env, group, mq) == 10
-        await c.close()
-
-    asyncio.run(main())
+    c = push(env, group, listener, topic, consume_thread_max=4)
+    await c.start()
+    async with producer(env, "in-flight") as p:
+        await send_all(p, topic, [f"f{i}" for i in range(10)])
+    await until(lambda: len(done) == 9, what="all but offset 3 consumed")
+    assert c.consume_offsets(topic)[mq] == 3
+    await c.persist_offsets()
+    assert await stored_offset(env, group, mq) == 3
+    release.set()
+    await until(lambda: c.consume_offsets(topic).get(mq) == 10, what="offset 10")
+    await c.persist_offsets()
+    assert await stored_offset(env, group, mq) == 10
+    await c.close()
 
 
-def test_reconsume_later_is_redelivered_locally_when_the_send_back_fails(env: Cluster) -> None:
+async def test_reconsume_later_is_redelivered_locally_when_the_send_back_fails(
+    env: Cluster,
+) -> None:
     """A failed message whose send-back the broker refuses (here: the broker was made read-only)
     comes back from the client's own 5 s retry with reconsume_times + 1, and holds the offset
     meanwhile (SPEC §6.11). The served retry path is tested with the timer wheel."""
     topic, group = "CRetry", "g-retry"
+    await make_topic(env, topic, 1)
+    mq = MessageQueue(topic, BROKER, 0)
+    rec = Recorder()
 
-    async def main() -> None:
-        await make_topic(env, topic, 1)
-        mq = MessageQueue(topic, BROKER, 0)
-        rec = Recorder()
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        rec.record("c", msgs)
+        if msgs[0].body == b"bad" and msgs[0].reconsume_times == 0:
+            return ConsumeResult.RECONSUME_LATER
+        return ConsumeResult.CONSUME_SUCCESS
 
-        async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            rec.record("c", msgs)
-            if msgs[0].body == b"bad" and msgs[0].reconsume_times == 0:
-                return ConsumeResult.RECONSUME_LATER
-            return ConsumeResult.CONSUME_SUCCESS
-
-        async with producer(env, "retry") as p:
-            await send_all(p, topic, ["ok0", "bad", "ok1"])
-        async with read_only_broker(env):
-            c = push(env, group, listener, topic)
-            await c.start()
-            await until(lambda: len(rec.deliveries) >= 3, what="first deliveries")
-            await asyncio.sleep(0.5)
-            assert c.consume_offsets(topic)[mq] == 1  # held at the failed message
-            await until(lambda: rec.bodies().count("bad") == 2, timeout_s=15, what="redelivery")
-            first, second = [d for d in rec.deliveries if d.body == "bad"]
-            assert 4.5 <= second.at - first.at <= 10.0
-            assert (first.reconsume_times, second.reconsume_times) == (0, 1)
-            await until(lambda: c.consume_offsets(topic).get(mq) == 3, what="offset after retry")
-            await c.close()
-        assert sorted(rec.bodies()) == ["bad", "bad", "ok0", "ok1"]
-
-    asyncio.run(main())
-
-
-def test_long_polling_delivers_within_a_fraction_of_a_second(env: Cluster) -> None:
-    topic, group = "CLatency", "g-latency"
-
-    async def main() -> None:
-        await make_topic(env, topic, 2)
-        arrived: dict[str, float] = {}
-
-        async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            for m in msgs:
-                arrived[m.body.decode()] = time.monotonic()
-            return ConsumeResult.CONSUME_SUCCESS
-
+    async with producer(env, "retry") as p:
+        await send_all(p, topic, ["ok0", "bad", "ok1"])
+    async with read_only_broker(env):
         c = push(env, group, listener, topic)
         await c.start()
-        await until(lambda: owned(c, topic) == queues(topic, 2), what="assignment")
-        await asyncio.sleep(0.5)  # the pulls are now held on the broker
-        latencies = []
-        async with producer(env, "latency") as p:
-            await p.send(Message(topic, b"warm"))
-            await until(lambda: "warm" in arrived, what="warm-up")
-            for i in range(10):
-                body = f"l{i}"
-                start = time.monotonic()
-                await p.send(Message(topic, body.encode()))
-                await until(functools.partial(arrived.__contains__, body), timeout_s=5, what=body)
-                latencies.append(arrived[body] - start)
-                await asyncio.sleep(0.05)
+        await until(lambda: len(rec.deliveries) >= 3, what="first deliveries")
+        await asyncio.sleep(0.5)
+        assert c.consume_offsets(topic)[mq] == 1  # held at the failed message
+        await until(lambda: rec.bodies().count("bad") == 2, timeout_s=15, what="redelivery")
+        first, second = [d for d in rec.deliveries if d.body == "bad"]
+        assert 4.5 <= second.at - first.at <= 10.0
+        assert (first.reconsume_times, second.reconsume_times) == (0, 1)
+        await until(lambda: c.consume_offsets(topic).get(mq) == 3, what="offset after retry")
         await c.close()
-        assert max(latencies) < 1.0, latencies
-        assert statistics.median(latencies) < 0.3, latencies
+    assert sorted(rec.bodies()) == ["bad", "bad", "ok0", "ok1"]
 
-    asyncio.run(main())
+
+async def test_long_polling_delivers_within_a_fraction_of_a_second(env: Cluster) -> None:
+    topic, group = "CLatency", "g-latency"
+    await make_topic(env, topic, 2)
+    arrived: dict[str, float] = {}
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        for m in msgs:
+            arrived[m.body.decode()] = time.monotonic()
+        return ConsumeResult.CONSUME_SUCCESS
+
+    c = push(env, group, listener, topic)
+    await c.start()
+    await until(lambda: owned(c, topic) == queues(topic, 2), what="assignment")
+    await asyncio.sleep(0.5)  # the pulls are now held on the broker
+    latencies = []
+    async with producer(env, "latency") as p:
+        await p.send(Message(topic, b"warm"))
+        await until(lambda: "warm" in arrived, what="warm-up")
+        for i in range(10):
+            body = f"l{i}"
+            start = time.monotonic()
+            await p.send(Message(topic, body.encode()))
+            await until(functools.partial(arrived.__contains__, body), timeout_s=5, what=body)
+            latencies.append(arrived[body] - start)
+            await asyncio.sleep(0.05)
+    await c.close()
+    assert max(latencies) < 1.0, latencies
+    assert statistics.median(latencies) < 0.3, latencies
 
 
 # ---- where to start, what to read ------------------------------------------------------------
 
 
-def test_consume_from_first_last_and_timestamp(env: Cluster) -> None:
+async def test_consume_from_first_last_and_timestamp(env: Cluster) -> None:
     topic = "CFromWhere"
-
-    async def main() -> None:
-        await make_topic(env, topic, 2)
-        rec = Recorder()
-        async with producer(env, "from-where") as p:
-            old = await send_all(p, topic, [f"old{i}" for i in range(10)])
-            # consume_timestamp has second resolution: start the new batch in a fresh second
-            await asyncio.sleep(1.05 - time.time() % 1)
-            stamp = format_consume_timestamp(int(time.time() * 1000))
-            await asyncio.sleep(0.05)
-            new = await send_all(p, topic, [f"new{i}" for i in range(10)])
-            consumers = [
-                push(env, "g-first", rec.listener("first"), topic),
-                push(
-                    env,
-                    "g-last",
-                    rec.listener("last"),
-                    topic,
-                    consume_from_where=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-                ),
-                push(
-                    env,
-                    "g-stamp",
-                    rec.listener("stamp"),
-                    topic,
-                    consume_from_where=ConsumeFromWhere.CONSUME_FROM_TIMESTAMP,
-                    consume_timestamp=stamp,
-                ),
-            ]
-            for c in consumers:
-                await c.start()
-            for c in consumers:
-                await until(owns(c, topic, 2), what="assignment")
-            await until(lambda: set(old + new) <= set(rec.bodies("first")), what="first")
-            await until(lambda: set(new) <= set(rec.bodies("stamp")), what="timestamp")
-            await asyncio.sleep(0.5)
-            later = await send_all(p, topic, [f"later{i}" for i in range(6)])
-            await until(lambda: set(later) <= set(rec.bodies("last")), what="last")
-            await until(lambda: set(later) <= set(rec.bodies("stamp")), what="stamp later")
+    await make_topic(env, topic, 2)
+    rec = Recorder()
+    async with producer(env, "from-where") as p:
+        old = await send_all(p, topic, [f"old{i}" for i in range(10)])
+        # consume_timestamp has second resolution: start the new batch in a fresh second
+        await asyncio.sleep(1.05 - time.time() % 1)
+        stamp = format_consume_timestamp(int(time.time() * 1000))
+        await asyncio.sleep(0.05)
+        new = await send_all(p, topic, [f"new{i}" for i in range(10)])
+        consumers = [
+            push(env, "g-first", rec.listener("first"), topic),
+            push(
+                env,
+                "g-last",
+                rec.listener("last"),
+                topic,
+                consume_from_where=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+            ),
+            push(
+                env,
+                "g-stamp",
+                rec.listener("stamp"),
+                topic,
+                consume_from_where=ConsumeFromWhere.CONSUME_FROM_TIMESTAMP,
+                consume_timestamp=stamp,
+            ),
+        ]
         for c in consumers:
-            await c.close()
-        assert sorted(rec.bodies("first")) == sorted(old + new + later)
-        assert sorted(rec.bodies("stamp")) == sorted(new + later)
-        assert sorted(rec.bodies("last")) == sorted(later)
-
-    asyncio.run(main())
-
-
-def test_write_8_read_4_leaves_queues_4_to_7_unconsumed(env: Cluster) -> None:
-    topic, group = "CReadWrite", "g-read-write"
-
-    async def main() -> None:
-        await make_topic(env, topic, read=4, write=8)
-        rec = Recorder()
-        async with producer(env, "read-write") as p:
-            await send_all(p, topic, [f"w{i}" for i in range(80)])
-        for qid in range(8):
-            assert await max_offset(env, MessageQueue(topic, BROKER, qid)) == 10
-        c = push(env, group, rec.listener("c"), topic)
-        await c.start()
-        await until(lambda: len(rec.deliveries) >= 40, what="40 messages")
-        await asyncio.sleep(1.0)
-        assert owned(c, topic) == queues(topic, 4)
+            await c.start()
+        for c in consumers:
+            await until(owns(c, topic, 2), what="assignment")
+        await until(lambda: set(old + new) <= set(rec.bodies("first")), what="first")
+        await until(lambda: set(new) <= set(rec.bodies("stamp")), what="timestamp")
+        await asyncio.sleep(0.5)
+        later = await send_all(p, topic, [f"later{i}" for i in range(6)])
+        await until(lambda: set(later) <= set(rec.bodies("last")), what="last")
+        await until(lambda: set(later) <= set(rec.bodies("stamp")), what="stamp later")
+    for c in consumers:
         await c.close()
-        assert len(rec.deliveries) == 40
-        assert {d.queue_id for d in rec.deliveries} == {0, 1, 2, 3}
+    assert sorted(rec.bodies("first")) == sorted(old + new + later)
+    assert sorted(rec.bodies("stamp")) == sorted(new + later)
+    assert sorted(rec.bodies("last")) == sorted(later)
 
-    asyncio.run(main())
+
+async def test_write_8_read_4_leaves_queues_4_to_7_unconsumed(env: Cluster) -> None:
+    topic, group = "CReadWrite", "g-read-write"
+    await make_topic(env, topic, read=4, write=8)
+    rec = Recorder()
+    async with producer(env, "read-write") as p:
+        await send_all(p, topic, [f"w{i}" for i in range(80)])
+    for qid in range(8):
+        assert await max_offset(env, MessageQueue(topic, BROKER, qid)) == 10
+    c = push(env, group, rec.listener("c"), topic)
+    await c.start()
+    await until(lambda: len(rec.deliveries) >= 40, what="40 messages")
+    await asyncio.sleep(1.0)
+    assert owned(c, topic) == queues(topic, 4)
+    await c.close()
+    assert len(rec.deliveries) == 40
+    assert {d.queue_id for d in rec.deliveries} == {0, 1, 2, 3}
 
 
-def test_tag_filtering(env: Cluster) -> None:
+async def test_tag_filtering(env: Cluster) -> None:
     topic, group = "CTags", "g-tags"
     tag_cycle = ["A", "B", "C", ""]
-
-    async def main() -> None:
-        await make_topic(env, topic, 2)
-        rec = Recorder()
-        c = push(env, group, rec.listener("c"), topic, "A || B")
-        await c.start()
-        await until(lambda: owned(c, topic) == queues(topic, 2), what="assignment")
-        async with producer(env, "tags") as p:
-            bodies = await send_all(
-                p, topic, [f"t{i}" for i in range(40)], tags=lambda i: tag_cycle[i % 4]
-            )
-        wanted = [b for i, b in enumerate(bodies) if tag_cycle[i % 4] in ("A", "B")]
-        await until(lambda: set(wanted) <= set(rec.bodies()), what="A and B messages")
-        maxima = {mq: await max_offset(env, mq) for mq in queues(topic, 2)}
-        # filtered messages count as consumed: the offsets reach the end of each queue
-        await until(lambda: c.consume_offsets(topic) == maxima, what="offsets at the end")
-        await c.close()
-        assert sorted(rec.bodies()) == sorted(wanted)
-        assert {d.tags for d in rec.deliveries} == {"A", "B"}
-
-    asyncio.run(main())
+    await make_topic(env, topic, 2)
+    rec = Recorder()
+    c = push(env, group, rec.listener("c"), topic, "A || B")
+    await c.start()
+    await until(lambda: owned(c, topic) == queues(topic, 2), what="assignment")
+    async with producer(env, "tags") as p:
+        bodies = await send_all(
+            p, topic, [f"t{i}" for i in range(40)], tags=lambda i: tag_cycle[i % 4]
+        )
+    wanted = [b for i, b in enumerate(bodies) if tag_cycle[i % 4] in ("A", "B")]
+    await until(lambda: set(wanted) <= set(rec.bodies()), what="A and B messages")
+    maxima = {mq: await max_offset(env, mq) for mq in queues(topic, 2)}
+    # filtered messages count as consumed: the offsets reach the end of each queue
+    await until(lambda: c.consume_offsets(topic) == maxima, what="offsets at the end")
+    await c.close()
+    assert sorted(rec.bodies()) == sorted(wanted)
+    assert {d.tags for d in rec.deliveries} == {"A", "B"}
 
 
-def test_batch_consumption_hands_up_to_batch_size_messages_of_one_queue(env: Cluster) -> None:
+async def test_batch_consumption_hands_up_to_batch_size_messages_of_one_queue(env: Cluster) -> None:
     """SPEC §6.18: consume_message_batch_max_size messages per call, never more, one queue each."""
     topic, group = "CBatch", "g-batch"
     calls: list[list[tuple[int, int]]] = []
@@ -517,83 +487,78 @@ def test_batch_consumption_hands_up_to_batch_size_messages_of_one_queue(env: Clu
         calls.append([(m.queue_id, m.queue_offset) for m in msgs])
         return ConsumeResult.CONSUME_SUCCESS
 
-    async def main() -> None:
-        await make_topic(env, topic, 2)
-        async with producer(env, "batch") as p:
-            await send_all(p, topic, [f"b{i}" for i in range(60)])
-        c = push(env, group, listener, topic, consume_message_batch_max_size=5, pull_batch_size=10)
-        await c.start()
-        await until(lambda: sum(len(x) for x in calls) >= 60, what="all 60 consumed")
-        await c.close()
-        assert max(len(x) for x in calls) == 5
-        assert all(len({q for q, _o in x}) == 1 for x in calls)  # a batch never mixes queues
-        delivered = sorted(m for x in calls for m in x)
-        assert len(set(delivered)) == 60
-
-    asyncio.run(main())
+    await make_topic(env, topic, 2)
+    async with producer(env, "batch") as p:
+        await send_all(p, topic, [f"b{i}" for i in range(60)])
+    c = push(env, group, listener, topic, consume_message_batch_max_size=5, pull_batch_size=10)
+    await c.start()
+    await until(lambda: sum(len(x) for x in calls) >= 60, what="all 60 consumed")
+    await c.close()
+    assert max(len(x) for x in calls) == 5
+    assert all(len({q for q, _o in x}) == 1 for x in calls)  # a batch never mixes queues
+    delivered = sorted(m for x in calls for m in x)
+    assert len(set(delivered)) == 60
 
 
 # ---- broadcasting -----------------------------------------------------------------------------
 
 
-def test_broadcasting_delivers_everything_to_each_member(env: Cluster, tmp_path: Path) -> None:
+async def test_broadcasting_delivers_everything_to_each_member(
+    env: Cluster, tmp_path: Path
+) -> None:
     topic, group = "CBroadcast", "g-broadcast"
+    await make_topic(env, topic, 2)
+    rec = Recorder()
 
-    async def main() -> None:
-        await make_topic(env, topic, 2)
-        rec = Recorder()
-
-        def listener(name: str) -> Callable[..., ConsumeResult]:
-            def on(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-                rec.record(name, msgs)
-                return (
-                    ConsumeResult.RECONSUME_LATER
-                    if msgs[0].body == b"fail"
-                    else ConsumeResult.CONSUME_SUCCESS
-                )
-
-            return on
-
-        def member(name: str) -> PushConsumer:
-            return push(
-                env,
-                group,
-                listener(name),
-                topic,
-                message_model=MessageModel.BROADCASTING,
-                instance_name=name,
-                offset_store_dir=str(tmp_path),
+    def listener(name: str) -> Callable[..., ConsumeResult]:
+        def on(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+            rec.record(name, msgs)
+            return (
+                ConsumeResult.RECONSUME_LATER
+                if msgs[0].body == b"fail"
+                else ConsumeResult.CONSUME_SUCCESS
             )
 
-        b1, b2 = member("b1"), member("b2")
-        await b1.start()
-        await b2.start()
-        for b in (b1, b2):
-            await until(owns(b, topic, 2), what="all queues")
-        async with producer(env, "broadcast") as p:
-            sent = await send_all(p, topic, [f"x{i}" for i in range(39)] + ["fail"])
-            maxima = {mq: await max_offset(env, mq) for mq in queues(topic, 2)}
-            for name, b in (("b1", b1), ("b2", b2)):
-                await until(functools.partial(rec.received, name, 40), what=name)
-                # the failure is dropped, not held for retry: offsets reach the queue ends
-                await until(functools.partial(at_offsets, b, topic, maxima), what="offsets")
-            await b1.close()
-            await b2.close()
-            for name, b in (("b1", b1), ("b2", b2)):
-                assert sorted(rec.bodies(name)) == sorted(sent)  # all, once, no retry
-                path = tmp_path / b.client_id / group / "offsets.json"
-                stored = parse_offsets(path.read_text())
-                assert {mq: o for mq, o in stored.items() if mq.topic == topic} == maxima
-            # a restarted member resumes from its file: only the new messages arrive
-            again = member("b1")
-            await again.start()
-            more = await send_all(p, topic, [f"y{i}" for i in range(4)])
-            await until(lambda: set(more) <= set(rec.bodies("b1")), what="b1 after restart")
-            await asyncio.sleep(0.3)
-            await again.close()
-        assert sorted(rec.bodies("b1")) == sorted(sent + more)
+        return on
 
-    asyncio.run(main())
+    def member(name: str) -> PushConsumer:
+        return push(
+            env,
+            group,
+            listener(name),
+            topic,
+            message_model=MessageModel.BROADCASTING,
+            instance_name=name,
+            offset_store_dir=str(tmp_path),
+        )
+
+    b1, b2 = member("b1"), member("b2")
+    await b1.start()
+    await b2.start()
+    for b in (b1, b2):
+        await until(owns(b, topic, 2), what="all queues")
+    async with producer(env, "broadcast") as p:
+        sent = await send_all(p, topic, [f"x{i}" for i in range(39)] + ["fail"])
+        maxima = {mq: await max_offset(env, mq) for mq in queues(topic, 2)}
+        for name, b in (("b1", b1), ("b2", b2)):
+            await until(functools.partial(rec.received, name, 40), what=name)
+            # the failure is dropped, not held for retry: offsets reach the queue ends
+            await until(functools.partial(at_offsets, b, topic, maxima), what="offsets")
+        await b1.close()
+        await b2.close()
+        for name, b in (("b1", b1), ("b2", b2)):
+            assert sorted(rec.bodies(name)) == sorted(sent)  # all, once, no retry
+            path = tmp_path / b.client_id / group / "offsets.json"
+            stored = parse_offsets(path.read_text())
+            assert {mq: o for mq, o in stored.items() if mq.topic == topic} == maxima
+        # a restarted member resumes from its file: only the new messages arrive
+        again = member("b1")
+        await again.start()
+        more = await send_all(p, topic, [f"y{i}" for i in range(4)])
+        await until(lambda: set(more) <= set(rec.bodies("b1")), what="b1 after restart")
+        await asyncio.sleep(0.3)
+        await again.close()
+    assert sorted(rec.bodies("b1")) == sorted(sent + more)
 
 
 # ---- lite pull ---------------------------------------------------------------------------------
@@ -610,104 +575,96 @@ async def poll_until(
     return got
 
 
-def test_lite_pull_assign_seek_and_commit(env: Cluster) -> None:
+async def test_lite_pull_assign_seek_and_commit(env: Cluster) -> None:
     topic, group = "LAssign", "g-lite-assign"
+    await make_topic(env, topic, 2)
+    async with producer(env, "lite-assign") as p:
+        sent = await send_all(p, topic, [f"s{i}" for i in range(20)])
+    cfg = LitePullConsumerConfig(
+        group,
+        tuple(env.namesrv_addrs),
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        auto_commit=False,
+    )
+    c = LitePullConsumer(cfg)
+    await c.start()
+    mqs = await c.fetch_message_queues(topic)
+    assert set(mqs) == queues(topic, 2)
+    c.assign(mqs)
+    got = await poll_until(c, 20)
+    assert sorted(m.body.decode() for m in got) == sorted(sent)
+    assert await c.committed(mqs[0]) == -1  # nothing committed yet
+    await c.commit_sync()
+    for mq in mqs:
+        assert await stored_offset(env, group, mq) == await max_offset(env, mq)
+    # seek back: the queue's messages come again, from the start
+    await c.seek(mqs[0], 0)
+    again = await poll_until(c, await max_offset(env, mqs[0]))
+    assert [m.queue_offset for m in again] == list(range(len(again)))
+    assert {m.queue_id for m in again} == {0}
+    with pytest.raises(ValueError):
+        await c.seek(mqs[1], 10_000)
+    await c.seek_to_end(mqs[0])
+    await c.seek_to_begin(mqs[1])
+    assert {m.queue_id for m in await poll_until(c, 1)} == {1}
+    await c.commit({mqs[0]: 2})
+    assert await stored_offset(env, group, mqs[0]) == 2
+    c.pause([mqs[0]])
+    c.resume([mqs[0]])
+    await c.close()
 
-    async def main() -> None:
-        await make_topic(env, topic, 2)
-        async with producer(env, "lite-assign") as p:
-            sent = await send_all(p, topic, [f"s{i}" for i in range(20)])
+
+async def test_lite_pull_subscribe_shares_queues_and_auto_commits(env: Cluster) -> None:
+    topic, group = "LSubscribe", "g-lite-subscribe"
+    await make_topic(env, topic, 4)
+
+    def member() -> LitePullConsumer:
         cfg = LitePullConsumerConfig(
             group,
             tuple(env.namesrv_addrs),
             consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-            auto_commit=False,
+            auto_commit_interval_ms=100,
         )
-        c = LitePullConsumer(cfg)
-        await c.start()
-        mqs = await c.fetch_message_queues(topic)
-        assert set(mqs) == queues(topic, 2)
-        c.assign(mqs)
-        got = await poll_until(c, 20)
-        assert sorted(m.body.decode() for m in got) == sorted(sent)
-        assert await c.committed(mqs[0]) == -1  # nothing committed yet
-        await c.commit_sync()
-        for mq in mqs:
-            assert await stored_offset(env, group, mq) == await max_offset(env, mq)
-        # seek back: the queue's messages come again, from the start
-        await c.seek(mqs[0], 0)
-        again = await poll_until(c, await max_offset(env, mqs[0]))
-        assert [m.queue_offset for m in again] == list(range(len(again)))
-        assert {m.queue_id for m in again} == {0}
-        with pytest.raises(ValueError):
-            await c.seek(mqs[1], 10_000)
-        await c.seek_to_end(mqs[0])
-        await c.seek_to_begin(mqs[1])
-        assert {m.queue_id for m in await poll_until(c, 1)} == {1}
-        await c.commit({mqs[0]: 2})
-        assert await stored_offset(env, group, mqs[0]) == 2
-        c.pause([mqs[0]])
-        c.resume([mqs[0]])
-        await c.close()
+        consumer = LitePullConsumer(cfg)
+        consumer.subscribe(topic, "*")
+        return consumer
 
-    asyncio.run(main())
-
-
-def test_lite_pull_subscribe_shares_queues_and_auto_commits(env: Cluster) -> None:
-    topic, group = "LSubscribe", "g-lite-subscribe"
-
-    async def main() -> None:
-        await make_topic(env, topic, 4)
-
-        def member() -> LitePullConsumer:
-            cfg = LitePullConsumerConfig(
-                group,
-                tuple(env.namesrv_addrs),
-                consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-                auto_commit_interval_ms=100,
-            )
-            consumer = LitePullConsumer(cfg)
-            consumer.subscribe(topic, "*")
-            return consumer
-
-        l1, l2 = member(), member()
-        await l1.start()
-        await l2.start()
-        await until(
-            lambda: (
-                owned(l1, topic) | owned(l2, topic) == queues(topic, 4)
-                and not owned(l1, topic) & owned(l2, topic)
-                and bool(owned(l1, topic))
-                and bool(owned(l2, topic))
-            ),
-            what="two members sharing four queues",
-        )
-        async with producer(env, "lite-subscribe") as p:
-            sent = await send_all(p, topic, [f"u{i}" for i in range(40)])
-        got: list[str] = []
-        deadline = time.monotonic() + 15
-        while len(got) < 40:
-            assert time.monotonic() < deadline, f"polled {len(got)} of 40"
-            for lc in (l1, l2):
-                got += [m.body.decode() for m in await lc.poll(100)]
-        assert sorted(got) == sorted(sent)
-        await asyncio.sleep(0.15)
+    l1, l2 = member(), member()
+    await l1.start()
+    await l2.start()
+    await until(
+        lambda: (
+            owned(l1, topic) | owned(l2, topic) == queues(topic, 4)
+            and not owned(l1, topic) & owned(l2, topic)
+            and bool(owned(l1, topic))
+            and bool(owned(l2, topic))
+        ),
+        what="two members sharing four queues",
+    )
+    async with producer(env, "lite-subscribe") as p:
+        sent = await send_all(p, topic, [f"u{i}" for i in range(40)])
+    got: list[str] = []
+    deadline = time.monotonic() + 15
+    while len(got) < 40:
+        assert time.monotonic() < deadline, f"polled {len(got)} of 40"
         for lc in (l1, l2):
-            await lc.poll(0)  # the auto commit runs inside poll()
-        await l1.close()
-        await l2.close()
-        for mq in queues(topic, 4):
-            assert await stored_offset(env, group, mq) == await max_offset(env, mq)
-
-    asyncio.run(main())
+            got += [m.body.decode() for m in await lc.poll(100)]
+    assert sorted(got) == sorted(sent)
+    await asyncio.sleep(0.15)
+    for lc in (l1, l2):
+        await lc.poll(0)  # the auto commit runs inside poll()
+    await l1.close()
+    await l2.close()
+    for mq in queues(topic, 4):
+        assert await stored_offset(env, group, mq) == await max_offset(env, mq)
 
 
 # ---- blocking wrappers -------------------------------------------------------------------------
 
 
-def test_sync_consumers(env: Cluster) -> None:
+async def test_sync_consumers(env: Cluster) -> None:
     topic = "CSync"
-    asyncio.run(make_topic(env, topic, 2))
+    await make_topic(env, topic, 2)
     rec = Recorder()
 
     def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
@@ -750,7 +707,7 @@ def test_sync_consumers(env: Cluster) -> None:
 # ---- broker restart ----------------------------------------------------------------------------
 
 
-def test_consumer_follows_a_restarted_broker_without_loss(tmp_path: Path) -> None:
+async def test_consumer_follows_a_restarted_broker_without_loss(tmp_path: Path) -> None:
     """The broker comes back on another port: pulls fail, the route is asked again, and
     consumption resumes from the offsets the broker kept (SPEC §10.1: no loss)."""
     topic, group = "CBrokerRestart", "g-broker-restart"
@@ -774,7 +731,7 @@ def test_consumer_follows_a_restarted_broker_without_loss(tmp_path: Path) -> Non
             assert set(rec.bodies()) == set(first + second)
 
         try:
-            asyncio.run(main())
+            await main()
         finally:
             for sp in restarted:
                 sp.stop()

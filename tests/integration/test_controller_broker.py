@@ -136,8 +136,8 @@ def commitlog_bytes(store: Path, end: int) -> bytes:
     return data[:end]
 
 
-def test_election_failover_truncation_and_switchover(tmp_path: Path) -> None:
-    asyncio.run(_failover(tmp_path))
+async def test_election_failover_truncation_and_switchover(tmp_path: Path) -> None:
+    await _failover(tmp_path)
 
 
 async def _failover(tmp_path: Path) -> None:
@@ -254,8 +254,8 @@ async def _gt(stats: object, before: int) -> bool:
     return bool(got.commitlog_max_offset > before)
 
 
-def test_static_mode_has_no_controller(tmp_path: Path) -> None:
-    asyncio.run(_static(tmp_path))
+async def test_static_mode_has_no_controller(tmp_path: Path) -> None:
+    await _static(tmp_path)
 
 
 async def _static(tmp_path: Path) -> None:

@@ -138,8 +138,8 @@ async def master_epoch(group: Group, rid: int) -> int:
     return int(st.epoch)
 
 
-def test_etcd_leader_killed_master_keeps_mastership(tmp_path: Path) -> None:
-    asyncio.run(_leader_killed(tmp_path))
+async def test_etcd_leader_killed_master_keeps_mastership(tmp_path: Path) -> None:
+    await _leader_killed(tmp_path)
 
 
 async def _leader_killed(tmp_path: Path) -> None:
@@ -179,8 +179,8 @@ async def _leader_killed(tmp_path: Path) -> None:
         await wait_all_readable(group.addr(rid), {a.key for a in traffic.ok()})
 
 
-def test_quorum_lost_master_fences_then_recovers(tmp_path: Path) -> None:
-    asyncio.run(_quorum_lost(tmp_path))
+async def test_quorum_lost_master_fences_then_recovers(tmp_path: Path) -> None:
+    await _quorum_lost(tmp_path)
 
 
 async def _quorum_lost(tmp_path: Path) -> None:
@@ -267,7 +267,7 @@ async def _until_refused(group: Group, rid: int, deadline: float, probes: list[A
     )
 
 
-def test_session_call_on_a_closed_client_is_unavailable(tmp_path: Path) -> None:
+async def test_session_call_on_a_closed_client_is_unavailable(tmp_path: Path) -> None:
     """With several endpoints a failing call closes the shared client while other controller
     tasks still wait on it: they must get EtcdUnavailable (and retry), never CancelledError,
     which would silently end the loop that made the call."""
@@ -275,7 +275,7 @@ def test_session_call_on_a_closed_client_is_unavailable(tmp_path: Path) -> None:
     try:
         for m in members[:2]:
             m.kill()  # the survivor has no quorum: a linearizable read waits
-        asyncio.run(_closed_under_call(members[2].addr))
+        await _closed_under_call(members[2].addr)
     finally:
         for m in members:
             m.kill()

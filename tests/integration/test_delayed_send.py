@@ -18,14 +18,13 @@ from rocketq._api.rocketq.v1 import (
     admin_pb2,
     common_pb2,
     messaging_pb2,
-    nameserver_pb2,
-    nameserver_pb2_grpc,
 )
 from rocketq.codec import Prop
 from rocketq.validation import TIMER_TOPIC
 from services.broker.timer_put import TIMER_CONSUMER_GROUP, timer_queue_id
-from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver
-from tests.integration.test_send_back import Client, client, refused, run
+from tests.integration.cluster import ServiceProcess
+from tests.support.cluster import cluster
+from tests.support.raw_client import RawClient, refused
 
 pytestmark = pytest.mark.integration
 
@@ -35,23 +34,13 @@ TIMER_QUEUES = 4
 @pytest.fixture(scope="module")
 def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, str]]:
     root: Path = tmp_path_factory.mktemp("delayed_send")
-    started: list[ServiceProcess] = []
-    try:
-        ns = start_nameserver(root)
-        started.append(ns)
-        b = start_broker(root, [ns.addr], "broker-a", timerTopicQueueNums=TIMER_QUEUES)
-        started.append(b)
-        yield b, ns.addr
-        assert b.alive(), f"broker died:\n{b.log_tail()}"
-        log = b.log_path.read_text(errors="replace")
-        assert "Traceback" not in log, f"the broker logged an exception:\n{b.log_tail()}"
-    finally:
-        for p in reversed(started):
-            p.stop()
+    with cluster(root, broker_keys={"timerTopicQueueNums": TIMER_QUEUES}) as c:
+        yield c.broker, c.nameserver.addr
+        c.check_logs()
 
 
-async def send(c: Client, topic: str, props: dict[str, str], queue_id: int = 0) -> Any:
-    resp = await c.stub.Send(
+async def send(c: RawClient, topic: str, props: dict[str, str], queue_id: int = 0) -> Any:
+    resp = await c.messaging.Send(
         messaging_pb2.SendRequest(
             producer_group="pg",
             default_topic="TBW102",
@@ -62,8 +51,8 @@ async def send(c: Client, topic: str, props: dict[str, str], queue_id: int = 0) 
     return resp.results[0]
 
 
-async def pull(c: Client, topic: str, queue_id: int, group: str) -> messaging_pb2.PullResponse:
-    resp: messaging_pb2.PullResponse = await c.stub.Pull(
+async def pull(c: RawClient, topic: str, queue_id: int, group: str) -> messaging_pb2.PullResponse:
+    resp: messaging_pb2.PullResponse = await c.messaging.Pull(
         messaging_pb2.PullRequest(
             consumer_group=group,
             topic=topic,
@@ -77,86 +66,71 @@ async def pull(c: Client, topic: str, queue_id: int, group: str) -> messaging_pb
     return resp
 
 
-def test_delayed_send_waits_in_the_timer_topic(procs: tuple[ServiceProcess, str]) -> None:
+async def test_delayed_send_waits_in_the_timer_topic(procs: tuple[ServiceProcess, str]) -> None:
     broker, _ = procs
-
-    async def main() -> None:
-        async for c in client(broker.addr):
-            await send(c, "DsPlain", {})  # creates the topic (4 queues)
-            props = {Prop.DELAY_LEVEL: "3", Prop.TAGS: "T1", Prop.KEYS: "k-ds", "u": "v"}
-            sent = await send(c, "DsPlain", props, queue_id=2)
-            assert sent.status == messaging_pb2.SEND_OK and sent.queue_id == 2
-            qid = timer_queue_id(sent.msg_id, TIMER_QUEUES)
-            got = await pull(c, TIMER_TOPIC, qid, TIMER_CONSUMER_GROUP)
-            [timer] = [m for m in got.messages if m.msg_id == sent.msg_id]
-            assert timer.offset_msg_id == sent.offset_msg_id
-            assert timer.queue_offset == sent.queue_offset
-            p = dict(timer.message.properties)
-            assert (p[Prop.REAL_TOPIC], p[Prop.REAL_QUEUE_ID]) == ("DsPlain", "2")
-            assert (p[Prop.TAGS], p[Prop.KEYS], p["u"]) == ("T1", "k-ds", "v")
-            assert Prop.DELAY_LEVEL not in p
-            lag_ms = timer.store_timestamp_ms - (int(p[Prop.TIMER_OUT_MS]) - 10_000)
-            assert 0 <= lag_ms < 1000, lag_ms
-            # invisible to consumers of the real topic until the timer-wheel re-puts it
-            real = await pull(c, "DsPlain", 2, "g-ds")
-            assert real.max_offset == 0 and not real.messages
-            # absolute and relative times; a time already past is stored at once
-            for extra in ({Prop.TIMER_DELAY_MS: "90000"}, {Prop.TIMER_DELIVER_MS: "1"}):
-                await send(c, "DsPlain", extra, queue_id=1)
-            real = await pull(c, "DsPlain", 1, "g-ds")
-            assert [m.message.body for m in real.messages] == [b"later"]
-            assert Prop.TIMER_DELIVER_MS not in real.messages[0].message.properties
-
-    run(main())
+    async with RawClient(broker.addr) as c:
+        await send(c, "DsPlain", {})  # creates the topic (4 queues)
+        props = {Prop.DELAY_LEVEL: "3", Prop.TAGS: "T1", Prop.KEYS: "k-ds", "u": "v"}
+        sent = await send(c, "DsPlain", props, queue_id=2)
+        assert sent.status == messaging_pb2.SEND_OK and sent.queue_id == 2
+        qid = timer_queue_id(sent.msg_id, TIMER_QUEUES)
+        got = await pull(c, TIMER_TOPIC, qid, TIMER_CONSUMER_GROUP)
+        [timer] = [m for m in got.messages if m.msg_id == sent.msg_id]
+        assert timer.offset_msg_id == sent.offset_msg_id
+        assert timer.queue_offset == sent.queue_offset
+        p = dict(timer.message.properties)
+        assert (p[Prop.REAL_TOPIC], p[Prop.REAL_QUEUE_ID]) == ("DsPlain", "2")
+        assert (p[Prop.TAGS], p[Prop.KEYS], p["u"]) == ("T1", "k-ds", "v")
+        assert Prop.DELAY_LEVEL not in p
+        lag_ms = timer.store_timestamp_ms - (int(p[Prop.TIMER_OUT_MS]) - 10_000)
+        assert 0 <= lag_ms < 1000, lag_ms
+        # invisible to consumers of the real topic until the timer-wheel re-puts it
+        real = await pull(c, "DsPlain", 2, "g-ds")
+        assert real.max_offset == 0 and not real.messages
+        # absolute and relative times; a time already past is stored at once
+        for extra in ({Prop.TIMER_DELAY_MS: "90000"}, {Prop.TIMER_DELIVER_MS: "1"}):
+            await send(c, "DsPlain", extra, queue_id=1)
+        real = await pull(c, "DsPlain", 1, "g-ds")
+        assert [m.message.body for m in real.messages] == [b"later"]
+        assert Prop.TIMER_DELIVER_MS not in real.messages[0].message.properties
 
 
-def test_timer_topic_is_routed_but_only_the_timer_wheel_pulls_it(
+async def test_timer_topic_is_routed_but_only_the_timer_wheel_pulls_it(
     procs: tuple[ServiceProcess, str],
 ) -> None:
     broker, namesrv = procs
-
-    async def main() -> None:
-        async for c in client(broker.addr):
-            desc = await c.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic=TIMER_TOPIC))
-            assert (desc.config.write_queue_nums, desc.config.perm) == (TIMER_QUEUES, 6)
-            async with grpc.aio.insecure_channel(namesrv) as ch:
-                ns = nameserver_pb2_grpc.NameServerStub(ch)
-                route = await ns.GetRouteInfoByTopic(
-                    nameserver_pb2.GetRouteInfoByTopicRequest(topic=TIMER_TOPIC)
-                )
-                assert [q.read_queue_nums for q in route.route.queues] == [TIMER_QUEUES]
-            code, _, message = await refused(pull(c, TIMER_TOPIC, 0, "g-nosy"))
-            assert code == grpc.StatusCode.PERMISSION_DENIED and TIMER_CONSUMER_GROUP in message
-            code, _, _ = await refused(send(c, TIMER_TOPIC, {}))
-            assert code == grpc.StatusCode.PERMISSION_DENIED
-
-    run(main())
+    async with RawClient(broker.addr) as c:
+        desc = await c.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic=TIMER_TOPIC))
+        assert (desc.config.write_queue_nums, desc.config.perm) == (TIMER_QUEUES, 6)
+        async with RawClient(namesrv) as ns:
+            route = await ns.route(TIMER_TOPIC)
+            assert [q.read_queue_nums for q in route.route.queues] == [TIMER_QUEUES]
+        code, _, message = await refused(pull(c, TIMER_TOPIC, 0, "g-nosy"))
+        assert code == grpc.StatusCode.PERMISSION_DENIED and TIMER_CONSUMER_GROUP in message
+        code, _, _ = await refused(send(c, TIMER_TOPIC, {}))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_reput_with_the_same_source_is_stored_once(procs: tuple[ServiceProcess, str]) -> None:
+async def test_reput_with_the_same_source_is_stored_once(procs: tuple[ServiceProcess, str]) -> None:
     broker, _ = procs
-
-    async def main() -> None:
-        async for c in client(broker.addr):
-            await send(c, "DsReput", {})
-            props = {
-                Prop.TIMER_SOURCE: "123456",
-                Prop.TIMER_OUT_MS: "1700000000000",
-                Prop.REAL_TOPIC: "DsReput",
-                Prop.REAL_QUEUE_ID: "3",
-                Prop.UNIQ_KEY: "7F0000010000AAAABBBB00000000DDDD",
-            }
-            first = await send(c, "DsReput", props, queue_id=3)
-            again = await send(c, "DsReput", props, queue_id=3)
-            assert again == first
-            got = await pull(c, "DsReput", 3, "g-reput")
-            [m] = got.messages
-            assert m.msg_id == props[Prop.UNIQ_KEY]
-            assert m.message.properties[Prop.TIMER_OUT_MS] == "1700000000000"
-            other = await send(c, "DsReput", {**props, Prop.TIMER_SOURCE: "123457"}, queue_id=3)
-            assert other.queue_offset == first.queue_offset + 1
-
-    run(main())
+    async with RawClient(broker.addr) as c:
+        await send(c, "DsReput", {})
+        props = {
+            Prop.TIMER_SOURCE: "123456",
+            Prop.TIMER_OUT_MS: "1700000000000",
+            Prop.REAL_TOPIC: "DsReput",
+            Prop.REAL_QUEUE_ID: "3",
+            Prop.UNIQ_KEY: "7F0000010000AAAABBBB00000000DDDD",
+        }
+        first = await send(c, "DsReput", props, queue_id=3)
+        again = await send(c, "DsReput", props, queue_id=3)
+        assert again == first
+        got = await pull(c, "DsReput", 3, "g-reput")
+        [m] = got.messages
+        assert m.msg_id == props[Prop.UNIQ_KEY]
+        assert m.message.properties[Prop.TIMER_OUT_MS] == "1700000000000"
+        other = await send(c, "DsReput", {**props, Prop.TIMER_SOURCE: "123457"}, queue_id=3)
+        assert other.queue_offset == first.queue_offset + 1
 
 
 @pytest.mark.parametrize(
@@ -168,17 +142,15 @@ def test_reput_with_the_same_source_is_stored_once(procs: tuple[ServiceProcess, 
         {Prop.TIMER_DELIVER_MS: "noon"},
     ],
 )
-def test_bad_delays_are_refused(procs: tuple[ServiceProcess, str], props: dict[str, str]) -> None:
+async def test_bad_delays_are_refused(
+    procs: tuple[ServiceProcess, str], props: dict[str, str]
+) -> None:
     broker, _ = procs
-
-    async def main() -> None:
-        async for c in client(broker.addr):
-            code, reason, message = await refused(send(c, "DsBad", props))
-            assert (code, reason) == (
-                grpc.StatusCode.INVALID_ARGUMENT,
-                common_pb2.ILLEGAL_ARGUMENT,
-            ), message
-            if Prop.TIMER_DELAY_MS in props and len(props) == 1:
-                assert "timerMaxDelaySec=259200" in message
-
-    run(main())
+    async with RawClient(broker.addr) as c:
+        code, reason, message = await refused(send(c, "DsBad", props))
+        assert (code, reason) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            common_pb2.ILLEGAL_ARGUMENT,
+        ), message
+        if Prop.TIMER_DELAY_MS in props and len(props) == 1:
+            assert "timerMaxDelaySec=259200" in message

@@ -65,74 +65,64 @@ async def consume_all(namesrv_addrs: list[str], keys: set[str], timeout_s: float
         await lite.close()
 
 
-def test_master_killed_new_master_within_bound_no_loss(tmp_path: Path) -> None:
+async def test_master_killed_new_master_within_bound_no_loss(tmp_path: Path) -> None:
     with ha_group(tmp_path) as g:
+        m1 = await prepare(g)
+        traffic = Traffic(g.namesrv_addrs, "k1")
+        await traffic.start()
+        try:
+            await traffic.wait_ok_after(0, 40)
+            t_kill = time.monotonic()
+            g.replicas[m1].kill()
+            m2 = await wait_master(g, ELECTION_BOUND_S, not_rid=m1, converged=False)
+            elected_s = time.monotonic() - t_kill
+            await traffic.wait_ok_after(t_kill, 30, g.addr(m2), timeout_s=20)
+            first_ok = min(a.t_end for a in traffic.ok_after(t_kill, g.addr(m2)))
+            print(f"elected after {elected_s:.2f}s, first send OK after {first_ok - t_kill:.2f}s")
+            assert first_ok - t_kill < ELECTION_BOUND_S, (
+                f"first SEND_OK on the new master {first_ok - t_kill:.1f}s after the kill"
+            )
+        finally:
+            await traffic.stop()
+        stats = await stats_of(g.addr(m2))
+        assert stats is not None and stats.epoch > 0 and stats.replica_id == m2
+        ok_keys = {a.key for a in traffic.ok()}
+        await wait_all_readable(g.addr(m2), ok_keys)
+        await consume_all(g.namesrv_addrs, ok_keys)
+        assert_single_writer(traffic.acks, [g.addr(m1), g.addr(m2)])
 
-        async def main() -> None:
-            m1 = await prepare(g)
-            traffic = Traffic(g.namesrv_addrs, "k1")
-            await traffic.start()
-            try:
-                await traffic.wait_ok_after(0, 40)
-                t_kill = time.monotonic()
-                g.replicas[m1].kill()
-                m2 = await wait_master(g, ELECTION_BOUND_S, not_rid=m1, converged=False)
-                elected_s = time.monotonic() - t_kill
-                await traffic.wait_ok_after(t_kill, 30, g.addr(m2), timeout_s=20)
-                first_ok = min(a.t_end for a in traffic.ok_after(t_kill, g.addr(m2)))
-                print(
-                    f"elected after {elected_s:.2f}s, first send OK after {first_ok - t_kill:.2f}s"
-                )
-                assert first_ok - t_kill < ELECTION_BOUND_S, (
-                    f"first SEND_OK on the new master {first_ok - t_kill:.1f}s after the kill"
-                )
-            finally:
-                await traffic.stop()
+
+async def test_two_failovers_in_a_row_no_loss(tmp_path: Path) -> None:
+    with ha_group(tmp_path) as g:
+        m1 = await prepare(g)
+        first_addrs = {rid: sp.addr for rid, sp in g.replicas.items()}
+        traffic = Traffic(g.namesrv_addrs, "k2")
+        await traffic.start()
+        try:
+            await traffic.wait_ok_after(0, 30)
+            t1 = time.monotonic()
+            g.replicas[m1].kill()
+            m2 = await wait_master(g, ELECTION_BOUND_S, not_rid=m1)
+            await traffic.wait_ok_after(t1, 30, g.addr(m2))
+            # the third replica must be in sync with m2 (it is the only one electable next)
+            await wait_in_sync(g.addr(m2), slaves=1)
+            (m3,) = set(g.live()) - {m2}
             stats = await stats_of(g.addr(m2))
-            assert stats is not None and stats.epoch > 0 and stats.replica_id == m2
-            ok_keys = {a.key for a in traffic.ok()}
-            await wait_all_readable(g.addr(m2), ok_keys)
-            await consume_all(g.namesrv_addrs, ok_keys)
-            assert_single_writer(traffic.acks, [g.addr(m1), g.addr(m2)])
+            assert stats is not None and m3 in stats.in_sync_replica_ids, stats
 
-        asyncio.run(main())
-
-
-def test_two_failovers_in_a_row_no_loss(tmp_path: Path) -> None:
-    with ha_group(tmp_path) as g:
-
-        async def main() -> None:
-            m1 = await prepare(g)
-            first_addrs = {rid: sp.addr for rid, sp in g.replicas.items()}
-            traffic = Traffic(g.namesrv_addrs, "k2")
-            await traffic.start()
-            try:
-                await traffic.wait_ok_after(0, 30)
-                t1 = time.monotonic()
-                g.replicas[m1].kill()
-                m2 = await wait_master(g, ELECTION_BOUND_S, not_rid=m1)
-                await traffic.wait_ok_after(t1, 30, g.addr(m2))
-                # the third replica must be in sync with m2 (it is the only one electable next)
-                await wait_in_sync(g.addr(m2), slaves=1)
-                (m3,) = set(g.live()) - {m2}
-                stats = await stats_of(g.addr(m2))
-                assert stats is not None and m3 in stats.in_sync_replica_ids, stats
-
-                t2 = time.monotonic()
-                g.replicas[m2].kill()
-                assert await wait_master(g, ELECTION_BOUND_S, not_rid=m2) == m3
-                print(f"second election after {time.monotonic() - t2:.2f}s")
-                # the first master comes back as the slave of the third
-                g.restart(m1)
-                assert await wait_master(g, 20) == m3
-                await wait_in_sync(g.addr(m3), slaves=1)
-                await traffic.wait_ok_after(time.monotonic(), 20, g.addr(m3))
-            finally:
-                await traffic.stop()
-            ok_keys = {a.key for a in traffic.ok()}
-            await wait_all_readable(g.addr(m3), ok_keys)
-            # m1 now serves the same messages as a slave
-            await wait_all_readable(g.addr(m1), ok_keys)
-            assert_single_writer(traffic.acks, [first_addrs[m] for m in (m1, m2, m3)])
-
-        asyncio.run(main())
+            t2 = time.monotonic()
+            g.replicas[m2].kill()
+            assert await wait_master(g, ELECTION_BOUND_S, not_rid=m2) == m3
+            print(f"second election after {time.monotonic() - t2:.2f}s")
+            # the first master comes back as the slave of the third
+            g.restart(m1)
+            assert await wait_master(g, 20) == m3
+            await wait_in_sync(g.addr(m3), slaves=1)
+            await traffic.wait_ok_after(time.monotonic(), 20, g.addr(m3))
+        finally:
+            await traffic.stop()
+        ok_keys = {a.key for a in traffic.ok()}
+        await wait_all_readable(g.addr(m3), ok_keys)
+        # m1 now serves the same messages as a slave
+        await wait_all_readable(g.addr(m1), ok_keys)
+        assert_single_writer(traffic.acks, [first_addrs[m] for m in (m1, m2, m3)])

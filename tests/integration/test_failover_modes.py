@@ -126,7 +126,7 @@ async def async_failover(g: Group) -> None:
     await wait_all_readable(g.addr(m2), kept, what="SEND_OK messages before the cut")
 
 
-def test_async_master_failover_loss_bounded_and_reported(tmp_path: Path) -> None:
+async def test_async_master_failover_loss_bounded_and_reported(tmp_path: Path) -> None:
     keys: dict[str, object] = {
         "brokerRole": "ASYNC_MASTER",
         "controllerLeaseTtlSec": 5,
@@ -135,51 +135,47 @@ def test_async_master_failover_loss_bounded_and_reported(tmp_path: Path) -> None
         "haMaxTimeSlaveNotCatchup": 15000,
     }
     with ha_group(tmp_path, keys=keys) as g:
-        asyncio.run(async_failover(g))
+        await async_failover(g)
 
 
-def test_no_etcd_static_roles_as_before(tmp_path: Path) -> None:
+async def test_no_etcd_static_roles_as_before(tmp_path: Path) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr], brokerRole="SYNC_MASTER")
     slave = start_ha_slave(tmp_path, [ns.addr])
-
-    async def main() -> None:
-        await create_topics(master.addr, "broker-a", [TOPIC], QUEUES)
-        await wait_route(ns.addr, TOPIC, {"broker-a"})
-        await wait_in_sync(master.addr)
-        ms, ss = await stats_of(master.addr), await stats_of(slave.addr)
-        assert ms is not None and ss is not None
-        assert (ms.broker_id, ms.role, ms.epoch, ms.controller_mode) == (
-            0,
-            admin_pb2.SYNC_MASTER,
-            0,
-            False,
+    await create_topics(master.addr, "broker-a", [TOPIC], QUEUES)
+    await wait_route(ns.addr, TOPIC, {"broker-a"})
+    await wait_in_sync(master.addr)
+    ms, ss = await stats_of(master.addr), await stats_of(slave.addr)
+    assert ms is not None and ss is not None
+    assert (ms.broker_id, ms.role, ms.epoch, ms.controller_mode) == (
+        0,
+        admin_pb2.SYNC_MASTER,
+        0,
+        False,
+    )
+    assert (ss.broker_id, ss.role, ss.replica_id, ss.controller_mode) == (
+        1,
+        admin_pb2.SLAVE,
+        1,
+        False,
+    )
+    async with Producer(ProducerConfig("failover-static", [ns.addr])) as p:
+        for i in range(20):
+            res = await p.send(Message(TOPIC, f"static-{i}".encode()))
+            assert res.status == SendStatus.SEND_OK
+    await wait_all_readable(slave.addr, {f"static-{i}" for i in range(20)})
+    async with grpc.aio.insecure_channel(master.addr) as ch:
+        code, _, _ = await refused(
+            admin_pb2_grpc.AdminStub(ch).Switchover(admin_pb2.SwitchoverRequest(), timeout=5)
         )
-        assert (ss.broker_id, ss.role, ss.replica_id, ss.controller_mode) == (
-            1,
-            admin_pb2.SLAVE,
-            1,
-            False,
-        )
-        async with Producer(ProducerConfig("failover-static", [ns.addr])) as p:
-            for i in range(20):
-                res = await p.send(Message(TOPIC, f"static-{i}".encode()))
-                assert res.status == SendStatus.SEND_OK
-        await wait_all_readable(slave.addr, {f"static-{i}" for i in range(20)})
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            code, _, _ = await refused(
-                admin_pb2_grpc.AdminStub(ch).Switchover(admin_pb2.SwitchoverRequest(), timeout=5)
-            )
-            assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
 
-        master.kill()
-        await asyncio.sleep(4)  # twice a controller lease: nothing may take over
-        ss = await stats_of(slave.addr)
-        assert ss is not None and (ss.broker_id, ss.role) == (1, admin_pb2.SLAVE)
-        out: list[Ack] = []
-        async with grpc.aio.insecure_channel(slave.addr) as ch:
-            await send_raw(messaging_pb2_grpc.MessagingStub(ch), "to-slave", out)
-        assert [a.outcome for a in out] == ["UNAVAILABLE/NOT_MASTER"]
-        assert {f"static-{i}" for i in range(20)} <= await readable_keys(slave.addr)
-
-    asyncio.run(main())
+    master.kill()
+    await asyncio.sleep(4)  # twice a controller lease: nothing may take over
+    ss = await stats_of(slave.addr)
+    assert ss is not None and (ss.broker_id, ss.role) == (1, admin_pb2.SLAVE)
+    out: list[Ack] = []
+    async with grpc.aio.insecure_channel(slave.addr) as ch:
+        await send_raw(messaging_pb2_grpc.MessagingStub(ch), "to-slave", out)
+    assert [a.outcome for a in out] == ["UNAVAILABLE/NOT_MASTER"]
+    assert {f"static-{i}" for i in range(20)} <= await readable_keys(slave.addr)

@@ -57,100 +57,92 @@ async def switchover(
         return resp
 
 
-def test_switchover_to_chosen_replica_under_traffic(tmp_path: Path) -> None:
+async def test_switchover_to_chosen_replica_under_traffic(tmp_path: Path) -> None:
     with ha_group(tmp_path) as g:
-
-        async def main() -> None:
-            m1 = await prepare(g)
-            target = max(set(g.live()) - {m1})
-            other = min(set(g.live()) - {m1})
-            old_addr = g.addr(m1)
-            async with grpc.aio.insecure_channel(old_addr) as ch:
-                code, _, msg = await refused(
-                    admin_pb2_grpc.AdminStub(ch).Switchover(
-                        admin_pb2.SwitchoverRequest(target_replica_id=99), timeout=10
-                    )
+        m1 = await prepare(g)
+        target = max(set(g.live()) - {m1})
+        other = min(set(g.live()) - {m1})
+        old_addr = g.addr(m1)
+        async with grpc.aio.insecure_channel(old_addr) as ch:
+            code, _, msg = await refused(
+                admin_pb2_grpc.AdminStub(ch).Switchover(
+                    admin_pb2.SwitchoverRequest(target_replica_id=99), timeout=10
                 )
-                assert code == grpc.StatusCode.FAILED_PRECONDITION, msg
-            async with grpc.aio.insecure_channel(g.addr(other)) as ch:
-                code, _, msg = await refused(
-                    admin_pb2_grpc.AdminStub(ch).Switchover(
-                        admin_pb2.SwitchoverRequest(target_replica_id=target), timeout=10
-                    )
+            )
+            assert code == grpc.StatusCode.FAILED_PRECONDITION, msg
+        async with grpc.aio.insecure_channel(g.addr(other)) as ch:
+            code, _, msg = await refused(
+                admin_pb2_grpc.AdminStub(ch).Switchover(
+                    admin_pb2.SwitchoverRequest(target_replica_id=target), timeout=10
                 )
-                assert code == grpc.StatusCode.UNAVAILABLE, msg
-            before = await stats_of(old_addr)
-            assert before is not None
+            )
+            assert code == grpc.StatusCode.UNAVAILABLE, msg
+        before = await stats_of(old_addr)
+        assert before is not None
 
-            traffic = Traffic(g.namesrv_addrs, "s7")
-            await traffic.start()
-            try:
-                await traffic.wait_ok_after(0, 40)
-                t0 = time.monotonic()
-                resp = await switchover(old_addr, target)
-                took_s = time.monotonic() - t0
-                assert resp.new_master_replica_id == target
-                assert resp.new_master_addr == g.addr(target)
-                assert resp.epoch > before.epoch
-                assert await wait_master(g, 15) == target
-                await traffic.wait_ok_after(t0, 30, g.addr(target))
-                await traffic.wait_ok_after(time.monotonic(), 20)
-            finally:
-                await traffic.stop()
-            gap_s = gaps(traffic.acks, since=t0 - 1)
-            print(f"switchover answered in {took_s:.2f}s; longest SEND_OK gap {gap_s:.2f}s")
-            assert gap_s < SWITCHOVER_GAP_MAX_S
-            st = await stats_of(old_addr)
-            assert st is not None and st.role == admin_pb2.SLAVE and st.epoch == resp.epoch
-            assert_single_writer(traffic.acks, [old_addr, g.addr(target)])
-            ok_keys = {a.key for a in traffic.ok()}
-            await wait_all_readable(g.addr(target), ok_keys)
-            await wait_all_readable(old_addr, ok_keys)
-
-        asyncio.run(main())
+        traffic = Traffic(g.namesrv_addrs, "s7")
+        await traffic.start()
+        try:
+            await traffic.wait_ok_after(0, 40)
+            t0 = time.monotonic()
+            resp = await switchover(old_addr, target)
+            took_s = time.monotonic() - t0
+            assert resp.new_master_replica_id == target
+            assert resp.new_master_addr == g.addr(target)
+            assert resp.epoch > before.epoch
+            assert await wait_master(g, 15) == target
+            await traffic.wait_ok_after(t0, 30, g.addr(target))
+            await traffic.wait_ok_after(time.monotonic(), 20)
+        finally:
+            await traffic.stop()
+        gap_s = gaps(traffic.acks, since=t0 - 1)
+        print(f"switchover answered in {took_s:.2f}s; longest SEND_OK gap {gap_s:.2f}s")
+        assert gap_s < SWITCHOVER_GAP_MAX_S
+        st = await stats_of(old_addr)
+        assert st is not None and st.role == admin_pb2.SLAVE and st.epoch == resp.epoch
+        assert_single_writer(traffic.acks, [old_addr, g.addr(target)])
+        ok_keys = {a.key for a in traffic.ok()}
+        await wait_all_readable(g.addr(target), ok_keys)
+        await wait_all_readable(old_addr, ok_keys)
 
 
-def test_etcd_down_master_fences_reads_work_then_recovers(tmp_path: Path) -> None:
+async def test_etcd_down_master_fences_reads_work_then_recovers(tmp_path: Path) -> None:
     with ha_group(tmp_path) as g:
-
-        async def main() -> None:
-            m1 = await prepare(g)
-            traffic = Traffic(g.namesrv_addrs, "e8")
-            await traffic.start()
-            probes: list[Ack] = []
-            try:
-                await traffic.wait_ok_after(0, 40)
-                t_down = time.monotonic()
-                g.etcd.kill()
-                async with grpc.aio.insecure_channel(g.addr(m1)) as ch:
-                    stub = messaging_pb2_grpc.MessagingStub(ch)
-                    deadline = t_down + LEASE_TTL_S + 3
-                    while not probes or probes[-1].ok:
-                        assert time.monotonic() < deadline, (
-                            f"the master still acknowledges writes {LEASE_TTL_S + 3}s after "
-                            f"etcd died\n{g.logs()}"
-                        )
-                        await send_raw(stub, f"probe-{len(probes)}", probes, timeout_s=5)
-                        await asyncio.sleep(0.05)
-                fenced_s = probes[-1].t_end - t_down
-                print(f"master fenced {fenced_s:.2f}s after etcd died: {probes[-1].outcome}")
-                assert probes[-1].outcome == "UNAVAILABLE/NOT_MASTER"
-                late = [a for a in traffic.ok() + probes if a.t_start > t_down + LEASE_TTL_S]
-                assert not late, f"SEND_OK past the lease without etcd: {late[:3]}"
-                acked = {a.key for a in traffic.ok() + probes if a.ok}
-                for rid in g.live():  # reads keep working everywhere
-                    missing = acked - await readable_keys(g.addr(rid))
-                    assert not missing, f"replica {rid} cannot serve {len(missing)} acked messages"
-                await asyncio.sleep(1)
-                g.etcd = restart(g.etcd)
-                t_back = time.monotonic()
-                m = await wait_master(g, 20)
-                await traffic.wait_ok_after(t_back, 20, g.addr(m))
-                print(f"master {m} serving {time.monotonic() - t_back:.2f}s after etcd came back")
-                assert time.monotonic() - t_back < ELECTION_BOUND_S + 10
-            finally:
-                await traffic.stop()
-            ok_keys = {a.key for a in traffic.ok() + probes if a.ok}
-            await wait_all_readable(g.addr(m), ok_keys)
-
-        asyncio.run(main())
+        m1 = await prepare(g)
+        traffic = Traffic(g.namesrv_addrs, "e8")
+        await traffic.start()
+        probes: list[Ack] = []
+        try:
+            await traffic.wait_ok_after(0, 40)
+            t_down = time.monotonic()
+            g.etcd.kill()
+            async with grpc.aio.insecure_channel(g.addr(m1)) as ch:
+                stub = messaging_pb2_grpc.MessagingStub(ch)
+                deadline = t_down + LEASE_TTL_S + 3
+                while not probes or probes[-1].ok:
+                    assert time.monotonic() < deadline, (
+                        f"the master still acknowledges writes {LEASE_TTL_S + 3}s after "
+                        f"etcd died\n{g.logs()}"
+                    )
+                    await send_raw(stub, f"probe-{len(probes)}", probes, timeout_s=5)
+                    await asyncio.sleep(0.05)
+            fenced_s = probes[-1].t_end - t_down
+            print(f"master fenced {fenced_s:.2f}s after etcd died: {probes[-1].outcome}")
+            assert probes[-1].outcome == "UNAVAILABLE/NOT_MASTER"
+            late = [a for a in traffic.ok() + probes if a.t_start > t_down + LEASE_TTL_S]
+            assert not late, f"SEND_OK past the lease without etcd: {late[:3]}"
+            acked = {a.key for a in traffic.ok() + probes if a.ok}
+            for rid in g.live():  # reads keep working everywhere
+                missing = acked - await readable_keys(g.addr(rid))
+                assert not missing, f"replica {rid} cannot serve {len(missing)} acked messages"
+            await asyncio.sleep(1)
+            g.etcd = restart(g.etcd)
+            t_back = time.monotonic()
+            m = await wait_master(g, 20)
+            await traffic.wait_ok_after(t_back, 20, g.addr(m))
+            print(f"master {m} serving {time.monotonic() - t_back:.2f}s after etcd came back")
+            assert time.monotonic() - t_back < ELECTION_BOUND_S + 10
+        finally:
+            await traffic.stop()
+        ok_keys = {a.key for a in traffic.ok() + probes if a.ok}
+        await wait_all_readable(g.addr(m), ok_keys)

@@ -168,80 +168,72 @@ def at_end(consumer: PushConsumer, topic: str, ends: dict[int, int]) -> Callable
 # ---- TAG ----------------------------------------------------------------------------------
 
 
-def test_tag_lists_star_and_untagged_messages(env: Cluster) -> None:
+async def test_tag_lists_star_and_untagged_messages(env: Cluster) -> None:
     topic, cycle = "FTags", ["TagA", "TagB", "TagC", ""]
-
-    async def main() -> None:
-        await make_topic(env.namesrv_addrs, topic, 2)
-        sent = [
-            Message(topic, f"t{i}:{cycle[i % 4]}".encode(), tags=cycle[i % 4]) for i in range(48)
-        ]
-        await send(env.namesrv_addrs, sent)
-        bodies = [m.body.decode() for m in sent]
-        expected = {
-            "TagA || TagB": [b for b in bodies if b.endswith((":TagA", ":TagB"))],
-            "TagC": [b for b in bodies if b.endswith(":TagC")],
-            "*": bodies,
-        }
-        got = {expr: Bodies() for expr in expected}
-        consumers = [
-            push(env.namesrv_addrs, f"g-tags-{i}", topic, expr, ExpressionType.TAG, got[expr])
-            for i, expr in enumerate(expected)
-        ]
-        await asyncio.gather(*(c.start() for c in consumers))
-        try:
-            for expr, want in expected.items():
-                n, bodies_of = len(want), got[expr]
-                await until(lambda: len(bodies_of.snapshot()) >= n, 20, expr)  # noqa: B023
-            await asyncio.sleep(0.5)  # nothing beyond the expected may arrive
-        finally:
-            await asyncio.gather(*(c.close() for c in consumers))
+    await make_topic(env.namesrv_addrs, topic, 2)
+    sent = [Message(topic, f"t{i}:{cycle[i % 4]}".encode(), tags=cycle[i % 4]) for i in range(48)]
+    await send(env.namesrv_addrs, sent)
+    bodies = [m.body.decode() for m in sent]
+    expected = {
+        "TagA || TagB": [b for b in bodies if b.endswith((":TagA", ":TagB"))],
+        "TagC": [b for b in bodies if b.endswith(":TagC")],
+        "*": bodies,
+    }
+    got = {expr: Bodies() for expr in expected}
+    consumers = [
+        push(env.namesrv_addrs, f"g-tags-{i}", topic, expr, ExpressionType.TAG, got[expr])
+        for i, expr in enumerate(expected)
+    ]
+    await asyncio.gather(*(c.start() for c in consumers))
+    try:
         for expr, want in expected.items():
-            assert sorted(got[expr].snapshot()) == sorted(want), expr
-        untagged = [b for b in bodies if b.endswith(":")]
-        assert untagged and set(untagged) <= set(got["*"].snapshot())
+            n, bodies_of = len(want), got[expr]
+            await until(lambda: len(bodies_of.snapshot()) >= n, 20, expr)  # noqa: B023
+        await asyncio.sleep(0.5)  # nothing beyond the expected may arrive
+    finally:
+        await asyncio.gather(*(c.close() for c in consumers))
+    for expr, want in expected.items():
+        assert sorted(got[expr].snapshot()) == sorted(want), expr
+    untagged = [b for b in bodies if b.endswith(":")]
+    assert untagged and set(untagged) <= set(got["*"].snapshot())
 
-    asyncio.run(main())
 
-
-def test_tag_hash_collision_passes_the_broker_and_is_dropped_by_the_client(env: Cluster) -> None:
+async def test_tag_hash_collision_passes_the_broker_and_is_dropped_by_the_client(
+    env: Cluster,
+) -> None:
     topic, group = "FCollision", "g-collision"
     assert codec.tags_hash("Aa") == codec.tags_hash("BB")  # Java's String.hashCode: 2112
+    await make_topic(env.namesrv_addrs, topic, 1)
+    tags = ["Aa", "BB", "C", "Aa", "BB"]
+    await send(
+        env.namesrv_addrs,
+        [Message(topic, f"c{i}".encode(), tags=t) for i, t in enumerate(tags)],
+        in_order=True,
+    )
+    # The broker compares hashes only: both Aa and BB pass, C does not.
+    resp = await raw_pull(env.brokers[0].addr, topic, 0, "Aa")
+    assert resp.status == messaging_pb2.FOUND
+    assert [m.tags for m in decode_records(resp.records)] == ["Aa", "BB", "Aa", "BB"]
+    assert resp.next_begin_offset == 5
 
-    async def main() -> None:
-        await make_topic(env.namesrv_addrs, topic, 1)
-        tags = ["Aa", "BB", "C", "Aa", "BB"]
-        await send(
-            env.namesrv_addrs,
-            [Message(topic, f"c{i}".encode(), tags=t) for i, t in enumerate(tags)],
-            in_order=True,
-        )
-        # The broker compares hashes only: both Aa and BB pass, C does not.
-        resp = await raw_pull(env.brokers[0].addr, topic, 0, "Aa")
-        assert resp.status == messaging_pb2.FOUND
-        assert [m.tags for m in decode_records(resp.records)] == ["Aa", "BB", "Aa", "BB"]
-        assert resp.next_begin_offset == 5
-
-        got = Bodies()
-        consumer = push(
-            env.namesrv_addrs,
-            group,
-            topic,
-            "Aa",
-            ExpressionType.TAG,
-            got,
-            broker_suspend_max_time_ms=SHORT_HOLD_MS,
-        )
-        async with consumer:
-            await until(lambda: len(got.snapshot()) >= 2, 15, "the Aa messages")
-            # The offset moves past the dropped BB at the tail, not just past the last Aa.
-            await until(at_end(consumer, topic, {0: 5}), 10, "offset past BB")
-            # A lone BB arriving later is dropped too, and the offset still moves past it.
-            await send(env.namesrv_addrs, [Message(topic, b"c5", tags="BB")])
-            await until(at_end(consumer, topic, {0: 6}), 10, "offset past the lone BB")
-        assert sorted(got.snapshot()) == ["c0", "c3"]
-
-    asyncio.run(main())
+    got = Bodies()
+    consumer = push(
+        env.namesrv_addrs,
+        group,
+        topic,
+        "Aa",
+        ExpressionType.TAG,
+        got,
+        broker_suspend_max_time_ms=SHORT_HOLD_MS,
+    )
+    async with consumer:
+        await until(lambda: len(got.snapshot()) >= 2, 15, "the Aa messages")
+        # The offset moves past the dropped BB at the tail, not just past the last Aa.
+        await until(at_end(consumer, topic, {0: 5}), 10, "offset past BB")
+        # A lone BB arriving later is dropped too, and the offset still moves past it.
+        await send(env.namesrv_addrs, [Message(topic, b"c5", tags="BB")])
+        await until(at_end(consumer, topic, {0: 6}), 10, "offset past the lone BB")
+    assert sorted(got.snapshot()) == ["c0", "c3"]
 
 
 # ---- SQL92 --------------------------------------------------------------------------------
@@ -286,42 +278,38 @@ SQL_CASES: dict[str, Callable[[Props], bool]] = {
 }
 
 
-def test_sql92_push_consumers_get_exactly_the_matching_messages(env: Cluster) -> None:
+async def test_sql92_push_consumers_get_exactly_the_matching_messages(env: Cluster) -> None:
     """Ten SQL92 consumer groups read the same backlog of 80 messages (sent before they
     start); each gets exactly what its predicate selects and moves its offsets to the end."""
     topic = "FSql"
-
-    async def main() -> None:
-        await make_topic(env.namesrv_addrs, topic, 4)
-        props = sample_props(80)
-        await send(env.namesrv_addrs, [to_message(topic, p) for p in props])
-        got = {expr: Bodies() for expr in SQL_CASES}
-        consumers = [
-            push(
-                env.namesrv_addrs,
-                f"g-sql-{i}",
-                topic,
-                expr,
-                SQL,
-                got[expr],
-                broker_suspend_max_time_ms=SHORT_HOLD_MS,
-            )
-            for i, expr in enumerate(SQL_CASES)
-        ]
-        ends = await queue_ends(env, topic, 4)
-        await asyncio.gather(*(c.start() for c in consumers))
-        try:
-            for c in consumers:
-                await until(at_end(c, topic, ends), 30, f"offsets of {c.subscriptions()}")
-            await asyncio.sleep(0.3)
-        finally:
-            await asyncio.gather(*(c.close() for c in consumers))
-        for expr, wanted in SQL_CASES.items():
-            want = sorted(f"m{p.i}" for p in props if wanted(p))
-            assert want, expr  # every case selects something
-            assert sorted(got[expr].snapshot()) == want, expr
-
-    asyncio.run(main())
+    await make_topic(env.namesrv_addrs, topic, 4)
+    props = sample_props(80)
+    await send(env.namesrv_addrs, [to_message(topic, p) for p in props])
+    got = {expr: Bodies() for expr in SQL_CASES}
+    consumers = [
+        push(
+            env.namesrv_addrs,
+            f"g-sql-{i}",
+            topic,
+            expr,
+            SQL,
+            got[expr],
+            broker_suspend_max_time_ms=SHORT_HOLD_MS,
+        )
+        for i, expr in enumerate(SQL_CASES)
+    ]
+    ends = await queue_ends(env, topic, 4)
+    await asyncio.gather(*(c.start() for c in consumers))
+    try:
+        for c in consumers:
+            await until(at_end(c, topic, ends), 30, f"offsets of {c.subscriptions()}")
+        await asyncio.sleep(0.3)
+    finally:
+        await asyncio.gather(*(c.close() for c in consumers))
+    for expr, wanted in SQL_CASES.items():
+        want = sorted(f"m{p.i}" for p in props if wanted(p))
+        assert want, expr  # every case selects something
+        assert sorted(got[expr].snapshot()) == want, expr
 
 
 async def queue_ends(c: Cluster, topic: str, queues: int) -> dict[int, int]:
@@ -336,108 +324,96 @@ async def queue_ends(c: Cluster, topic: str, queues: int) -> dict[int, int]:
     return ends
 
 
-def test_sql92_lite_pull_consumer(env: Cluster) -> None:
+async def test_sql92_lite_pull_consumer(env: Cluster) -> None:
     topic, expr = "FSqlLite", "s IN ('blue') AND a IS NOT NULL"
-
-    async def main() -> None:
-        await make_topic(env.namesrv_addrs, topic, 2)
-        props = sample_props(60)
-        await send(env.namesrv_addrs, [to_message(topic, p) for p in props])
-        want = sorted(f"m{p.i}" for p in props if p.s == "blue" and p.a is not None)
-        cfg = LitePullConsumerConfig(
-            "g-sql-lite",
-            tuple(env.namesrv_addrs),
-            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-        )
-        consumer = LitePullConsumer(cfg)
-        consumer.subscribe(topic, expr, SQL)
-        got: list[ReceivedMessage] = []
-        async with consumer:
-            deadline = time.monotonic() + 20
-            while len(got) < len(want) and time.monotonic() < deadline:
-                got += await consumer.poll(500)
-            got += await consumer.poll(500)  # nothing more may come
-        assert sorted(m.body.decode() for m in got) == want
-        assert all(m.properties["s"] == "blue" and "a" in m.properties for m in got)
-
-    asyncio.run(main())
+    await make_topic(env.namesrv_addrs, topic, 2)
+    props = sample_props(60)
+    await send(env.namesrv_addrs, [to_message(topic, p) for p in props])
+    want = sorted(f"m{p.i}" for p in props if p.s == "blue" and p.a is not None)
+    cfg = LitePullConsumerConfig(
+        "g-sql-lite",
+        tuple(env.namesrv_addrs),
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+    )
+    consumer = LitePullConsumer(cfg)
+    consumer.subscribe(topic, expr, SQL)
+    got: list[ReceivedMessage] = []
+    async with consumer:
+        deadline = time.monotonic() + 20
+        while len(got) < len(want) and time.monotonic() < deadline:
+            got += await consumer.poll(500)
+        got += await consumer.poll(500)  # nothing more may come
+    assert sorted(m.body.decode() for m in got) == want
+    assert all(m.properties["s"] == "blue" and "a" in m.properties for m in got)
 
 
-def test_sql92_backlog_mostly_not_matching(env: Cluster) -> None:
+async def test_sql92_backlog_mostly_not_matching(env: Cluster) -> None:
     """2 000 messages, 1 % matching, sent before the consumer starts: it gets exactly the 20,
     and its offsets reach the end of every queue."""
     topic, group, n = "FSqlBacklog", "g-sql-backlog", 2000
-
-    async def main() -> None:
-        await make_topic(env.namesrv_addrs, topic, 4)
-        msgs = [Message(topic, f"b{i}".encode(), properties={"v": str(i % 100)}) for i in range(n)]
-        await send(env.namesrv_addrs, msgs)
-        want = sorted(f"b{i}" for i in range(n) if i % 100 == 42)
-        ends = await queue_ends(env, topic, 4)
-        got = Bodies()
-        consumer = push(
-            env.namesrv_addrs,
-            group,
-            topic,
-            "v = 42",
-            SQL,
-            got,
-            broker_suspend_max_time_ms=SHORT_HOLD_MS,
-        )
-        async with consumer:
-            await until(at_end(consumer, topic, ends), 30, "offsets at the end")
-            await asyncio.sleep(0.3)
-        assert sorted(got.snapshot()) == want
-
-    asyncio.run(main())
+    await make_topic(env.namesrv_addrs, topic, 4)
+    msgs = [Message(topic, f"b{i}".encode(), properties={"v": str(i % 100)}) for i in range(n)]
+    await send(env.namesrv_addrs, msgs)
+    want = sorted(f"b{i}" for i in range(n) if i % 100 == 42)
+    ends = await queue_ends(env, topic, 4)
+    got = Bodies()
+    consumer = push(
+        env.namesrv_addrs,
+        group,
+        topic,
+        "v = 42",
+        SQL,
+        got,
+        broker_suspend_max_time_ms=SHORT_HOLD_MS,
+    )
+    async with consumer:
+        await until(at_end(consumer, topic, ends), 30, "offsets at the end")
+        await asyncio.sleep(0.3)
+    assert sorted(got.snapshot()) == want
 
 
-def test_sql92_under_long_polling(env: Cluster) -> None:
+async def test_sql92_under_long_polling(env: Cluster) -> None:
     """While the consumer's pulls are held on the broker, non-matching arrivals deliver
     nothing and a matching one is delivered at once."""
     topic, group = "FSqlHold", "g-sql-hold"
+    await make_topic(env.namesrv_addrs, topic, 1)
+    arrived: dict[str, float] = {}
 
-    async def main() -> None:
-        await make_topic(env.namesrv_addrs, topic, 1)
-        arrived: dict[str, float] = {}
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        for m in msgs:
+            arrived[m.body.decode()] = time.monotonic()
+        return ConsumeResult.CONSUME_SUCCESS
 
-        async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
-            for m in msgs:
-                arrived[m.body.decode()] = time.monotonic()
-            return ConsumeResult.CONSUME_SUCCESS
-
-        cfg = PushConsumerConfig(group, tuple(env.namesrv_addrs))
-        consumer = PushConsumer(cfg, listener)
-        consumer.subscribe(topic, "color = 'red' AND size > 3", SQL)
-        async with consumer:
-            mq = MessageQueue(topic, BROKER, 0)
-            await until(lambda: mq in consumer.assigned_queues(), 15, "assignment")
-            await asyncio.sleep(0.5)  # the pull is now held
-            cfgp = ProducerConfig(group="pg-hold", namesrv_addrs=env.namesrv_addrs)
-            async with Producer(cfgp) as p:
-                for i, props in enumerate(
-                    [{"color": "red", "size": "1"}, {"color": "blue", "size": "9"}, {}] * 3
-                ):
-                    await p.send(Message(topic, f"no{i}".encode(), properties=props))
-                await asyncio.sleep(0.5)
-                assert arrived == {}
-                latencies = []
-                for i in range(3):
-                    start = time.monotonic()
-                    await p.send(
-                        Message(topic, f"yes{i}".encode(), properties={"color": "red", "size": "4"})
-                    )
-                    body = f"yes{i}"
-                    await until(lambda: body in arrived, 5, body)  # noqa: B023
-                    latencies.append(arrived[body] - start)
-            await asyncio.sleep(0.3)
-        assert sorted(arrived) == ["yes0", "yes1", "yes2"]
-        assert max(latencies) < 1.0, latencies
-
-    asyncio.run(main())
+    cfg = PushConsumerConfig(group, tuple(env.namesrv_addrs))
+    consumer = PushConsumer(cfg, listener)
+    consumer.subscribe(topic, "color = 'red' AND size > 3", SQL)
+    async with consumer:
+        mq = MessageQueue(topic, BROKER, 0)
+        await until(lambda: mq in consumer.assigned_queues(), 15, "assignment")
+        await asyncio.sleep(0.5)  # the pull is now held
+        cfgp = ProducerConfig(group="pg-hold", namesrv_addrs=env.namesrv_addrs)
+        async with Producer(cfgp) as p:
+            for i, props in enumerate(
+                [{"color": "red", "size": "1"}, {"color": "blue", "size": "9"}, {}] * 3
+            ):
+                await p.send(Message(topic, f"no{i}".encode(), properties=props))
+            await asyncio.sleep(0.5)
+            assert arrived == {}
+            latencies = []
+            for i in range(3):
+                start = time.monotonic()
+                await p.send(
+                    Message(topic, f"yes{i}".encode(), properties={"color": "red", "size": "4"})
+                )
+                body = f"yes{i}"
+                await until(lambda: body in arrived, 5, body)  # noqa: B023
+                latencies.append(arrived[body] - start)
+        await asyncio.sleep(0.3)
+    assert sorted(arrived) == ["yes0", "yes1", "yes2"]
+    assert max(latencies) < 1.0, latencies
 
 
-def test_sql92_syntax_error_is_refused_at_subscribe_with_its_position(env: Cluster) -> None:
+async def test_sql92_syntax_error_is_refused_at_subscribe_with_its_position(env: Cluster) -> None:
     push_consumer = PushConsumer(
         PushConsumerConfig("g-sql-bad", tuple(env.namesrv_addrs)), Bodies().listener
     )
@@ -453,15 +429,11 @@ def test_sql92_syntax_error_is_refused_at_subscribe_with_its_position(env: Clust
             lite.subscribe("FSqlBad", bad, SQL)
         assert 0 <= lerr.value.position <= len(bad), (bad, lerr.value.position)
         assert lerr.value.expression == bad
-
-    async def broker_refuses() -> None:
-        await make_topic(env.namesrv_addrs, "FSqlBad", 1)
-        with pytest.raises(grpc.aio.AioRpcError) as rpc:
-            await raw_pull(env.brokers[0].addr, "FSqlBad", 0, "a >> 5", common_pb2.SQL92)
-        assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "position 3" in (rpc.value.details() or "")
-
-    asyncio.run(broker_refuses())
+    await make_topic(env.namesrv_addrs, "FSqlBad", 1)
+    with pytest.raises(grpc.aio.AioRpcError) as rpc:
+        await raw_pull(env.brokers[0].addr, "FSqlBad", 0, "a >> 5", common_pb2.SQL92)
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "position 3" in (rpc.value.details() or "")
 
 
 def test_sql92_on_a_broker_without_property_filter(

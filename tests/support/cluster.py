@@ -168,6 +168,12 @@ class Cluster(spawning.Cluster):
         self.replaced.append(new)
         return new
 
+    def start_broker(self, name: str, **keys: object) -> ServiceProcess:
+        """One more master (e.g. with its own keys), stopped with the rest."""
+        sp = spawning.start_broker(self.root, self.namesrv_addrs, name, self.env or None, **keys)
+        self.brokers.append(sp)
+        return sp
+
     def processes(self) -> list[ServiceProcess]:
         """The current services (not replaced ones), nameservers first."""
         timer = [self.timer_proc] if self.timer_proc is not None else []

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import grpc
 from grpc_status import rpc_status
@@ -54,7 +54,7 @@ class RawClient:
         self.replication = replication_pb2_grpc.ReplicationStub(self.channel)
         self.timer = timer_pb2_grpc.TimerAdminStub(self.channel)
 
-    async def __aenter__(self) -> RawClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -92,6 +92,14 @@ class RawClient:
             admin_pb2.GetRuntimeStatsRequest(), timeout=timeout_s
         )
         return resp
+
+    async def held_pulls(self) -> int:
+        """Pulls the broker holds now (long polling), from GetRuntimeStats."""
+        return (await self.runtime_stats()).held_pull_requests
+
+    async def arrivals_checked(self) -> int:
+        """Arrived messages the broker has checked against held pulls so far."""
+        return int((await self.runtime_stats()).extra["held_pull_arrivals_checked"])
 
     async def route(
         self, topic: str, timeout_s: float = 5.0
