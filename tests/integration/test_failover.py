@@ -14,7 +14,6 @@ recorded (key, times, outcome, the replica that stored it).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 

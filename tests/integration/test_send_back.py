@@ -53,9 +53,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]
 class Client(RawClient):
     """The raw client with this module's request shorthands."""
 
-    async def __aenter__(self) -> Client:
-        return self
-
     async def send(self, topic: str, body: bytes, reconsume_times: int = 0) -> Any:
         resp = await self.messaging.Send(
             messaging_pb2.SendRequest(

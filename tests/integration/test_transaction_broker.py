@@ -67,9 +67,6 @@ def broker(
 class Client(RawClient):
     """The raw client with this module's transaction shorthands."""
 
-    async def __aenter__(self) -> Client:
-        return self
-
     async def half(
         self, topic: str, body: bytes, group: str, queue_id: int = 0, **props: str
     ) -> messaging_pb2.SendResult:
