@@ -328,7 +328,7 @@ async def _lenient(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None
             await until(
                 lambda: all_committed(admin), "offsets to reach every queue's end", timeout_s=20.0
             )
-            await asyncio.sleep(1)
+            # A member records a delivery before its offset moves past it: nothing to wait for.
             got1, got2 = set(deliveries.of("c1")), set(deliveries.of("c2"))
             assert got1 <= sent["tag1"] | sent["tag2"] and got2 <= sent["tag3"]
             # ...yet each member only saw its own tags of the queues it was given: the tag3
