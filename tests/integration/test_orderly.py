@@ -319,6 +319,7 @@ async def test_broker_locks_are_taken_renewed_respected_and_released_on_close(en
             )
             # held and renewed: past the broker's 5 s expiry the intruder still gets nothing
             assert await lock_call(env, "lock", group, INTRUDER, mqs_all) == set()
+            # A deliberate real interval: the broker's lock expiry, which the renewals outrun.
             await asyncio.sleep(BROKER_LOCK_MAX_LIVE_MS / 1000 + 1)
             assert await lock_call(env, "lock", group, INTRUDER, mqs_all) == set()
         # a clean close persisted the offsets, then unlocked: free at once

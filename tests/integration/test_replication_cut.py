@@ -41,6 +41,7 @@ from tests.integration.replication_support import (
 )
 from tests.integration.workers.tcp_proxy import start_proxy
 from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -68,12 +69,17 @@ class Sender:
         from this call. Fails if ``want`` does not come within ``within_s``."""
         start = time.monotonic()
         seen: list[tuple[str, float, float]] = []
-        while True:
+
+        async def got_want() -> bool:
             status, took = await self.send()
             seen.append((status, took, time.monotonic() - start))
-            if status == want:
-                return seen
-            assert time.monotonic() - start < within_s, f"no {want} within {within_s}s: {seen}"
+            return status == want
+
+        try:
+            await until(got_want, f"a {want} send", within_s, interval_s=0)
+        except AssertionError:
+            raise AssertionError(f"no {want} within {within_s}s: {seen}") from None
+        return seen
 
 
 async def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(
