@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +19,14 @@ import pytest
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     nameserver_pb2,
-    nameserver_pb2_grpc,
 )
 from rocketq.client.errors import from_rpc_error
-from tests.integration.cluster import cluster, restart, start_broker
+from tests.support.cluster import cluster
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -65,17 +64,10 @@ async def expect_error(
     return str(err.details())
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 async def route(namesrv: str, topic: str) -> nameserver_pb2.TopicRouteData | None:
-    async with grpc.aio.insecure_channel(namesrv) as ch:
+    async with RawClient(namesrv) as rc:
         try:
-            resp = await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
+            resp = await rc.nameserver.GetRouteInfoByTopic(
                 nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5
             )
         except grpc.aio.AioRpcError as err:
@@ -95,8 +87,8 @@ async def route_queues(namesrv: str, topic: str) -> dict[str, tuple[int, int, in
 
 
 async def send(addr: str, topic: str, queue_id: int, count: int) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as rc:
+        stub = rc.messaging
         for i in range(count):
             resp = await stub.Send(
                 messaging_pb2.SendRequest(
@@ -118,8 +110,8 @@ async def test_topic_lifecycle_broker_mode(tmp_path: Path) -> None:
 
 
 async def _topic_lifecycle(addr: str, namesrv: str) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as rc:
+        admin = rc.admin
         resp = await admin.CreateTopic(
             admin_pb2.CreateTopicRequest(target=here(), config=topic_config("orders"))
         )
@@ -134,7 +126,7 @@ async def _topic_lifecycle(addr: str, namesrv: str) -> None:
         async def routed(expected: dict[str, tuple[int, int, int]]) -> bool:
             return await route_queues(namesrv, "orders") == expected
 
-        await eventually(lambda: routed({"broker-a": (4, 4, 6)}))
+        await until(lambda: routed({"broker-a": (4, 4, 6)}))
 
         desc = await admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic="orders"))
         assert desc.broker_name == "broker-a"
@@ -158,7 +150,7 @@ async def _topic_lifecycle(addr: str, namesrv: str) -> None:
         assert (desc.config.read_queue_nums, desc.config.write_queue_nums) == (4, 8)
         assert [q.queue_id for q in desc.queues] == list(range(8))
         assert desc.queues[1].max_offset == 3  # messages survive an update
-        await eventually(lambda: routed({"broker-a": (4, 8, 6)}))
+        await until(lambda: routed({"broker-a": (4, 8, 6)}))
 
         missing = await admin.UpdateTopic(
             admin_pb2.UpdateTopicRequest(target=here(), config=topic_config("nope"))
@@ -176,7 +168,7 @@ async def _topic_lifecycle(addr: str, namesrv: str) -> None:
             admin_pb2.DeleteTopicRequest(target=here(), topic="orders")
         )
         assert codes(deleted.results) == [("broker-a", OK)]
-        await eventually(lambda: routed({}))
+        await until(lambda: routed({}))
         await expect_error(
             admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic="orders")),
             grpc.StatusCode.NOT_FOUND,
@@ -199,8 +191,8 @@ async def test_topic_request_errors(tmp_path: Path) -> None:
 
 async def _topic_errors(addr: str) -> None:
     bad = grpc.StatusCode.INVALID_ARGUMENT
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as rc:
+        admin = rc.admin
 
         def create(cfg: common_pb2.TopicConfig, target: Any = "default") -> Any:
             if target == "default":
@@ -236,10 +228,8 @@ async def test_cluster_mode_two_brokers(tmp_path: Path) -> None:
 
 
 async def _both_registered(namesrv: str) -> bool:
-    async with grpc.aio.insecure_channel(namesrv) as ch:
-        info = await nameserver_pb2_grpc.NameServerStub(ch).GetClusterInfo(
-            nameserver_pb2.GetClusterInfoRequest()
-        )
+    async with RawClient(namesrv) as rc:
+        info = await rc.nameserver.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest())
     return (
         "DefaultCluster" in info.cluster_addr_table
         and len(info.cluster_addr_table["DefaultCluster"].broker_names) == 2
@@ -247,11 +237,9 @@ async def _both_registered(namesrv: str) -> bool:
 
 
 async def _cluster_mode(addrs: list[str], namesrv: str) -> None:
-    await eventually(lambda: _both_registered(namesrv))
-    a_ch = grpc.aio.insecure_channel(addrs[0])
-    b_ch = grpc.aio.insecure_channel(addrs[1])
-    try:
-        a, b = admin_pb2_grpc.AdminStub(a_ch), admin_pb2_grpc.AdminStub(b_ch)
+    await until(lambda: _both_registered(namesrv))
+    async with RawClient(addrs[0]) as a_client, RawClient(addrs[1]) as b_client:
+        a, b = a_client.admin, b_client.admin
         # broker-b has the topic already; cluster mode reports that per broker, not as an error
         await b.CreateTopic(
             admin_pb2.CreateTopicRequest(target=here("broker-b"), config=topic_config("pre"))
@@ -273,14 +261,14 @@ async def _cluster_mode(addrs: list[str], namesrv: str) -> None:
         async def wide_route(expected: dict[str, tuple[int, int, int]]) -> bool:
             return await route_queues(namesrv, "wide") == expected
 
-        await eventually(lambda: wide_route({"broker-a": (6, 6, 6), "broker-b": (6, 6, 6)}))
+        await until(lambda: wide_route({"broker-a": (6, 6, 6), "broker-b": (6, 6, 6)}))
 
         # from broker-b this time: every master, itself included
         upd = await b.UpdateTopic(
             admin_pb2.UpdateTopicRequest(target=in_cluster(), config=topic_config("wide", 4, 8))
         )
         assert codes(upd.results) == [("broker-a", OK), ("broker-b", OK)]
-        await eventually(lambda: wide_route({"broker-a": (4, 8, 6), "broker-b": (4, 8, 6)}))
+        await until(lambda: wide_route({"broker-a": (4, 8, 6), "broker-b": (4, 8, 6)}))
 
         dup = await a.CreateTopic(
             admin_pb2.CreateTopicRequest(target=in_cluster(), config=topic_config("wide"))
@@ -291,7 +279,7 @@ async def _cluster_mode(addrs: list[str], namesrv: str) -> None:
             admin_pb2.DeleteTopicRequest(target=in_cluster(), topic="wide")
         )
         assert codes(deleted.results) == [("broker-a", OK), ("broker-b", OK)]
-        await eventually(lambda: wide_route({}))
+        await until(lambda: wide_route({}))
 
         await expect_error(
             a.CreateTopic(
@@ -320,9 +308,6 @@ async def _cluster_mode(addrs: list[str], namesrv: str) -> None:
         assert codes(gone.results) == [("broker-a", OK), ("broker-b", OK)]
         listed = await b.ListSubscriptionGroups(admin_pb2.ListSubscriptionGroupsRequest())
         assert list(listed.groups) == []
-    finally:
-        await a_ch.close()
-        await b_ch.close()
 
 
 # -- subscription groups, broker mode ----------------------------------------------------------
@@ -334,8 +319,8 @@ async def test_subscription_groups_broker_mode(tmp_path: Path) -> None:
 
 
 async def _groups(addr: str) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as rc:
+        admin = rc.admin
         made = await admin.CreateSubscriptionGroup(
             admin_pb2.CreateSubscriptionGroupRequest(
                 target=here(), config=common_pb2.SubscriptionGroupConfig(group_name="g1")
@@ -406,9 +391,9 @@ async def test_consume_stats_and_reset_offset(tmp_path: Path) -> None:
 
 
 async def _progress(addr: str) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
-        msg = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as rc:
+        admin = rc.admin
+        msg = rc.messaging
         await admin.CreateTopic(
             admin_pb2.CreateTopicRequest(target=here(), config=topic_config("progress", 2, 2))
         )
@@ -418,9 +403,9 @@ async def _progress(addr: str) -> None:
             )
         )
         await send(addr, "progress", 0, 6)
-        await asyncio.sleep(0.02)  # the second batch is stored strictly later
+        await asyncio.sleep(0.02)  # a real interval: the second batch is stored strictly later
         middle_ms = int(time.time() * 1000)
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # (and the reset time lies strictly between the two)
         await send(addr, "progress", 0, 4)
         await send(addr, "progress", 1, 3)
         await expect_error(
@@ -520,9 +505,9 @@ async def test_reset_offset_tells_live_members(tmp_path: Path) -> None:
 
 
 async def _reset_notice(addr: str) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
-        msg = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as rc:
+        admin = rc.admin
+        msg = rc.messaging
         await admin.CreateTopic(
             admin_pb2.CreateTopicRequest(target=here(), config=topic_config("notice", 1, 1))
         )
@@ -581,8 +566,7 @@ async def test_broker_config_update_survives_restart(tmp_path: Path) -> None:
         broker = c.brokers[0]
         await _config_update(broker.addr)
         assert broker.stop() == 0
-        again = restart(broker)
-        c.brokers[0] = again  # so the fixture stops the new process
+        again = c.restart(broker)
         cfg = await _get_config(again.addr)
         assert float(cfg["fileReservedTime"]) == 48
         assert cfg["longPollingEnable"] == "false"
@@ -592,16 +576,14 @@ async def test_broker_config_update_survives_restart(tmp_path: Path) -> None:
 
 
 async def _get_config(addr: str) -> dict[str, str]:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        resp = await admin_pb2_grpc.AdminStub(ch).GetBrokerConfig(
-            admin_pb2.GetBrokerConfigRequest()
-        )
+    async with RawClient(addr) as rc:
+        resp = await rc.admin.GetBrokerConfig(admin_pb2.GetBrokerConfigRequest())
     return dict(resp.config)
 
 
 async def _config_update(addr: str) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as rc:
+        admin = rc.admin
         before = await _get_config(addr)
         assert float(before["fileReservedTime"]) == 72
         assert before["brokerClusterName"] == "DefaultCluster"
@@ -660,18 +642,13 @@ async def _config_update(addr: str) -> None:
 
 async def test_slave_refuses_changes(tmp_path: Path) -> None:
     with cluster(tmp_path, brokers=1) as c:
-        slave = start_broker(
-            tmp_path, c.namesrv_addrs, name="broker-a-s1", brokerId=1, brokerRole="SLAVE"
-        )
-        try:
-            await _slave(slave.addr)
-        finally:
-            slave.stop()
+        slave = c.start_broker("broker-a-s1", brokerId=1, brokerRole="SLAVE")
+        await _slave(slave.addr)
 
 
 async def _slave(addr: str) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as rc:
+        admin = rc.admin
         unavailable = grpc.StatusCode.UNAVAILABLE
         await expect_error(
             admin.CreateTopic(

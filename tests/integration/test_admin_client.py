@@ -5,7 +5,6 @@ name), partial-failure reporting, and dead letters (listed per broker, paged, re
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -30,21 +29,21 @@ from rocketq.client.errors import (
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.codec import Prop
 from rocketq.message import Message, ReceivedMessage
-from tests.integration.cluster import ServiceProcess, cluster
+from tests.integration.cluster import ServiceProcess
+from tests.support.cluster import cluster
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
 
 async def _wait_route(admin: Admin, topic: str, brokers: int) -> None:
-    deadline = time.monotonic() + 10
-    while True:
+    async def routed() -> bool:
         try:
-            if len((await admin.route(topic)).brokers) == brokers:
-                return
+            return len((await admin.route(topic)).brokers) == brokers
         except TopicNotFoundError:
-            pass
-        assert time.monotonic() < deadline, f"route of {topic} never showed {brokers} brokers"
-        await asyncio.sleep(0.05)
+            return False
+
+    await until(routed, f"route of {topic} to show {brokers} brokers", 10)
 
 
 async def test_fan_out_over_two_brokers(tmp_path: Path) -> None:
@@ -172,8 +171,7 @@ async def _consumer_connection(namesrv: list[str]) -> None:
             def conn_locks(info: ConsumerConnectionInfo) -> set[tuple[str, int]]:
                 return {(lk.broker_name, lk.queue_id) for lk in info.locks if lk.topic == "conn"}
 
-            deadline = time.monotonic() + 15
-            while True:
+            async def complete() -> ConsumerConnectionInfo | None:
                 info = await admin.consumer_connection("conn-g")
                 ready = (
                     [m.client_id for m in info.members] == ids
@@ -181,10 +179,10 @@ async def _consumer_connection(namesrv: list[str]) -> None:
                     and [c.broker_names for c in info.conflicts] == [("broker-a", "broker-b")]
                     and conn_locks(info) == conn_queues
                 )
-                if ready:
-                    break
-                assert time.monotonic() < deadline, f"connection never complete: {info}"
-                await asyncio.sleep(0.1)
+                return info if ready else None
+
+            info = await until(complete, "the consumer connection to be complete", 15, 0.1)
+            assert info is not None
             assert info.consume_orderly and info.message_model == "CLUSTERING"
             assert not info.errors
             [conflict] = info.conflicts
@@ -229,10 +227,14 @@ async def _fail_into_dlq(namesrv: list[str], topic: str, group: str, bodies: lis
     await consumer.start()
     try:
         async with Admin(namesrv) as admin:
-            deadline = time.monotonic() + 20
-            while (await admin.dead_letters(group)).total < len(bodies):
-                assert time.monotonic() < deadline, f"only {failed} failed into the DLQ"
-                await asyncio.sleep(0.1)
+
+            async def all_dead() -> bool:
+                return (await admin.dead_letters(group)).total >= len(bodies)
+
+            try:
+                await until(all_dead, "every message in the DLQ", 20, 0.1)
+            except AssertionError:
+                raise AssertionError(f"only {failed} failed into the DLQ") from None
     finally:
         await consumer.close()
 

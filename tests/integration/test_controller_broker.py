@@ -22,30 +22,21 @@ import pytest
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
-    nameserver_pb2,
-    nameserver_pb2_grpc,
 )
 from services.store.inspect import detect_layout, verify
-from tests.integration.cluster import (
-    ServiceProcess,
-    restart,
-    start_etcd,
-    start_nameserver,
-    start_slave,
-)
+from tests.integration.cluster import ServiceProcess
 from tests.integration.replication_support import (
     HA_KEYS,
     create_topics,
     queue_ends,
-    refused,
     runtime_stats,
     send_batch,
-    until,
 )
+from tests.support.cluster import Group, cluster
+from tests.support.raw_client import RawClient, refused
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -53,18 +44,12 @@ TOPIC = "CtlTopic"
 GROUP = "broker-a"
 
 
-def start_replica(
-    tmp_path: Path, namesrv: list[str], etcd: str, replica_id: int, **keys: object
-) -> ServiceProcess:
-    merged: dict[str, object] = {
-        **HA_KEYS,
-        "brokerRole": "SYNC_MASTER",
-        "etcdEndpoints": etcd,
-        "controllerLeaseTtlSec": 2,
-        "syncFlushTimeout": 2000,
-        **keys,
-    }
-    return start_slave(tmp_path, namesrv, GROUP, replica_id, None, **merged)
+REPLICA_KEYS: dict[str, object] = {
+    **HA_KEYS,
+    "brokerRole": "SYNC_MASTER",
+    "controllerLeaseTtlSec": 2,
+    "syncFlushTimeout": 2000,
+}
 
 
 async def stats_or_none(sp: ServiceProcess) -> admin_pb2.GetRuntimeStatsResponse | None:
@@ -90,7 +75,7 @@ async def wait_master(
                 found.append((rid, s))
         return len(found) == 1
 
-    await until(one, timeout_s, f"one master in an epoch above {after_epoch}", 0.1)
+    await until(one, f"one master in an epoch above {after_epoch}", timeout_s, 0.1)
     return found[0]
 
 
@@ -99,13 +84,13 @@ async def wait_in_sync(addr: str, slaves: int, timeout_s: float = 20) -> None:
         s = await runtime_stats(addr)
         return sum(1 for x in s.slaves if x.in_sync) >= slaves
 
-    await until(ok, timeout_s, f"{slaves} in-sync slave(s) on {addr}")
+    await until(ok, f"{slaves} in-sync slave(s) on {addr}", timeout_s)
 
 
 async def send(addr: str, tag: str, n: int, timeout_s: float = 15) -> list[int]:
     """``n`` single sends to queue 0; their statuses."""
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as rc:
+        stub = rc.messaging
         out = []
         for i in range(n):
             sent = await asyncio.wait_for(
@@ -116,11 +101,9 @@ async def send(addr: str, tag: str, n: int, timeout_s: float = 15) -> list[int]:
 
 
 async def master_in_route(namesrv: str) -> str:
-    async with grpc.aio.insecure_channel(namesrv) as ch:
+    async with RawClient(namesrv) as rc:
         try:
-            resp = await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
-                nameserver_pb2.GetRouteInfoByTopicRequest(topic=TOPIC), timeout=5
-            )
+            resp = await rc.route(TOPIC)
         except grpc.aio.AioRpcError:  # not registered yet
             return ""
     for b in resp.route.brokers:
@@ -137,15 +120,15 @@ def commitlog_bytes(store: Path, end: int) -> bytes:
 
 
 async def test_election_failover_truncation_and_switchover(tmp_path: Path) -> None:
-    await _failover(tmp_path)
+    with cluster(tmp_path, brokers=0, replicas=3, group_name=GROUP, group_keys=REPLICA_KEYS) as c:
+        assert c.group is not None
+        await _failover(c.group)
 
 
-async def _failover(tmp_path: Path) -> None:
-    etcd = start_etcd(tmp_path)
-    ns = start_nameserver(tmp_path)
-    namesrv = [ns.addr]
-    replicas = {rid: start_replica(tmp_path, namesrv, etcd.addr, rid) for rid in (1, 2, 3)}
-    stores = {rid: tmp_path / f"{GROUP}-s{rid}" / "store" for rid in replicas}
+async def _failover(group: Group) -> None:
+    ns = group.nameserver
+    replicas = group.replicas
+    stores = {rid: group.store(rid) for rid in replicas}
 
     # -- a fresh group elects replica 1 -----------------------------------------------------
     rid, st = await wait_master(replicas, 0)
@@ -156,7 +139,7 @@ async def _failover(tmp_path: Path) -> None:
     await create_topics(master.addr, GROUP, [TOPIC], 1)
     await wait_in_sync(master.addr, 2)
     for sp in (replicas[2], replicas[3]):  # config sync copied the topic (slaveSyncConfigInterval)
-        await until(partial(_has_topic, sp.addr), 10, f"{TOPIC} on {sp.name}")
+        await until(partial(_has_topic, sp.addr), f"{TOPIC} on {sp.name}", 10)
     assert await send(master.addr, "e1", 20) == [messaging_pb2.SEND_OK] * 20
     st = await runtime_stats(master.addr)
     assert sorted(st.in_sync_replica_ids) == [1, 2, 3] and st.lease_remaining_ms > 0
@@ -166,7 +149,7 @@ async def _failover(tmp_path: Path) -> None:
     code, reason, _ = await refused(send(replicas[2].addr, "no", 1))
     assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, common_pb2.NOT_MASTER)
     await until(
-        lambda: _eq(master_in_route(ns.addr), master.addr), 10, "route lists replica 1 as 0"
+        lambda: _eq(master_in_route(ns.addr), master.addr), "route lists replica 1 as 0", 10
     )
 
     # -- a tail only the master has, then SIGKILL ---------------------------------------------
@@ -174,16 +157,16 @@ async def _failover(tmp_path: Path) -> None:
     for sp in (replicas[2], replicas[3]):
         sp.pause()
     try:
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            stub = messaging_pb2_grpc.MessagingStub(ch)
+        async with RawClient(master.addr) as rc:
+            stub = rc.messaging
             pending = [
                 asyncio.create_task(send_batch(stub, TOPIC, 0, [b"lost-%d-" % i + b"x" * 2000]))
                 for i in range(10)
             ]
             await until(
                 lambda: _gt(runtime_stats(master.addr), before + 10 * 2000),
-                5,
                 "the unreplicated tail",
+                5,
             )
             master.kill()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -198,21 +181,21 @@ async def _failover(tmp_path: Path) -> None:
     second_epoch = st.epoch
     new_master = replicas[2]
     await until(
-        lambda: _eq(master_in_route(ns.addr), new_master.addr), 15, "route moved to replica 2"
+        lambda: _eq(master_in_route(ns.addr), new_master.addr), "route moved to replica 2", 15
     )
     await wait_in_sync(new_master.addr, 1)
     assert await send(new_master.addr, "e2", 20) == [messaging_pb2.SEND_OK] * 20
 
     # -- the old master rejoins as a slave, its tail truncated -------------------------------------
-    replicas[1] = old = restart(master)
+    old = group.restart(1)
     await wait_in_sync(new_master.addr, 2)
     st1 = await runtime_stats(old.addr)
     assert st1.broker_id == 1 and st1.role == admin_pb2.SLAVE and st1.epoch == second_epoch
     assert "truncating the commitlog" in old.log_tail(400)
 
     # -- switchover to replica 3 -------------------------------------------------------------------
-    async with grpc.aio.insecure_channel(new_master.addr) as ch:
-        resp = await admin_pb2_grpc.AdminStub(ch).Switchover(
+    async with RawClient(new_master.addr) as rc:
+        resp = await rc.admin.Switchover(
             admin_pb2.SwitchoverRequest(target_replica_id=3, timeout_ms=15_000), timeout=20
         )
     assert resp.new_master_replica_id == 3 and resp.epoch > second_epoch
@@ -227,7 +210,7 @@ async def _failover(tmp_path: Path) -> None:
         got = [await runtime_stats(sp.addr) for sp in replicas.values()]
         return all(s.commitlog_max_offset == end for s in got)
 
-    await until(all_at_end, 15, "every replica at the master's end")
+    await until(all_at_end, "every replica at the master's end", 15)
     for sp in replicas.values():
         assert sp.stop() == 0
     reference = commitlog_bytes(stores[3], end)
@@ -235,8 +218,6 @@ async def _failover(tmp_path: Path) -> None:
         assert commitlog_bytes(store, end) == reference, f"replica {r} differs"
         report = verify(detect_layout(store))
         assert report.ok and report.commitlog_end == end, (r, report.problems[:5])
-    etcd.stop()
-    ns.stop()
 
 
 async def _has_topic(addr: str) -> bool:
@@ -255,19 +236,15 @@ async def _gt(stats: object, before: int) -> bool:
 
 
 async def test_static_mode_has_no_controller(tmp_path: Path) -> None:
-    await _static(tmp_path)
+    with cluster(tmp_path, brokers=0, slaves=1, slave_keys=HA_KEYS) as c:
+        await _static(c.slaves[0])
 
 
-async def _static(tmp_path: Path) -> None:
-    ns = start_nameserver(tmp_path)
-    slave = start_slave(tmp_path, [ns.addr], GROUP, 1, None, **HA_KEYS)
+async def _static(slave: ServiceProcess) -> None:
     st = await runtime_stats(slave.addr)
     assert not st.controller_mode and st.replica_id == 1 and st.broker_id == 1
     assert not st.in_sync_replica_ids and st.leader_addr == ""
-    async with grpc.aio.insecure_channel(slave.addr) as ch:
-        code, _, msg = await refused(
-            admin_pb2_grpc.AdminStub(ch).Switchover(admin_pb2.SwitchoverRequest(), timeout=5)
-        )
+    async with RawClient(slave.addr) as rc:
+        code, _, msg = await refused(rc.admin.Switchover(admin_pb2.SwitchoverRequest(), timeout=5))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "controller mode" in msg
     assert slave.stop() == 0
-    ns.stop()

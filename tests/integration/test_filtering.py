@@ -21,7 +21,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,7 @@ import grpc
 import pytest
 
 from rocketq import codec
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.consumer import (
     ConsumeContext,
@@ -41,11 +41,12 @@ from rocketq.client.consumer import (
     PushConsumer,
     PushConsumerConfig,
 )
-from rocketq.client.errors import TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue, ReceivedMessage, decode_records
 from rocketq.sql92 import Sql92Error
-from tests.integration.cluster import Cluster, cluster, start_broker, start_nameserver
+from tests.support.cluster import Cluster, cluster, wait_routed
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,8 @@ correctTagsOffset), which a 15 s hold would delay by up to 15 s."""
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with cluster(tmp_path_factory.mktemp("filtering"), enablePropertyFilter=True) as c:
+    root = tmp_path_factory.mktemp("filtering")
+    with cluster(root, broker_keys={"enablePropertyFilter": True}) as c:
         yield c
 
 
@@ -71,16 +73,7 @@ async def make_topic(namesrv_addrs: list[str], topic: str, queues: int) -> None:
     async with Admin(namesrv_addrs) as admin:
         results = await admin.create_topic(TopicConfig(topic, queues, queues))
         assert all(r.ok for r in results), results
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                route = await admin.route(topic)
-                if route.queues and route.queues[0].write_queue_nums == queues:
-                    return
-            except TopicNotFoundError:
-                pass
-            assert time.monotonic() < deadline, f"no route for {topic}"
-            await asyncio.sleep(0.05)
+    await wait_routed(namesrv_addrs, topic, queues)
 
 
 async def send(namesrv_addrs: list[str], msgs: list[Message], in_order: bool = False) -> None:
@@ -92,11 +85,8 @@ async def send(namesrv_addrs: list[str], msgs: list[Message], in_order: bool = F
             await asyncio.gather(*(p.send(m) for m in msgs[start : start + window]))
 
 
-async def until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+async def _at_least(count: Awaitable[int], n: int) -> bool:
+    return await count >= n
 
 
 async def raw_pull(
@@ -106,8 +96,8 @@ async def raw_pull(
     expression: str,
     kind: common_pb2.ExpressionType.ValueType = common_pb2.TAG,
 ) -> messaging_pb2.PullResponse:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        resp: messaging_pb2.PullResponse = await messaging_pb2_grpc.MessagingStub(ch).Pull(
+    async with RawClient(addr) as rc:
+        resp: messaging_pb2.PullResponse = await rc.messaging.Pull(
             messaging_pb2.PullRequest(
                 consumer_group="filter-raw-reader",
                 topic=topic,
@@ -188,8 +178,8 @@ async def test_tag_lists_star_and_untagged_messages(env: Cluster) -> None:
     try:
         for expr, want in expected.items():
             n, bodies_of = len(want), got[expr]
-            await until(lambda: len(bodies_of.snapshot()) >= n, 20, expr)  # noqa: B023
-        await asyncio.sleep(0.5)  # nothing beyond the expected may arrive
+            await until(lambda: len(bodies_of.snapshot()) >= n, expr, 20)  # noqa: B023
+        await asyncio.sleep(0.5)  # a quiet interval, deliberately: nothing beyond the expected
     finally:
         await asyncio.gather(*(c.close() for c in consumers))
     for expr, want in expected.items():
@@ -227,12 +217,12 @@ async def test_tag_hash_collision_passes_the_broker_and_is_dropped_by_the_client
         broker_suspend_max_time_ms=SHORT_HOLD_MS,
     )
     async with consumer:
-        await until(lambda: len(got.snapshot()) >= 2, 15, "the Aa messages")
+        await until(lambda: len(got.snapshot()) >= 2, "the Aa messages", 15)
         # The offset moves past the dropped BB at the tail, not just past the last Aa.
-        await until(at_end(consumer, topic, {0: 5}), 10, "offset past BB")
+        await until(at_end(consumer, topic, {0: 5}), "offset past BB", 10)
         # A lone BB arriving later is dropped too, and the offset still moves past it.
         await send(env.namesrv_addrs, [Message(topic, b"c5", tags="BB")])
-        await until(at_end(consumer, topic, {0: 6}), 10, "offset past the lone BB")
+        await until(at_end(consumer, topic, {0: 6}), "offset past the lone BB", 10)
     assert sorted(got.snapshot()) == ["c0", "c3"]
 
 
@@ -302,8 +292,8 @@ async def test_sql92_push_consumers_get_exactly_the_matching_messages(env: Clust
     await asyncio.gather(*(c.start() for c in consumers))
     try:
         for c in consumers:
-            await until(at_end(c, topic, ends), 30, f"offsets of {c.subscriptions()}")
-        await asyncio.sleep(0.3)
+            await until(at_end(c, topic, ends), f"offsets of {c.subscriptions()}", 30)
+        await asyncio.sleep(0.3)  # a quiet interval, deliberately: nothing more may arrive
     finally:
         await asyncio.gather(*(c.close() for c in consumers))
     for expr, wanted in SQL_CASES.items():
@@ -314,10 +304,9 @@ async def test_sql92_push_consumers_get_exactly_the_matching_messages(env: Clust
 
 async def queue_ends(c: Cluster, topic: str, queues: int) -> dict[int, int]:
     ends = {}
-    async with grpc.aio.insecure_channel(c.brokers[0].addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(c.broker.addr) as rc:
         for q in range(queues):
-            resp = await stub.GetMaxOffset(
+            resp = await rc.messaging.GetMaxOffset(
                 messaging_pb2.GetMaxOffsetRequest(topic=topic, queue_id=q), timeout=5
             )
             ends[q] = resp.offset
@@ -367,8 +356,8 @@ async def test_sql92_backlog_mostly_not_matching(env: Cluster) -> None:
         broker_suspend_max_time_ms=SHORT_HOLD_MS,
     )
     async with consumer:
-        await until(at_end(consumer, topic, ends), 30, "offsets at the end")
-        await asyncio.sleep(0.3)
+        await until(at_end(consumer, topic, ends), "offsets at the end", 30)
+        await asyncio.sleep(0.3)  # a quiet interval, deliberately: nothing more may arrive
     assert sorted(got.snapshot()) == want
 
 
@@ -387,17 +376,20 @@ async def test_sql92_under_long_polling(env: Cluster) -> None:
     cfg = PushConsumerConfig(group, tuple(env.namesrv_addrs))
     consumer = PushConsumer(cfg, listener)
     consumer.subscribe(topic, "color = 'red' AND size > 3", SQL)
-    async with consumer:
+    async with consumer, RawClient(env.broker.addr) as rc:
         mq = MessageQueue(topic, BROKER, 0)
-        await until(lambda: mq in consumer.assigned_queues(), 15, "assignment")
-        await asyncio.sleep(0.5)  # the pull is now held
+        await until(lambda: mq in consumer.assigned_queues(), "assignment", 15)
+        await until(lambda: _at_least(rc.held_pulls(), 1), "the pull to be held")
+        checked = await rc.arrivals_checked()
         cfgp = ProducerConfig(group="pg-hold", namesrv_addrs=env.namesrv_addrs)
         async with Producer(cfgp) as p:
             for i, props in enumerate(
                 [{"color": "red", "size": "1"}, {"color": "blue", "size": "9"}, {}] * 3
             ):
                 await p.send(Message(topic, f"no{i}".encode(), properties=props))
-            await asyncio.sleep(0.5)
+            # the broker checked the arrivals against the held pull and left it held
+            await until(lambda: _at_least(rc.arrivals_checked(), checked + 1), "arrivals checked")
+            assert await rc.held_pulls() >= 1
             assert arrived == {}
             latencies = []
             for i in range(3):
@@ -406,9 +398,9 @@ async def test_sql92_under_long_polling(env: Cluster) -> None:
                     Message(topic, f"yes{i}".encode(), properties={"color": "red", "size": "4"})
                 )
                 body = f"yes{i}"
-                await until(lambda: body in arrived, 5, body)  # noqa: B023
+                await until(lambda: body in arrived, body, 5)  # noqa: B023
                 latencies.append(arrived[body] - start)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a quiet interval, deliberately: nothing more may arrive
     assert sorted(arrived) == ["yes0", "yes1", "yes2"]
     assert max(latencies) < 1.0, latencies
 
@@ -436,18 +428,15 @@ async def test_sql92_syntax_error_is_refused_at_subscribe_with_its_position(env:
     assert "position 3" in (rpc.value.details() or "")
 
 
-def test_sql92_on_a_broker_without_property_filter(
+async def test_sql92_on_a_broker_without_property_filter(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """enablePropertyFilter=false (the default): SQL92 consumers get nothing, and the reason
     (the broker's refusal naming enablePropertyFilter) is in their log as a WARNING or worse."""
     caplog.set_level(logging.WARNING, logger="rocketq")
-    ns = start_nameserver(tmp_path)
-    broker = start_broker(tmp_path, [ns.addr], enablePropertyFilter=False)
-    addrs = [ns.addr]
     topic = "FSqlOff"
-
-    async def main() -> None:
+    with cluster(tmp_path, broker_keys={"enablePropertyFilter": False}) as c:
+        addrs = c.namesrv_addrs
         await make_topic(addrs, topic, 1)
         await send(addrs, [to_message(topic, p) for p in sample_props(10)])
         got = Bodies()
@@ -462,16 +451,10 @@ def test_sql92_on_a_broker_without_property_filter(
         lite.subscribe(topic, "a > 1", SQL)
         async with consumer, lite:
             polled = []
-            deadline = time.monotonic() + 4
+            deadline = time.monotonic() + 4  # a real interval: nothing may come in 4 s
             while time.monotonic() < deadline:
                 polled += await lite.poll(500)
         assert got.snapshot() == [] and polled == []
-
-    try:
-        asyncio.run(main())
-    finally:
-        broker.stop()
-        ns.stop()
     refusals = [
         r
         for r in caplog.records

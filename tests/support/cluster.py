@@ -32,6 +32,7 @@ from pathlib import Path
 from services.common.clock import CLOCK_ORIGIN_ENV, CLOCK_SPEED_ENV, ScaledClock
 from tests.integration import cluster as spawning
 from tests.integration.cluster import ServiceProcess
+from tests.support.until import until
 
 LOG_ALARMS = ("Traceback", "CRITICAL")
 """Log lines that mean a service hit a bug, even when every result looks right."""
@@ -224,6 +225,25 @@ def cluster(
         group = list(c.group.replicas.values()) if c.group is not None else []
         etcd_proc = [c.etcd] if c.etcd is not None else []
         stop_all([*group, *reversed(c.replaced), *reversed(c.processes()), *etcd_proc])
+
+
+async def wait_routed(
+    namesrv_addrs: list[str], topic: str, queues: int, timeout_s: float = 15
+) -> None:
+    """Until the nameservers route ``topic`` with ``queues`` write queues (SDK Admin)."""
+    from rocketq.client.admin import Admin  # only the async tests that use it need the SDK
+    from rocketq.client.errors import TopicNotFoundError
+
+    async with Admin(namesrv_addrs) as admin:
+
+        async def routed() -> bool:
+            try:
+                route = await admin.route(topic)
+            except TopicNotFoundError:
+                return False
+            return bool(route.queues) and route.queues[0].write_queue_nums == queues
+
+        await until(routed, f"a route for {topic} with {queues} queues", timeout_s)
 
 
 def _start(
