@@ -26,8 +26,7 @@ from rocketq.client.consumer import (
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.java_hash import java_string_hash
 from rocketq.message import Message, MessageQueue, ReceivedMessage, decode_records
-from tests.integration.cluster import Cluster, cluster
-from tests.integration.topic_routes import create_routed_topic
+from tests.support.cluster import Cluster, cluster, wait_routed
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -45,7 +44,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 async def make_topic(c: Cluster, topic: str, queues: int) -> None:
     async with Admin(c.namesrv_addrs) as admin:
-        await create_routed_topic(admin, TopicConfig(topic, queues, queues))
+        results = await admin.create_topic(TopicConfig(topic, queues, queues))
+        assert all(r.ok for r in results), results
+    await wait_routed(c.namesrv_addrs, topic, queues)
 
 
 async def pull_all(c: Cluster, topic: str, queue_id: int) -> list[ReceivedMessage]:

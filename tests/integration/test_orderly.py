@@ -36,8 +36,7 @@ from rocketq.client.consumer import (
 )
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue, ReceivedMessage
-from tests.integration.cluster import Cluster, cluster
-from tests.integration.topic_routes import create_routed_topic
+from tests.support.cluster import Cluster, cluster, wait_routed
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -51,7 +50,8 @@ INTRUDER = "127.0.0.1@intruder"
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with cluster(
-        tmp_path_factory.mktemp("orderly"), rebalanceLockMaxLiveTime=BROKER_LOCK_MAX_LIVE_MS
+        tmp_path_factory.mktemp("orderly"),
+        broker_keys={"rebalanceLockMaxLiveTime": BROKER_LOCK_MAX_LIVE_MS},
     ) as c:
         yield c
 
@@ -61,7 +61,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 async def make_topic(c: Cluster, topic: str, queues: int) -> list[MessageQueue]:
     async with Admin(c.namesrv_addrs) as admin:
-        await create_routed_topic(admin, TopicConfig(topic, queues, queues))
+        results = await admin.create_topic(TopicConfig(topic, queues, queues))
+        assert all(r.ok for r in results), results
+    await wait_routed(c.namesrv_addrs, topic, queues)
     return [MessageQueue(topic, BROKER, i) for i in range(queues)]
 
 

@@ -31,7 +31,7 @@ from rocketq._api.rocketq.v1 import admin_pb2
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue
-from tests.integration.cluster import Cluster, ServiceProcess, cluster, spawn
+from tests.integration.cluster import ServiceProcess, spawn
 from tests.integration.history import (
     END,
     KEY_PROPERTY,
@@ -39,7 +39,7 @@ from tests.integration.history import (
     check_history,
     load_histories,
 )
-from tests.integration.topic_routes import create_routed_topic
+from tests.support.cluster import Cluster, cluster, wait_routed
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -74,13 +74,15 @@ FIRST_WORKERS = (("w1",), ("w2", "--async-listener"), ("w3",))
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("orderly-faults")
-    with cluster(tmp, rebalanceLockMaxLiveTime=BROKER_LOCK_MAX_LIVE_MS) as c:
+    with cluster(tmp, broker_keys={"rebalanceLockMaxLiveTime": BROKER_LOCK_MAX_LIVE_MS}) as c:
         yield c
 
 
 async def _create_topic(namesrv: list[str], topic: str, queues: int) -> None:
     async with Admin(namesrv) as admin:
-        await create_routed_topic(admin, TopicConfig(topic, queues, queues, order=True))
+        results = await admin.create_topic(TopicConfig(topic, queues, queues, order=True))
+        assert all(r.ok for r in results), results
+    await wait_routed(namesrv, topic, queues)
 
 
 class BackgroundProducer:

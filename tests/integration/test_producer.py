@@ -49,12 +49,11 @@ from rocketq.message import (
     decode_records,
 )
 from tests.integration.cluster import (
-    Cluster,
-    cluster,
     restart,
     start_broker,
     start_nameserver,
 )
+from tests.support.cluster import Cluster, cluster
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -275,7 +274,7 @@ async def test_auto_create_through_tbw102(one_broker: Cluster) -> None:
 
 
 async def test_no_auto_create_means_topic_not_found(tmp_path: Path) -> None:
-    with cluster(tmp_path, autoCreateTopicEnable=False) as c:
+    with cluster(tmp_path, broker_keys={"autoCreateTopicEnable": False}) as c:
         async with Producer(ProducerConfig("pg_noauto", c.namesrv_addrs)) as p:
             with pytest.raises(TopicNotFoundError, match="create it first"):
                 await p.send(Message("NeverCreated", b"x"))

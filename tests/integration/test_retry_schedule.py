@@ -42,10 +42,10 @@ from tests.integration.timer_support import (
     TimerCluster,
     create_topic,
     recording_consumer,
-    timer_cluster,
     timer_record,
     wait_assigned,
 )
+from tests.support.cluster import cluster
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -78,7 +78,7 @@ def test_the_retry_table_matches_spec() -> None:
 
 @pytest.fixture(scope="module")
 def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TimerCluster]:
-    with timer_cluster(tmp_path_factory.mktemp("retry_fast"), speed=SPEED) as tc:
+    with cluster(tmp_path_factory.mktemp("retry_fast"), timer_wheel=True, clock_speed=SPEED) as tc:
         yield tc
         tc.check_logs()
 
@@ -244,7 +244,7 @@ async def test_broadcasting_never_retries(fast: TimerCluster, tmp_path: Path) ->
 
 
 async def test_first_failure_redelivered_after_about_10_s(tmp_path: Path) -> None:
-    with timer_cluster(tmp_path, speed=1) as tc:
+    with cluster(tmp_path, timer_wheel=True, clock_speed=1) as tc:
         topic = "RetryFirst"
         await create_topic(tc, topic)
         rec = Recorder(tc.clock, lambda m: m.reconsume_times == 0)

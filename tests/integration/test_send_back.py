@@ -9,7 +9,6 @@ by unique id and by offset message id, never by pulling.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,7 +22,8 @@ from rocketq._api.rocketq.v1 import (
 )
 from rocketq.codec import Prop
 from rocketq.validation import TIMER_TOPIC
-from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver
+from tests.integration.cluster import ServiceProcess
+from tests.support.cluster import cluster
 from tests.support.raw_client import RawClient, refused
 
 pytestmark = pytest.mark.integration
@@ -34,20 +34,12 @@ PROPS = {Prop.KEYS: "order-7 cust-3", Prop.TAGS: "Paid", "region": "eu"}
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    root: Path = tmp_path_factory.mktemp("send_back")
-    procs: list[ServiceProcess] = []
-    try:
-        ns = start_nameserver(root)
-        procs.append(ns)
-        b = start_broker(root, [ns.addr], BROKER)
-        procs.append(b)
+    with cluster(tmp_path_factory.mktemp("send_back")) as c:
+        b = c.broker
         yield b
         assert b.alive(), f"broker died:\n{b.log_tail()}"
         log = b.log_path.read_text(errors="replace")
         assert "Traceback" not in log, f"the broker logged an exception:\n{b.log_tail()}"
-    finally:
-        for p in reversed(procs):
-            p.stop()
 
 
 class Client(RawClient):

@@ -42,8 +42,7 @@ from rocketq.client.errors import (
 )
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, ReceivedMessage
-from tests.integration.cluster import cluster
-from tests.integration.topic_routes import wait_routed
+from tests.support.cluster import cluster, wait_routed
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -83,9 +82,9 @@ class Deliveries:
             return [b for bodies in self._by_consumer.values() for b in bodies]
 
 
-async def make_topic(admin: Admin) -> None:
+async def make_topic(admin: Admin, namesrv: list[str]) -> None:
     await admin.create_topic(TopicConfig(TOPIC, QUEUES, QUEUES))
-    await wait_routed(admin, TOPIC, QUEUES)
+    await wait_routed(namesrv, TOPIC, QUEUES)
 
 
 async def start_consumer(
@@ -181,12 +180,12 @@ def knows(
     return lambda: known_conflicts(consumer) == want
 
 
-def test_strict_refuses_pulls_until_members_agree_and_loses_nothing(
+async def test_strict_refuses_pulls_until_members_agree_and_loses_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="rocketq.client._instance")
     with cluster(tmp_path) as c:
-        asyncio.run(_strict(c.namesrv_addrs, caplog))
+        await _strict(c.namesrv_addrs, caplog)
 
 
 async def _check_reported(
@@ -227,7 +226,7 @@ async def _check_reported(
 async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
     deliveries = Deliveries()
     async with Admin(namesrv) as admin:
-        await make_topic(admin)
+        await make_topic(admin, namesrv)
         with pytest.raises(NotFoundError, match="no live member"):
             await admin.consumer_connection(GROUP)
         c1 = await start_consumer(namesrv, deliveries, "c1", "tag1 || tag2")
@@ -290,18 +289,18 @@ async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
                     await left.close()
 
 
-def test_lenient_only_reports_and_the_loss_happens(
+async def test_lenient_only_reports_and_the_loss_happens(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="rocketq.client._instance")
-    with cluster(tmp_path, strictSubscriptionConsistency=False) as c:
-        asyncio.run(_lenient(c.namesrv_addrs, caplog))
+    with cluster(tmp_path, broker_keys={"strictSubscriptionConsistency": False}) as c:
+        await _lenient(c.namesrv_addrs, caplog)
 
 
 async def _lenient(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
     deliveries = Deliveries()
     async with Admin(namesrv) as admin:
-        await make_topic(admin)
+        await make_topic(admin, namesrv)
         c1 = await start_consumer(namesrv, deliveries, "c1", "tag1 || tag2")
         c2 = await start_consumer(namesrv, deliveries, "c2", "tag3")
         try:

@@ -31,9 +31,9 @@ from tests.integration.timer_support import (
     count_duplicates,
     create_topic,
     recording_consumer,
-    timer_cluster,
     wait_assigned,
 )
+from tests.support.cluster import cluster
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,7 @@ async def pending_timers(tc: TimerCluster) -> int:
 
 
 async def test_sigkill_mid_run_loses_no_timer(tmp_path: Path) -> None:
-    with timer_cluster(tmp_path, speed=1) as tc:
+    with cluster(tmp_path, timer_wheel=True, clock_speed=1) as tc:
         topic = "TimerCrash"
         await create_topic(tc, topic, QUEUES)
         rec = Recorder(tc.clock)

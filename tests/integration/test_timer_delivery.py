@@ -45,9 +45,9 @@ from tests.integration.timer_support import (
     create_topic,
     early_deliveries,
     recording_consumer,
-    timer_cluster,
     wait_assigned,
 )
+from tests.support.cluster import cluster
 
 pytestmark = pytest.mark.integration
 
@@ -69,14 +69,16 @@ SEND_CONCURRENCY = 64
 
 @pytest.fixture(scope="module")
 def realtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TimerCluster]:
-    with timer_cluster(tmp_path_factory.mktemp("timer_rt"), speed=1) as tc:
+    with cluster(tmp_path_factory.mktemp("timer_rt"), timer_wheel=True, clock_speed=1) as tc:
         yield tc
         tc.check_logs()
 
 
 @pytest.fixture(scope="module")
 def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TimerCluster]:
-    with timer_cluster(tmp_path_factory.mktemp("timer_fast"), speed=FAST_SPEED) as tc:
+    with cluster(
+        tmp_path_factory.mktemp("timer_fast"), timer_wheel=True, clock_speed=FAST_SPEED
+    ) as tc:
         yield tc
         tc.check_logs()
 
@@ -177,7 +179,7 @@ async def test_all_18_levels_on_a_fast_clock(fast: TimerCluster) -> None:
 
 
 async def test_100k_timers_over_the_next_minute(tmp_path: Path) -> None:
-    with timer_cluster(tmp_path, speed=MANY_SPEED) as tc:
+    with cluster(tmp_path, timer_wheel=True, clock_speed=MANY_SPEED) as tc:
         topic, queues = "TimerMany", 8
         await create_topic(tc, topic, queues)
         rec = Recorder(tc.clock)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +25,7 @@ from rocketq._api.rocketq.v1 import (
     timer_pb2,
 )
 from rocketq.codec import Prop
-from tests.integration.cluster import (
-    ServiceProcess,
-    restart,
-    start_broker,
-    start_nameserver,
-    start_timer_wheel,
-)
+from tests.support.cluster import Cluster, cluster
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -39,37 +34,23 @@ pytestmark = pytest.mark.integration
 QUEUES = 4
 
 
-class Procs:
-    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
-        self.root = root
-        self.started: list[ServiceProcess] = []
-        ns = start_nameserver(root)
-        self.started.append(ns)
-        self.namesrv = ns.addr
-        self.broker = start_broker(root, [ns.addr], "broker-a", env, timerTopicQueueNums=QUEUES)
-        self.started.append(self.broker)
-        self.timer = start_timer_wheel(root, [ns.addr], env=env, timerFlushIntervalMs=50)
-        self.started.append(self.timer)
-
-    def restart_timer(self) -> None:
-        self.timer = restart(self.timer)
-        self.started.append(self.timer)
-
-    def close(self) -> None:
-        for p in reversed(self.started):
-            if p.alive():
-                p.stop()
+def timer_service(root: Path, speed: float | None = None) -> AbstractContextManager[Cluster]:
+    """Nameserver, broker-a (4 timer queues) and a timer-wheel flushing every 50 ms."""
+    return cluster(
+        root,
+        timer_wheel=True,
+        clock_speed=speed,
+        broker_keys={"timerTopicQueueNums": QUEUES},
+        timer_keys={"timerFlushIntervalMs": 50},
+    )
 
 
 @pytest.fixture(scope="module")
-def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
-    p = Procs(tmp_path_factory.mktemp("timer_service"))
-    try:
+def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with timer_service(tmp_path_factory.mktemp("timer_service")) as p:
         yield p
         assert p.timer.alive(), f"timer-wheel died:\n{p.timer.log_tail()}"
         assert "Traceback" not in p.timer.log_path.read_text(errors="replace"), p.timer.log_tail()
-    finally:
-        p.close()
 
 
 async def send_delayed(
@@ -134,7 +115,7 @@ async def timer_stats(addr: str) -> timer_pb2.GetTimerStatsResponse:
         return stats
 
 
-async def test_delays_fire_on_time_in_their_queue(procs: Procs) -> None:
+async def test_delays_fire_on_time_in_their_queue(procs: Cluster) -> None:
     async with RawClient(procs.broker.addr) as broker:
         stub = broker.messaging
         await send_delayed(stub, "TwOnTime", {})  # creates the topic
@@ -161,7 +142,7 @@ async def test_delays_fire_on_time_in_their_queue(procs: Procs) -> None:
     assert stats.slot_precision_ms == 1000 and stats.wheel_slots_total == 604_800
 
 
-async def test_cancel_timer(procs: Procs) -> None:
+async def test_cancel_timer(procs: Cluster) -> None:
     async with RawClient(procs.broker.addr) as broker, RawClient(procs.timer.addr) as timer:
         stub, timers = broker.messaging, timer.timer
         await send_delayed(stub, "TwCancel", {Prop.TIMER_DELAY_MS: "1"})
@@ -187,9 +168,7 @@ async def test_cancel_timer(procs: Procs) -> None:
 
 
 async def test_sigkill_and_restart_lose_nothing(tmp_path: Path) -> None:
-    procs = Procs(tmp_path)
-
-    try:
+    with timer_service(tmp_path) as procs:
         async with RawClient(procs.broker.addr) as broker:
             stub = broker.messaging
             await send_delayed(stub, "TwKill", {})
@@ -213,18 +192,11 @@ async def test_sigkill_and_restart_lose_nothing(tmp_path: Path) -> None:
             for m in got:
                 assert m.store_timestamp_ms >= int(m.message.properties[Prop.TIMER_OUT_MS])
         assert "Traceback" not in procs.timer.log_path.read_text(errors="replace")
-    finally:
-        procs.close()
 
 
 async def test_hour_long_level_fires_fast_on_a_scaled_clock(tmp_path: Path) -> None:
     speed = 600
-    env = {
-        "ROCKETQ_CLOCK_SPEED": str(speed),
-        "ROCKETQ_CLOCK_ORIGIN_MS": str(time.time_ns() // 10**6),
-    }
-    p = Procs(tmp_path, env)
-    try:
+    with timer_service(tmp_path, speed) as p:
         async with RawClient(p.broker.addr) as broker:
             stub = broker.messaging
             await send_delayed(stub, "TwFast", {})
@@ -241,5 +213,3 @@ async def test_hour_long_level_fires_fast_on_a_scaled_clock(tmp_path: Path) -> N
             [m] = [m for m in got if m.msg_id == r.msg_id]
             check_on_time([m], 1000 * speed)  # within 1 s of real time on a busy machine
             assert 0.05 < real_s < 5, real_s
-    finally:
-        p.close()

@@ -29,7 +29,6 @@ from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client.producer import ProducerConfig
 from rocketq.codec import Prop, SysFlag
 from rocketq.message import Message
-from tests.integration.cluster import Cluster, cluster
 from tests.integration.transaction_support import (
     COMMITTED_PLANS,
     TX_BROKER_KEYS,
@@ -46,6 +45,7 @@ from tests.integration.transaction_support import (
     stored_messages,
     wait_no_pending,
 )
+from tests.support.cluster import Cluster, cluster
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -63,7 +63,7 @@ QUIET_S = TX_TIMEOUT_MS / 1000 + 4 * TX_CHECK_INTERVAL_MS / 1000
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp: Path = tmp_path_factory.mktemp("transactions")
-    with cluster(tmp, **TX_BROKER_KEYS) as c:
+    with cluster(tmp, broker_keys=TX_BROKER_KEYS) as c:
         yield c
         broker = c.brokers[0]
         assert broker.alive(), f"the broker died:\n{broker.log_tail()}"
