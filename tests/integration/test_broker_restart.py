@@ -20,7 +20,7 @@ from rocketq._api.rocketq.v1 import (
     nameserver_pb2,
 )
 from rocketq.message import decode_records
-from tests.integration.cluster import cluster, restart
+from tests.support.cluster import cluster
 from tests.support.raw_client import RawClient
 
 pytestmark = pytest.mark.integration
@@ -112,7 +112,7 @@ async def test_clean_restart_keeps_topics_groups_offsets_and_messages(tmp_path: 
         broker = c.brokers[0]
         await _setup_and_send(broker.addr, 10)
         assert broker.stop() == 0
-        again = restart(broker)
+        again = c.restart(broker)
         try:
             bodies, offset, groups = await _read_back(again.addr)
             assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(10))
@@ -128,11 +128,11 @@ async def test_clean_restart_keeps_topics_groups_offsets_and_messages(tmp_path: 
 
 
 async def test_killed_broker_restarts_with_its_messages(tmp_path: Path) -> None:
-    with cluster(tmp_path, flushDiskType="SYNC_FLUSH") as c:
+    with cluster(tmp_path, broker_keys={"flushDiskType": "SYNC_FLUSH"}) as c:
         broker = c.brokers[0]
         await _setup_and_send(broker.addr, 10)
         broker.kill()
-        again = restart(broker)
+        again = c.restart(broker)
         try:
             bodies, _, _ = await _read_back(again.addr)
             assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(10))

@@ -11,11 +11,12 @@ the leader; handover; etcd SIGKILLed and restarted, and SIGSTOPped longer than t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,6 +28,7 @@ from services.broker.config import BrokerConfig
 from services.broker.controller import EtcdController, LeaderInfo, MemberState
 from services.common.errors import ServiceError
 from tests.integration.cluster import ServiceProcess, free_port, restart, start_etcd
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -125,12 +127,8 @@ def _host_port(addr: str) -> tuple[str, int]:
 
 
 async def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Poll ``pred`` every 20 ms; the monotonic time it first held."""
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
+    """:func:`tests.support.until.until` every 20 ms; the monotonic time it held."""
+    await until(pred, what, timeout_s, 0.02)
     return time.monotonic()
 
 
@@ -143,19 +141,19 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
         sp.kill()
 
 
-def run(etcd_addr: str, body: Callable[[Group], Any]) -> None:
-    async def main() -> None:
-        group = Group(etcd_addr)
-        try:
-            await asyncio.wait_for(body(group), 45)
-        finally:
-            await group.stop_all()
+@contextlib.asynccontextmanager
+async def controllers(etcd_addr: str) -> AsyncIterator[Group]:
+    """A Group on ``etcd_addr`` for one test (45 s at most), every controller stopped after."""
+    group = Group(etcd_addr)
+    try:
+        async with asyncio.timeout(45):
+            yield group
+    finally:
+        await group.stop_all()
 
-    asyncio.run(main())
 
-
-def test_fresh_group_elects_lowest_eligible_replica(etcd: ServiceProcess) -> None:
-    async def body(g: Group) -> None:
+async def test_fresh_group_elects_lowest_eligible_replica(etcd: ServiceProcess) -> None:
+    async with controllers(etcd.addr) as g:
         g.add(1, eligible=False)  # an observer never leads, whatever its id
         for r in (4, 3, 2):
             g.add(r)
@@ -179,11 +177,9 @@ def test_fresh_group_elects_lowest_eligible_replica(etcd: ServiceProcess) -> Non
         members = cast(list[dict[str, object]], status["members"])
         assert [m["replica_id"] for m in members] == [1, 2, 3, 4]
 
-    run(etcd.addr, body)
 
-
-def test_revoked_leader_replaced_by_best_isr_member(etcd: ServiceProcess) -> None:
-    async def body(g: Group) -> None:
+async def test_revoked_leader_replaced_by_best_isr_member(etcd: ServiceProcess) -> None:
+    async with controllers(etcd.addr) as g:
         g.add(1, max_offset=300)
         g.add(2, max_offset=100)
         g.add(3, max_offset=100)
@@ -195,14 +191,13 @@ def test_revoked_leader_replaced_by_best_isr_member(etcd: ServiceProcess) -> Non
         # 3 has more data by the time the leader goes: it must win although 2 has the lower id
         g.listeners[3].state = dataclasses.replace(g.listeners[3].state, max_offset=250)
         await wait_until(lambda: g.controllers[2].isr() == {1, 2, 3}, 5, "isr read back")
+
         # Elections rank the published member keys (about once a second): wait for 3's.
-        for _ in range(100):
+        async def published() -> bool:
             member = await g.get("members/3")
-            if member is not None and member.get("max_offset") == 250:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("replica 3's new max offset was never published")
+            return member is not None and member.get("max_offset") == 250
+
+        await until(published, "replica 3's new max offset published", 5)
         await g.controllers[1].stop()  # revokes the lease: no TTL to wait for
         assert not await g.controllers[1].publish_isr({1})
         await wait_until(lambda: bool(g.leaders()), 10, "a new leader")
@@ -217,11 +212,9 @@ def test_revoked_leader_replaced_by_best_isr_member(etcd: ServiceProcess) -> Non
         )
         assert g.listeners[2].events[-1][1:] == ("slave", LeaderInfo(3, "127.0.0.1:10903", 2))
 
-    run(etcd.addr, body)
 
-
-def test_member_outside_isr_never_wins_and_expiry_fences_first(etcd: ServiceProcess) -> None:
-    async def body(g: Group) -> None:
+async def test_member_outside_isr_never_wins_and_expiry_fences_first(etcd: ServiceProcess) -> None:
+    async with controllers(etcd.addr) as g:
         g.add(1, max_offset=100)
         g.add(2, max_offset=100)
         g.add(3, max_offset=100)
@@ -255,16 +248,14 @@ def test_member_outside_isr_never_wins_and_expiry_fences_first(etcd: ServiceProc
         # now 2 dies too: 3 is the only live replica but not in P/isr = {2}: no master
         await g.crash(2)
         await g.crash(1)
-        await asyncio.sleep(TTL_S + 2.5)
+        await asyncio.sleep(TTL_S + 2.5)  # a real interval: the TTL passes and nobody wins
         assert g.leaders() == []
         assert await g.get("leader") is None
         assert "master" not in g.listeners[3].kinds()
 
-    run(etcd.addr, body)
 
-
-def test_handover(etcd: ServiceProcess) -> None:
-    async def body(g: Group) -> None:
+async def test_handover(etcd: ServiceProcess) -> None:
+    async with controllers(etcd.addr) as g:
         for r in (1, 2, 3):
             g.add(r)
         g.add(4, eligible=False)
@@ -295,11 +286,9 @@ def test_handover(etcd: ServiceProcess) -> None:
         await wait_until(lambda: len(g.controllers[3].handover_candidates()) == 1, 5, "members")
         assert (await g.controllers[3].handover(0)).replica_id == 1
 
-    run(etcd.addr, body)
 
-
-def test_unreachable_endpoint_skipped(etcd: ServiceProcess) -> None:
-    async def body(g: Group) -> None:
+async def test_unreachable_endpoint_skipped(etcd: ServiceProcess) -> None:
+    async with controllers(etcd.addr) as g:
         g.add(1, endpoints=[f"127.0.0.1:{free_port()}", etcd.addr])
         g.add(2, endpoints=[etcd.addr, f"127.0.0.1:{free_port()}"])
         await g.start(1, 2)
@@ -311,13 +300,12 @@ def test_unreachable_endpoint_skipped(etcd: ServiceProcess) -> None:
             c = g.controllers[r]
             await wait_until(lambda: c.leader == leader, 5, f"{r} sees it")  # noqa: B023
 
-    run(etcd.addr, body)
 
-
-def test_etcd_killed_and_restarted(tmp_path: Path) -> None:
+async def test_etcd_killed_and_restarted(tmp_path: Path) -> None:
     sp = start_etcd(tmp_path)
     try:
-        run(sp.addr, lambda g: _killed_and_restarted(g, sp))
+        async with controllers(sp.addr) as g:
+            await _killed_and_restarted(g, sp)
     finally:
         sp.kill()
 
@@ -333,7 +321,7 @@ async def _killed_and_restarted(g: Group, sp: ServiceProcess) -> None:
     await wait_until(lambda: not leader.write_fence(), TTL_S + 1, "the leader fences itself")
     assert time.monotonic() - killed_at <= TTL_S, "fenced within the lease"
     assert g.listeners[1].kinds()[-1] == "lost"
-    await asyncio.sleep(0.5)  # the broker keeps running with etcd down: nothing crashes
+    await asyncio.sleep(0.5)  # a quiet interval with etcd down: nothing may crash
     assert all(not t.done() for c in g.controllers.values() for t in c._tasks)
     await asyncio.to_thread(restart, sp)
     await wait_until(lambda: len(g.leaders()) == 1, 15, "a leader after etcd returns")
@@ -344,10 +332,11 @@ async def _killed_and_restarted(g: Group, sp: ServiceProcess) -> None:
         await wait_until(lambda: c.leader == new_leader.leader, 5, f"{r} sees it")  # noqa: B023
 
 
-def test_etcd_paused_longer_than_ttl(tmp_path: Path) -> None:
+async def test_etcd_paused_longer_than_ttl(tmp_path: Path) -> None:
     sp = start_etcd(tmp_path)
     try:
-        run(sp.addr, lambda g: _paused(g, sp))
+        async with controllers(sp.addr) as g:
+            await _paused(g, sp)
     finally:
         sp.resume()
         sp.kill()
@@ -362,7 +351,7 @@ async def _paused(g: Group, sp: ServiceProcess) -> None:
     paused_at = time.monotonic()
     await wait_until(lambda: not g.controllers[1].write_fence(), TTL_S + 1, "the fence")
     assert time.monotonic() - paused_at <= TTL_S
-    await asyncio.sleep(TTL_S + 1)
+    await asyncio.sleep(TTL_S + 1)  # a real interval: past the TTL, nobody leads
     assert g.leaders() == []
     sp.resume()
     await wait_until(lambda: len(g.leaders()) == 1, 15, "a leader after etcd resumes")

@@ -33,22 +33,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import admin_pb2
 from services.broker.controller.session import EtcdSession, EtcdUnavailable
-from tests.integration.cluster import (
-    ServiceProcess,
-    restart,
-    start_etcd_cluster,
-    start_nameserver,
-    wait_etcd_healthy,
-)
+from tests.integration.cluster import ServiceProcess, restart, wait_etcd_healthy
 from tests.integration.failover_support import (
     GROUP_KEYS,
     Ack,
-    Group,
     Traffic,
     assert_single_writer,
     prepare,
@@ -57,6 +49,9 @@ from tests.integration.failover_support import (
     wait_all_readable,
     wait_master,
 )
+from tests.support.cluster import Group, cluster
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -108,22 +103,11 @@ def group_on_etcd_cluster(
     tmp_path: Path, lease_ttl_s: int
 ) -> Iterator[tuple[Group, list[ServiceProcess]]]:
     """Three etcd members, a nameserver and replicas 1..REPLICAS whose etcdEndpoints list
-    every member; everything stopped afterwards."""
-    members = start_etcd_cluster(tmp_path)
-    ns = start_nameserver(tmp_path)
+    every member; everything stopped afterwards (the cluster family's etcd-cluster option)."""
     keys = {**GROUP_KEYS, "controllerLeaseTtlSec": lease_ttl_s}
-    # Group.etcd is only stopped at the end; the other members are stopped here
-    group = Group(tmp_path, ns, members[0], "broker-a", keys)
-    endpoints = ",".join(m.addr for m in members)
-    try:
-        for rid in range(1, REPLICAS + 1):
-            group.start_replica(rid, etcdEndpoints=endpoints)
-        yield group, members
-    finally:
-        group.stop_all()
-        for m in members:
-            if m.alive():
-                m.stop()
+    with cluster(tmp_path, brokers=0, etcd_members=3, replicas=REPLICAS, group_keys=keys) as c:
+        assert c.group is not None
+        yield c.group, c.etcd_members
 
 
 def restart_member(members: list[ServiceProcess], member: ServiceProcess) -> ServiceProcess:
@@ -153,7 +137,8 @@ async def _leader_killed(tmp_path: Path) -> None:
             victim = etcd_leader(members)
             t_kill = time.monotonic()
             victim.kill()
-            # a lease that lapsed would close the fence within one TTL of the kill
+            # a lease that lapsed would close the fence within one TTL of the kill: watch the
+            # master through that whole real interval
             while time.monotonic() < t_kill + RIDE_THROUGH_TTL_S + 1:
                 st = await stats_of(group.addr(rid))
                 assert st is not None and st.broker_id == 0 and st.epoch == epoch, (
@@ -201,7 +186,7 @@ async def _quorum_lost(tmp_path: Path) -> None:
             assert fenced_at - t_kill <= LEASE_TTL_S + ELECTION_TIMEOUT_S + 0.5, fenced_at - t_kill
             # reads keep working on the fenced master: everything acknowledged is there
             await wait_all_readable(group.addr(rid), {a.key for a in acks if a.ok}, 10)
-            await asyncio.sleep(1.0)  # the loop keeps trying while the quorum is gone
+            await asyncio.sleep(1.0)  # a real interval: the loop keeps trying without a quorum
         finally:
             stop.set()
             await sender
@@ -215,19 +200,22 @@ async def _quorum_lost(tmp_path: Path) -> None:
         wait_etcd_healthy(members)
         new_rid = await wait_master(group, timeout_s=3 * LEASE_TTL_S + 10)
         # the followers learn the new epoch from etcd a moment after the master takes it
-        deadline = time.monotonic() + 10
-        while True:
+        stats: list[admin_pb2.GetRuntimeStatsResponse | None] = []
+        epochs: set[int] = set()
+
+        async def agreed() -> bool:
+            nonlocal stats, epochs
             stats = [await stats_of(group.addr(r)) for r in group.replicas]
             epochs = {int(st.epoch) for st in stats if st is not None}
-            if (len(epochs) == 1 and max(epochs) > epoch) or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.1)
+            return len(epochs) == 1 and max(epochs) > epoch
+
+        with contextlib.suppress(AssertionError):  # the assert below says what was seen
+            await until(agreed, "every replica in one newer epoch", 10, 0.1)
         assert len(epochs) == 1 and epochs.pop() > epoch, (epoch, stats)
         more: list[Ack] = []
-        async with grpc.aio.insecure_channel(group.addr(new_rid)) as ch:
-            stub = messaging_pb2_grpc.MessagingStub(ch)
+        async with RawClient(group.addr(new_rid)) as rc:
             for i in range(10):
-                assert await send_raw(stub, f"after-{i}", more, timeout_s=10)
+                assert await send_raw(rc.messaging, f"after-{i}", more, timeout_s=10)
         assert all(a.ok for a in more), [a.outcome for a in more]
         keys = {a.key for a in acks + more if a.ok}
         await wait_all_readable(group.addr(new_rid), keys, 15)
@@ -235,63 +223,65 @@ async def _quorum_lost(tmp_path: Path) -> None:
 
 async def _send_loop(addr: str, tag: str, stop: asyncio.Event, out: list[Ack]) -> None:
     """Raw sends to one replica, one at a time with a short deadline, until ``stop``."""
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as rc:
         n = 0
         while not stop.is_set():
-            answered = await send_raw(stub, f"{tag}-{n}", out, timeout_s=3)
+            answered = await send_raw(rc.messaging, f"{tag}-{n}", out, timeout_s=3)
             n += 1
-            await asyncio.sleep(0.02 if answered else 0.1)
+            await asyncio.sleep(0.02 if answered else 0.1)  # pacing the load
 
 
 async def _until_acked(acks: list[Ack], count: int, timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while sum(1 for a in acks if a.ok) < count:
-        assert time.monotonic() < deadline, [a.outcome for a in acks[-5:]]
-        await asyncio.sleep(0.05)
+    try:
+        await until(lambda: sum(1 for a in acks if a.ok) >= count, f"{count} acks", timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {[a.outcome for a in acks[-5:]]}") from None
 
 
 async def _until_refused(group: Group, rid: int, deadline: float, probes: list[Ack]) -> float:
     """The monotonic time a probe Send to the master (recorded in ``probes``) was first
     refused UNAVAILABLE."""
-    async with grpc.aio.insecure_channel(group.addr(rid)) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
-        while time.monotonic() < deadline:
-            await send_raw(stub, f"probe-{len(probes)}", probes, timeout_s=1)
-            if probes[-1].outcome.startswith("UNAVAILABLE"):
-                return probes[-1].t_end
-            await asyncio.sleep(0.05)
-    raise AssertionError(
-        f"replica {rid} still answers {probes[-1].outcome if probes else '-'} without an etcd "
-        f"quorum\n{group.logs()}"
-    )
+    async with RawClient(group.addr(rid)) as rc:
+
+        async def refused_at() -> float | None:
+            await send_raw(rc.messaging, f"probe-{len(probes)}", probes, timeout_s=1)
+            return probes[-1].t_end if probes[-1].outcome.startswith("UNAVAILABLE") else None
+
+        try:
+            at = await until(refused_at, "a refusal", max(0.0, deadline - time.monotonic()))
+        except AssertionError:
+            raise AssertionError(
+                f"replica {rid} still answers {probes[-1].outcome if probes else '-'} without "
+                f"an etcd quorum\n{group.logs()}"
+            ) from None
+    assert at is not None
+    return at
 
 
 async def test_session_call_on_a_closed_client_is_unavailable(tmp_path: Path) -> None:
     """With several endpoints a failing call closes the shared client while other controller
     tasks still wait on it: they must get EtcdUnavailable (and retry), never CancelledError,
     which would silently end the loop that made the call."""
-    members = start_etcd_cluster(tmp_path)
-    try:
+    with cluster(tmp_path, nameservers=0, brokers=0, etcd_members=3) as c:
+        members = c.etcd_members
         for m in members[:2]:
             m.kill()  # the survivor has no quorum: a linearizable read waits
         await _closed_under_call(members[2].addr)
-    finally:
-        for m in members:
-            m.kill()
 
 
 async def _closed_under_call(addr: str) -> None:
     session = EtcdSession([addr, addr], call_timeout_s=5)
     client = session.client()
     read = asyncio.create_task(session.read_prefix(b"/"))
+    # A real interval: nothing outside the session shows a read waiting for a quorum, so give
+    # it time to be inside the call, then check that it still waits.
     await asyncio.sleep(0.3)
     assert not read.done()
     await client.close()
     with pytest.raises(EtcdUnavailable, match="cancelled"):
         await read
     own = asyncio.create_task(session.read_prefix(b"/"))
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # (the same: let it get inside the call before cancelling it)
     own.cancel()  # the caller's own cancellation still propagates
     with pytest.raises(asyncio.CancelledError):
         await own

@@ -22,10 +22,8 @@ import asyncio
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import messaging_pb2_grpc
 from services.store.epoch_file import EpochHistory
 from services.store.inspect import detect_layout, verify
 from tests.integration.failover_support import (
@@ -43,11 +41,10 @@ from tests.integration.failover_support import (
     wait_all_readable,
     wait_master,
 )
-from tests.integration.replication_support import (
-    assert_same_commitlogs,
-    until,
-    wait_replicated,
-)
+from tests.integration.replication_support import assert_same_commitlogs, wait_replicated
+from tests.support.cluster import is_stopped
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -86,7 +83,7 @@ async def test_old_master_returns_truncates_divergent_tail(tmp_path: Path) -> No
                 return grown > TAIL_BYTES_MIN + 131072
 
             try:
-                await until(wrote_tail, 15, "the old master writing its unacked tail")
+                await until(wrote_tail, "the old master writing its unacked tail", 15)
             finally:
                 stop_tail.set()
                 g.replicas[m1].kill()
@@ -141,12 +138,12 @@ async def test_paused_master_fenced_on_waking_rejoins_as_slave(tmp_path: Path) -
         raw_task = asyncio.create_task(raw_sender(old_addr, "raw", stop_raw, raw, 4))
         try:
             await traffic.wait_ok_after(0, 30)
-            async with grpc.aio.insecure_channel(old_addr) as ch:
-                stub = messaging_pb2_grpc.MessagingStub(ch)
+            async with RawClient(old_addr) as rc:
+                stub = rc.messaging
                 await send_raw(stub, "warm", [])  # the connection exists before the pause
                 t_pause = time.monotonic()
                 g.replicas[m1].pause()
-                await asyncio.sleep(0.3)
+                await until(lambda: is_stopped(g.replicas[m1]), "the old master stopped")
                 # requests the sleeping master can only read once it wakes
                 t_asleep = time.monotonic()
                 during = [
@@ -180,7 +177,7 @@ async def test_paused_master_fenced_on_waking_rejoins_as_slave(tmp_path: Path) -
                 return st1.epoch == st2.epoch > 0 and st1.leader_addr == g.addr(m2)
 
             try:
-                await until(same_epoch, 10, "the old master following the new epoch")
+                await until(same_epoch, "the old master following the new epoch", 10)
             except AssertionError as exc:
                 raise AssertionError(f"{exc}; old, new master: {seen}") from None
             await traffic.wait_ok_after(time.monotonic(), 20, g.addr(m2))

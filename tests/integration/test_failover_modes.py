@@ -16,23 +16,24 @@ etcd, with real processes.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
+import aetcd
 import grpc
 import pytest
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
-    messaging_pb2_grpc,
 )
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, SendStatus
 from services.store.epoch_file import EpochHistory
 from services.store.inspect import detect_layout, verify
-from tests.integration.cluster import start_nameserver
+from tests.integration.cluster import ServiceProcess
 from tests.integration.failover_support import (
     ELECTION_BOUND_S,
     QUEUES,
@@ -48,19 +49,32 @@ from tests.integration.failover_support import (
     wait_master,
 )
 from tests.integration.replication_support import (
+    HA_KEYS,
     create_topics,
-    refused,
-    start_ha_slave,
-    start_master,
     wait_in_sync,
     wait_route,
 )
+from tests.support.cluster import cluster
+from tests.support.raw_client import RawClient, refused
+from tests.support.until import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 WINDOW_BYTES = 131072
 BURST_BATCHES = 12
 LOST_RE = re.compile(r"up to (\d+) acknowledged bytes possibly lost")
+
+
+async def published_max_offset(g: Group, rid: int) -> int:
+    """The max offset replica ``rid`` last published in its etcd member key (-1 if none)."""
+    host, port = g.etcd.addr.rsplit(":", 1)
+    async with aetcd.Client(host, int(port), timeout=2) as client:
+        kv = await client.get(f"/rocketq/DefaultCluster/{g.broker_name}/members/{rid}".encode())
+    return -1 if kv is None else int(json.loads(kv.value)["max_offset"])
+
+
+async def _at_least(value: Awaitable[int], n: int) -> bool:
+    return await value >= n
 
 
 def reported_loss(
@@ -82,8 +96,8 @@ async def async_failover(g: Group) -> None:
     old_addr = g.addr(m1)
     slaves = sorted(set(g.live()) - {m1})
     acks: list[Ack] = []
-    async with grpc.aio.insecure_channel(old_addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(old_addr) as rc:
+        stub = rc.messaging
         for i in range(40):
             await send_raw(stub, f"pre-{i}", acks)
         for rid in slaves:
@@ -92,7 +106,14 @@ async def async_failover(g: Group) -> None:
             # 12 x 32 x 4 KiB = 1.5 MiB acknowledged at once; the slaves can hold 128 KiB of it
             for i in range(BURST_BATCHES):
                 await send_raw(stub, f"burst-{i}", acks, 10, 4096, 32)
-            await asyncio.sleep(2.5)  # the master publishes its max offset about every second
+            # the master publishes its max offset about every second: wait until etcd has all
+            # of the burst, so the election knows how far the old master got
+            st = await stats_of(old_addr)
+            assert st is not None
+            await until(
+                lambda: _at_least(published_max_offset(g, m1), st.commitlog_max_offset),
+                "the master's max offset published in etcd",
+            )
             g.replicas[m1].kill()
         finally:
             for rid in slaves:
@@ -139,9 +160,12 @@ async def test_async_master_failover_loss_bounded_and_reported(tmp_path: Path) -
 
 
 async def test_no_etcd_static_roles_as_before(tmp_path: Path) -> None:
-    ns = start_nameserver(tmp_path)
-    master = start_master(tmp_path, [ns.addr], brokerRole="SYNC_MASTER")
-    slave = start_ha_slave(tmp_path, [ns.addr])
+    master_keys = {**HA_KEYS, "brokerRole": "SYNC_MASTER"}
+    with cluster(tmp_path, broker_keys=master_keys, slaves=1, slave_keys=HA_KEYS) as c:
+        await static_roles(c.nameserver, c.broker, c.slaves[0])
+
+
+async def static_roles(ns: ServiceProcess, master: ServiceProcess, slave: ServiceProcess) -> None:
     await create_topics(master.addr, "broker-a", [TOPIC], QUEUES)
     await wait_route(ns.addr, TOPIC, {"broker-a"})
     await wait_in_sync(master.addr)
@@ -164,18 +188,16 @@ async def test_no_etcd_static_roles_as_before(tmp_path: Path) -> None:
             res = await p.send(Message(TOPIC, f"static-{i}".encode()))
             assert res.status == SendStatus.SEND_OK
     await wait_all_readable(slave.addr, {f"static-{i}" for i in range(20)})
-    async with grpc.aio.insecure_channel(master.addr) as ch:
-        code, _, _ = await refused(
-            admin_pb2_grpc.AdminStub(ch).Switchover(admin_pb2.SwitchoverRequest(), timeout=5)
-        )
+    async with RawClient(master.addr) as rc:
+        code, _, _ = await refused(rc.admin.Switchover(admin_pb2.SwitchoverRequest(), timeout=5))
         assert code == grpc.StatusCode.FAILED_PRECONDITION
 
     master.kill()
-    await asyncio.sleep(4)  # twice a controller lease: nothing may take over
+    await asyncio.sleep(4)  # a real interval, twice a controller lease: nothing may take over
     ss = await stats_of(slave.addr)
     assert ss is not None and (ss.broker_id, ss.role) == (1, admin_pb2.SLAVE)
     out: list[Ack] = []
-    async with grpc.aio.insecure_channel(slave.addr) as ch:
-        await send_raw(messaging_pb2_grpc.MessagingStub(ch), "to-slave", out)
+    async with RawClient(slave.addr) as rc:
+        await send_raw(rc.messaging, "to-slave", out)
     assert [a.outcome for a in out] == ["UNAVAILABLE/NOT_MASTER"]
     assert {f"static-{i}" for i in range(20)} <= await readable_keys(slave.addr)

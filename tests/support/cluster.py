@@ -13,8 +13,9 @@ Options, all composable:
 * ``timer_wheel``: one timer-wheel (``timer-0``) with ``timer_keys``;
 * ``clock_speed``: every process on one :class:`ScaledClock` running that many times fast
   (``c.clock`` reads the same time in the test);
-* ``etcd`` / ``replicas``: an etcd and an HA :class:`Group` of ``replicas`` replicas of
-  ``group_name`` in controller mode (``c.group``), with ``group_keys``.
+* ``etcd`` / ``replicas``: an etcd (``etcd_members`` > 1: an etcd cluster) and an HA
+  :class:`Group` of ``replicas`` replicas of ``group_name`` in controller mode (``c.group``),
+  with ``group_keys``; every replica's etcdEndpoints lists every member.
 
 The old wrappers (``tests.integration.cluster.cluster``, ``timer_support.timer_cluster``,
 ``failover_support.ha_group``) are thin calls of this one. The process-spawning functions stay
@@ -56,6 +57,8 @@ class Group:
     broker_name: str
     keys: dict[str, object]
     replicas: dict[int, ServiceProcess] = field(default_factory=dict)
+    endpoints: str = ""
+    """etcdEndpoints of every replica (all members of an etcd cluster); ``etcd`` alone if empty."""
 
     @property
     def namesrv_addrs(self) -> list[str]:
@@ -64,7 +67,8 @@ class Group:
     def start_replica(self, rid: int, **extra: object) -> ServiceProcess:
         name = f"{self.broker_name}-r{rid}"
         workdir = self.tmp_path / name
-        keys = {**self.keys, "brokerId": rid, "etcdEndpoints": self.etcd.addr, **extra}
+        endpoints = self.endpoints or self.etcd.addr
+        keys = {**self.keys, "brokerId": rid, "etcdEndpoints": endpoints, **extra}
         args = spawning.broker_args(workdir / "store", self.namesrv_addrs, self.broker_name, keys)
         sp = spawning.spawn(name, "services.broker", args, workdir)
         self.replicas[rid] = sp
@@ -100,6 +104,15 @@ class Group:
         stop_all([*self.replicas.values(), self.etcd, self.nameserver])
 
 
+def is_stopped(sp: ServiceProcess) -> bool:
+    """Whether the kernel shows ``sp`` stopped (SIGSTOP taken: state T in /proc)."""
+    try:
+        stat = Path(f"/proc/{sp.proc.pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def stop_all(processes: list[ServiceProcess]) -> None:
     """Stop each live process (resumed first: a paused one cannot take SIGTERM); one that does
     not stop in time is killed, and the others are still stopped."""
@@ -120,6 +133,8 @@ class Cluster(spawning.Cluster):
     slaves: list[ServiceProcess] = field(default_factory=list)
     timer_proc: ServiceProcess | None = None
     etcd: ServiceProcess | None = None
+    etcd_members: list[ServiceProcess] = field(default_factory=list)
+    """Every member when the cluster runs an etcd cluster (``etcd`` is the first)."""
     group: Group | None = None
     speed: float = 1.0
     clock: ScaledClock = field(default_factory=lambda: clock_env(1.0)[1])
@@ -199,6 +214,7 @@ def cluster(
     timer_wheel: bool = False,
     clock_speed: float | None = None,
     etcd: bool = False,
+    etcd_members: int = 1,
     replicas: int = 0,
     broker_keys: dict[str, object] | None = None,
     slave_keys: dict[str, object] | None = None,
@@ -213,18 +229,23 @@ def cluster(
         c.speed = clock_speed
     try:
         _start(c, brokers, nameservers, slaves, timer_wheel, broker_keys, slave_keys, timer_keys)
-        if etcd or replicas:
+        if etcd_members > 1:
+            c.etcd_members = spawning.start_etcd_cluster(root, etcd_members)
+            c.etcd = c.etcd_members[0]
+        elif etcd or replicas:
             c.etcd = spawning.start_etcd(root)
+            c.etcd_members = [c.etcd]
         if replicas:
             assert c.etcd is not None
             c.group = Group(root, c.nameserver, c.etcd, group_name, dict(group_keys or {}))
+            c.group.endpoints = ",".join(m.addr for m in c.etcd_members)
             for rid in range(1, replicas + 1):  # a fresh group elects the lowest live id
                 c.group.start_replica(rid)
         yield c
     finally:
-        group = list(c.group.replicas.values()) if c.group is not None else []
-        etcd_proc = [c.etcd] if c.etcd is not None else []
-        stop_all([*group, *reversed(c.replaced), *reversed(c.processes()), *etcd_proc])
+        # the group's etcd may have been restarted by the test (a new process)
+        group = [*c.group.replicas.values(), c.group.etcd] if c.group is not None else []
+        stop_all([*group, *reversed(c.replaced), *reversed(c.processes()), *c.etcd_members])
 
 
 async def wait_routed(
@@ -232,14 +253,14 @@ async def wait_routed(
 ) -> None:
     """Until the nameservers route ``topic`` with ``queues`` write queues (SDK Admin)."""
     from rocketq.client.admin import Admin  # only the async tests that use it need the SDK
-    from rocketq.client.errors import TopicNotFoundError
+    from rocketq.client.errors import RocketQError
 
     async with Admin(namesrv_addrs) as admin:
 
         async def routed() -> bool:
             try:
                 route = await admin.route(topic)
-            except TopicNotFoundError:
+            except RocketQError:  # not routed yet (or a transient lookup error)
                 return False
             return bool(route.queues) and route.queues[0].write_queue_nums == queues
 
@@ -259,8 +280,12 @@ def _start(
     env = c.env or None
     for i in range(nameservers):
         name = f"namesrv{i}" if nameservers > 1 else "namesrv"
-        args = ["--listen", "127.0.0.1:0"]
-        c.nameservers.append(spawning.spawn(name, "services.nameserver", args, c.root / name, env))
+        if env is None:
+            c.nameservers.append(spawning.start_nameserver(c.root, name=name))
+        else:  # start_nameserver takes no environment; the scaled clock needs one
+            args = ["--listen", "127.0.0.1:0"]
+            ns = spawning.spawn(name, "services.nameserver", args, c.root / name, env)
+            c.nameservers.append(ns)
     keys: dict[str, object] = {}
     if c.env:
         keys["channelExpiredTimeout"] = int(CHANNEL_EXPIRED_TIMEOUT_MS * c.speed)
