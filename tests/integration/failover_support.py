@@ -131,27 +131,35 @@ async def wait_master(
     """The replica id of the group's master once exactly one answering replica (outside
     ``exclude``) says it is master, other than ``not_rid``; with ``converged`` also every
     other answering replica names it as leader and is a slave."""
-    deadline = time.monotonic() + timeout_s
     last: dict[int, admin_pb2.GetRuntimeStatsResponse] = {}
-    while time.monotonic() < deadline:
+
+    async def single_master() -> int | None:
+        nonlocal last
         last = await group_stats(group, exclude)
         masters = [rid for rid, st in last.items() if is_master(st)]
-        if len(masters) == 1 and masters[0] != not_rid:
-            rid = masters[0]
-            others = [st for r, st in last.items() if r != rid]
-            if not converged or all(
-                st.leader_addr == group.addr(rid) and st.role == admin_pb2.SLAVE for st in others
-            ):
-                return rid
-        await asyncio.sleep(0.1)
-    summary = {
-        rid: (st.broker_id, admin_pb2.BrokerRole.Name(st.role), st.epoch, st.leader_addr)
-        for rid, st in last.items()
-    }
-    raise AssertionError(
-        f"no single master within {timeout_s}s (not {not_rid}); replicas say {summary}\n"
-        f"{group.logs()}"
-    )
+        if len(masters) != 1 or masters[0] == not_rid:
+            return None
+        rid = masters[0]
+        others = [st for r, st in last.items() if r != rid]
+        if converged and not all(
+            st.leader_addr == group.addr(rid) and st.role == admin_pb2.SLAVE for st in others
+        ):
+            return None
+        return rid
+
+    try:
+        found = await until(single_master, "a single master", timeout_s, 0.1)
+    except AssertionError:
+        summary = {
+            rid: (st.broker_id, admin_pb2.BrokerRole.Name(st.role), st.epoch, st.leader_addr)
+            for rid, st in last.items()
+        }
+        raise AssertionError(
+            f"no single master within {timeout_s}s (not {not_rid}); replicas say {summary}\n"
+            f"{group.logs()}"
+        ) from None
+    assert found is not None
+    return found
 
 
 async def route_master(namesrv: str, topic: str, broker_name: str) -> str:
@@ -285,20 +293,19 @@ class Traffic:
     async def wait_ok_after(
         self, t: float, count: int, store_addr: str | None = None, timeout_s: float = 20
     ) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.ok_after(t, store_addr)) < count:
-            if time.monotonic() > deadline:
-                outcomes: dict[str, int] = {}
-                details: dict[str, str] = {}
-                for a in self.acks:
-                    if a.t_start >= t:
-                        outcomes[a.outcome] = outcomes.get(a.outcome, 0) + 1
-                        details.setdefault(a.outcome, a.detail or a.store_addr)
-                raise AssertionError(
-                    f"fewer than {count} SEND_OK on {store_addr or 'any replica'} within "
-                    f"{timeout_s}s; outcomes since then: {outcomes}; first of each: {details}"
-                )
-            await asyncio.sleep(0.05)
+        try:
+            await until(lambda: len(self.ok_after(t, store_addr)) >= count, "SEND_OK", timeout_s)
+        except AssertionError:
+            outcomes: dict[str, int] = {}
+            details: dict[str, str] = {}
+            for a in self.acks:
+                if a.t_start >= t:
+                    outcomes[a.outcome] = outcomes.get(a.outcome, 0) + 1
+                    details.setdefault(a.outcome, a.detail or a.store_addr)
+            raise AssertionError(
+                f"fewer than {count} SEND_OK on {store_addr or 'any replica'} within "
+                f"{timeout_s}s; outcomes since then: {outcomes}; first of each: {details}"
+            ) from None
 
 
 async def raw_sender(
@@ -406,18 +413,22 @@ async def wait_all_readable(
 ) -> set[str]:
     """Until every key of ``keys`` is readable from ``addr``; returns everything readable.
     Fails with how many (and which, a sample) are missing: acknowledged messages lost."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    have: set[str] = set()
+
+    async def all_readable() -> bool:
+        nonlocal have
         have = await readable_keys(addr)
+        return keys <= have
+
+    try:
+        await until(all_readable, f"every one of {what}", timeout_s, 0.3)
+    except AssertionError:
         missing = keys - have
-        if not missing:
-            return have
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"{len(missing)} of {len(keys)} {what} not readable from {addr} after "
-                f"{timeout_s}s (lost?): {sorted(missing)[:10]}"
-            )
-        await asyncio.sleep(0.3)
+        raise AssertionError(
+            f"{len(missing)} of {len(keys)} {what} not readable from {addr} after "
+            f"{timeout_s}s (lost?): {sorted(missing)[:10]}"
+        ) from None
+    return have
 
 
 def gaps(acks: list[Ack], since: float = 0.0) -> float:

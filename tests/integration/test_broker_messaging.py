@@ -21,7 +21,7 @@ from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.message import decode_records
 from tests.support.cluster import cluster
 from tests.support.raw_client import RawClient, refused
-from tests.support.until import until
+from tests.support.until import at_least, until
 
 pytestmark = pytest.mark.integration
 
@@ -101,10 +101,6 @@ class Client(RawClient):
         return resp
 
 
-async def _more(count: Awaitable[int], than: int) -> bool:
-    return await count > than
-
-
 async def _empty(items: Awaitable[list[str]]) -> bool:
     return not await items
 
@@ -159,7 +155,7 @@ async def test_long_polling_wakes_within_milliseconds_and_times_out(brokers: Bro
         await c.send("LongPoll", [b"seed"])
         base = await c.held_pulls()
         held = asyncio.create_task(c.pull("LongPoll", 1, suspend_ms=15_000))
-        await until(lambda: _more(c.held_pulls(), base), "the pull to be held")
+        await until(lambda: at_least(c.held_pulls(), base + 1), "the pull to be held")
         assert not held.done(), "the pull should be held until a message arrives"
         sent_at = time.monotonic()
         await c.send("LongPoll", [b"wake"])
@@ -171,10 +167,12 @@ async def test_long_polling_wakes_within_milliseconds_and_times_out(brokers: Bro
 
         # a message with a tag the pull does not want leaves it held
         held = asyncio.create_task(c.pull("LongPoll", 2, expression="Want", suspend_ms=15_000))
-        await until(lambda: _more(c.held_pulls(), base), "the tagged pull to be held")
+        await until(lambda: at_least(c.held_pulls(), base + 1), "the tagged pull to be held")
         checked = await c.arrivals_checked()
         await c.send("LongPoll", [b"other"], props={"TAGS": "Nope"})
-        await until(lambda: _more(c.arrivals_checked(), checked), "the broker to check 'other'")
+        await until(
+            lambda: at_least(c.arrivals_checked(), checked + 1), "the broker to check 'other'"
+        )
         assert await c.held_pulls() > base  # looked at and left held
         assert not held.done()
         await c.send("LongPoll", [b"wanted"], props={"TAGS": "Want"})

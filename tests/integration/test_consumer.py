@@ -44,7 +44,7 @@ from rocketq.message import Message, MessageQueue, ReceivedMessage
 from tests.integration.cluster import read_only_broker
 from tests.support.cluster import Cluster, cluster, wait_routed
 from tests.support.raw_client import RawClient
-from tests.support.until import until, until_sync
+from tests.support.until import at_least, until, until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -102,10 +102,6 @@ async def max_offset(c: Cluster, mq: MessageQueue) -> int:
     resp = await broker_call(c, "GetMaxOffset", req)
     assert isinstance(resp, messaging_pb2.GetMaxOffsetResponse)
     return int(resp.offset)
-
-
-async def _at_least(count: Awaitable[int], n: int) -> bool:
-    return await count >= n
 
 
 def producer(c: Cluster, name: str) -> Producer:
@@ -361,7 +357,7 @@ async def test_long_polling_delivers_within_a_fraction_of_a_second(env: Cluster)
     # The pulls of both queues are held on the broker (this module's other tests close their
     # consumers, so held pulls are this consumer's).
     async with RawClient(env.broker.addr) as rc:
-        await until(lambda: _at_least(rc.held_pulls(), 2), "both pulls held on the broker")
+        await until(lambda: at_least(rc.held_pulls(), 2), "both pulls held on the broker")
     latencies = []
     async with producer(env, "latency") as p:
         await p.send(Message(topic, b"warm"))
@@ -420,7 +416,7 @@ async def test_consume_from_first_last_and_timestamp(env: Cluster) -> None:
         # has a pull held on both queues (3 x 2; this module's other tests closed theirs)
         # before sending what "last" must see.
         async with RawClient(env.broker.addr) as rc:
-            await until(lambda: _at_least(rc.held_pulls(), 6), "every member's pulls held")
+            await until(lambda: at_least(rc.held_pulls(), 6), "every member's pulls held")
         later = await send_all(p, topic, [f"later{i}" for i in range(6)])
         await until(lambda: set(later) <= set(rec.bodies("last")), "last", 20)
         await until(lambda: set(later) <= set(rec.bodies("stamp")), "stamp later", 20)

@@ -19,7 +19,6 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Awaitable
 from pathlib import Path
 
 import aetcd
@@ -56,7 +55,7 @@ from tests.integration.replication_support import (
 )
 from tests.support.cluster import cluster
 from tests.support.raw_client import RawClient, refused
-from tests.support.until import until
+from tests.support.until import at_least, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -71,10 +70,6 @@ async def published_max_offset(g: Group, rid: int) -> int:
     async with aetcd.Client(host, int(port), timeout=2) as client:
         kv = await client.get(f"/rocketq/DefaultCluster/{g.broker_name}/members/{rid}".encode())
     return -1 if kv is None else int(json.loads(kv.value)["max_offset"])
-
-
-async def _at_least(value: Awaitable[int], n: int) -> bool:
-    return await value >= n
 
 
 def reported_loss(
@@ -111,7 +106,7 @@ async def async_failover(g: Group) -> None:
             st = await stats_of(old_addr)
             assert st is not None
             await until(
-                lambda: _at_least(published_max_offset(g, m1), st.commitlog_max_offset),
+                lambda: at_least(published_max_offset(g, m1), st.commitlog_max_offset),
                 "the master's max offset published in etcd",
             )
             g.replicas[m1].kill()

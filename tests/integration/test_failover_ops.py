@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import admin_pb2, admin_pb2_grpc, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import admin_pb2
 from tests.integration.cluster import restart
 from tests.integration.failover_support import (
     ELECTION_BOUND_S,
@@ -37,7 +37,8 @@ from tests.integration.failover_support import (
     wait_all_readable,
     wait_master,
 )
-from tests.integration.replication_support import refused
+from tests.support.raw_client import RawClient, refused
+from tests.support.until import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -49,8 +50,8 @@ the new master is serving well before a lease would have expired)."""
 async def switchover(
     addr: str, target: int, timeout_ms: int = 10000
 ) -> admin_pb2.SwitchoverResponse:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        resp: admin_pb2.SwitchoverResponse = await admin_pb2_grpc.AdminStub(ch).Switchover(
+    async with RawClient(addr) as rc:
+        resp: admin_pb2.SwitchoverResponse = await rc.admin.Switchover(
             admin_pb2.SwitchoverRequest(target_replica_id=target, timeout_ms=timeout_ms),
             timeout=timeout_ms / 1000 + 5,
         )
@@ -63,16 +64,14 @@ async def test_switchover_to_chosen_replica_under_traffic(tmp_path: Path) -> Non
         target = max(set(g.live()) - {m1})
         other = min(set(g.live()) - {m1})
         old_addr = g.addr(m1)
-        async with grpc.aio.insecure_channel(old_addr) as ch:
+        async with RawClient(old_addr) as rc:
             code, _, msg = await refused(
-                admin_pb2_grpc.AdminStub(ch).Switchover(
-                    admin_pb2.SwitchoverRequest(target_replica_id=99), timeout=10
-                )
+                rc.admin.Switchover(admin_pb2.SwitchoverRequest(target_replica_id=99), timeout=10)
             )
             assert code == grpc.StatusCode.FAILED_PRECONDITION, msg
-        async with grpc.aio.insecure_channel(g.addr(other)) as ch:
+        async with RawClient(g.addr(other)) as rc:
             code, _, msg = await refused(
-                admin_pb2_grpc.AdminStub(ch).Switchover(
+                rc.admin.Switchover(
                     admin_pb2.SwitchoverRequest(target_replica_id=target), timeout=10
                 )
             )
@@ -116,16 +115,20 @@ async def test_etcd_down_master_fences_reads_work_then_recovers(tmp_path: Path) 
             await traffic.wait_ok_after(0, 40)
             t_down = time.monotonic()
             g.etcd.kill()
-            async with grpc.aio.insecure_channel(g.addr(m1)) as ch:
-                stub = messaging_pb2_grpc.MessagingStub(ch)
-                deadline = t_down + LEASE_TTL_S + 3
-                while not probes or probes[-1].ok:
-                    assert time.monotonic() < deadline, (
+            async with RawClient(g.addr(m1)) as rc:
+
+                async def fenced() -> bool:
+                    await send_raw(rc.messaging, f"probe-{len(probes)}", probes, timeout_s=5)
+                    return not probes[-1].ok
+
+                left_s = max(0.0, t_down + LEASE_TTL_S + 3 - time.monotonic())
+                try:
+                    await until(fenced, "the master fencing itself", left_s)
+                except AssertionError:
+                    raise AssertionError(
                         f"the master still acknowledges writes {LEASE_TTL_S + 3}s after "
                         f"etcd died\n{g.logs()}"
-                    )
-                    await send_raw(stub, f"probe-{len(probes)}", probes, timeout_s=5)
-                    await asyncio.sleep(0.05)
+                    ) from None
             fenced_s = probes[-1].t_end - t_down
             print(f"master fenced {fenced_s:.2f}s after etcd died: {probes[-1].outcome}")
             assert probes[-1].outcome == "UNAVAILABLE/NOT_MASTER"
@@ -135,7 +138,7 @@ async def test_etcd_down_master_fences_reads_work_then_recovers(tmp_path: Path) 
             for rid in g.live():  # reads keep working everywhere
                 missing = acked - await readable_keys(g.addr(rid))
                 assert not missing, f"replica {rid} cannot serve {len(missing)} acked messages"
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # a real interval: etcd stays down a little longer
             g.etcd = restart(g.etcd)
             t_back = time.monotonic()
             m = await wait_master(g, 20)

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +46,7 @@ from rocketq.message import Message, MessageQueue, ReceivedMessage, decode_recor
 from rocketq.sql92 import Sql92Error
 from tests.support.cluster import Cluster, cluster, wait_routed
 from tests.support.raw_client import RawClient
-from tests.support.until import until
+from tests.support.until import at_least, until
 
 pytestmark = pytest.mark.integration
 
@@ -83,10 +83,6 @@ async def send(namesrv_addrs: list[str], msgs: list[Message], in_order: bool = F
     async with Producer(cfg) as p:
         for start in range(0, len(msgs), window):
             await asyncio.gather(*(p.send(m) for m in msgs[start : start + window]))
-
-
-async def _at_least(count: Awaitable[int], n: int) -> bool:
-    return await count >= n
 
 
 async def raw_pull(
@@ -379,7 +375,7 @@ async def test_sql92_under_long_polling(env: Cluster) -> None:
     async with consumer, RawClient(env.broker.addr) as rc:
         mq = MessageQueue(topic, BROKER, 0)
         await until(lambda: mq in consumer.assigned_queues(), "assignment", 15)
-        await until(lambda: _at_least(rc.held_pulls(), 1), "the pull to be held")
+        await until(lambda: at_least(rc.held_pulls(), 1), "the pull to be held")
         checked = await rc.arrivals_checked()
         cfgp = ProducerConfig(group="pg-hold", namesrv_addrs=env.namesrv_addrs)
         async with Producer(cfgp) as p:
@@ -388,7 +384,7 @@ async def test_sql92_under_long_polling(env: Cluster) -> None:
             ):
                 await p.send(Message(topic, f"no{i}".encode(), properties=props))
             # the broker checked the arrivals against the held pull and left it held
-            await until(lambda: _at_least(rc.arrivals_checked(), checked + 1), "arrivals checked")
+            await until(lambda: at_least(rc.arrivals_checked(), checked + 1), "arrivals checked")
             assert await rc.held_pulls() >= 1
             assert arrived == {}
             latencies = []

@@ -282,16 +282,15 @@ class Recorder:
     ) -> None:
         """Wait until ``n`` distinct messages arrived; fail naming how many did and, given the
         ``expected`` keys, some that are missing."""
-        deadline = time.monotonic() + timeout_s
-        while self.distinct() < n:
-            if time.monotonic() > deadline:
-                with self._lock:
-                    missing = sorted(set(expected) - self._keys)
-                raise AssertionError(
-                    f"{what or 'deliveries'}: {self.distinct()} of {n} distinct messages "
-                    f"arrived within {timeout_s:.0f} s; missing e.g. {missing[:10]}"
-                )
-            await asyncio.sleep(0.05)
+        try:
+            await until(lambda: self.distinct() >= n, f"{n} distinct messages", timeout_s)
+        except AssertionError:
+            with self._lock:
+                missing = sorted(set(expected) - self._keys)
+            raise AssertionError(
+                f"{what or 'deliveries'}: {self.distinct()} of {n} distinct messages "
+                f"arrived within {timeout_s:.0f} s; missing e.g. {missing[:10]}"
+            ) from None
 
 
 @contextlib.asynccontextmanager

@@ -21,7 +21,6 @@ hold each committed message exactly once and no rolled-back one, whatever a cons
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -40,10 +39,10 @@ from rocketq.client.consumer import (
     PushConsumer,
     PushConsumerConfig,
 )
-from rocketq.client.errors import RocketQError
 from rocketq.message import Message, ReceivedMessage, decode_records
 from tests.integration.cluster import free_port
 from tests.integration.timer_support import wait_assigned
+from tests.support.cluster import wait_routed
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -202,14 +201,7 @@ async def create_topic(namesrv_addrs: list[str], topic: str, queues: int = QUEUE
     async with Admin(namesrv_addrs) as admin:
         results = await admin.create_topic(TopicConfig(topic, queues, queues))
         assert all(r.ok for r in results), results
-        deadline = time.monotonic() + 15
-        while True:
-            with contextlib.suppress(RocketQError):
-                route = await admin.route(topic)
-                if route.queues and route.queues[0].write_queue_nums == queues:
-                    return
-            assert time.monotonic() < deadline, f"the nameserver never routed {topic}"
-            await asyncio.sleep(0.05)
+    await wait_routed(namesrv_addrs, topic, queues)
 
 
 async def stored_messages(

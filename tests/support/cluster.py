@@ -279,7 +279,7 @@ def _start(
 ) -> None:
     env = c.env or None
     for i in range(nameservers):
-        name = f"namesrv{i}" if nameservers > 1 else "namesrv"
+        name = f"namesrv{i}"
         if env is None:
             c.nameservers.append(spawning.start_nameserver(c.root, name=name))
         else:  # start_nameserver takes no environment; the scaled clock needs one

@@ -60,6 +60,14 @@ async def until(
         await asyncio.sleep(interval_s)
 
 
+async def at_least(value: Awaitable[int], n: int) -> bool:
+    """``await value >= n``: a predicate over a count read remotely, for ``until``::
+
+    await until(lambda: at_least(client.held_pulls(), 1), "the pull held")
+    """
+    return await value >= n
+
+
 def until_sync(
     pred: Callable[[], T],
     what: str = "condition",
