@@ -7,7 +7,6 @@ broker and topic names so tests do not see each other's state.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rocketq._api.rocketq.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
 from rocketq.client.errors import TopicNotFoundError, from_rpc_error
 from services.broker.registration import BrokerRegistrar
-from tests.integration.cluster import ServiceProcess, start_nameserver, wait_for
+from tests.integration.cluster import ServiceProcess, start_nameserver
+from tests.support.until import until, until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -159,7 +159,7 @@ def test_malformed_requests_are_refused_and_server_keeps_serving(
     assert nameservers[0].alive()
 
 
-def test_registrar_with_two_nameservers(nameservers: list[ServiceProcess]) -> None:
+async def test_registrar_with_two_nameservers(nameservers: list[ServiceProcess]) -> None:
     addrs = [ns.addr for ns in nameservers]
     topics = ["RegT1"]
 
@@ -174,43 +174,36 @@ def test_registrar_with_two_nameservers(nameservers: list[ServiceProcess]) -> No
             cluster_name="ItCluster", broker_name="reg-a", broker_id=broker_id, broker_addr=addr
         )
 
-    async def until(predicate: object, timeout_s: float = 10.0) -> None:
-        assert callable(predicate)
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            assert time.monotonic() < deadline, "condition not met in time"
-            await asyncio.sleep(0.05)
-
-    async def main() -> None:
-        # A dead nameserver in the list must not stop registration with the live ones.
-        dead = "127.0.0.1:1"
-        master = BrokerRegistrar([*addrs, dead], build, period_ms=60_000, timeout_ms=1000)
-        slave = BrokerRegistrar(addrs, build_slave, period_ms=60_000, timeout_ms=1000)
-        try:
-            await master.start()
-            for addr in addrs:
-                route = route_or_none(addr, "RegT1")
-                assert route is not None and dict(route.brokers[0].broker_addrs) == {
-                    0: "127.0.0.1:20200"
-                }
-            await slave.start()
-            assert (slave.last_master_addr, slave.last_ha_server_addr) == ("127.0.0.1:20200", "h:1")
-            assert master.last_master_addr == ""
-            # A topic change reaches both nameservers on trigger(), long before the 60 s period.
-            topics.append("RegT2")
-            master.trigger()
-            master.trigger()  # coalesced with the first
-            await until(lambda: all(route_or_none(a, "RegT2") is not None for a in addrs))
-            assert master.rounds <= 3
-        finally:
-            await master.stop(unregister("127.0.0.1:20200", 0))
-            await slave.stop(unregister("127.0.0.1:20201", 1))
+    # A dead nameserver in the list must not stop registration with the live ones.
+    dead = "127.0.0.1:1"
+    master = BrokerRegistrar([*addrs, dead], build, period_ms=60_000, timeout_ms=1000)
+    slave = BrokerRegistrar(addrs, build_slave, period_ms=60_000, timeout_ms=1000)
+    try:
+        await master.start()
         for addr in addrs:
-            assert route_or_none(addr, "RegT1") is None, "unregistered at once on stop"
-        master.trigger()  # harmless after stop
-        await master.stop(None)  # idempotent
-
-    asyncio.run(main())
+            route = route_or_none(addr, "RegT1")
+            assert route is not None and dict(route.brokers[0].broker_addrs) == {
+                0: "127.0.0.1:20200"
+            }
+        await slave.start()
+        assert (slave.last_master_addr, slave.last_ha_server_addr) == ("127.0.0.1:20200", "h:1")
+        assert master.last_master_addr == ""
+        # A topic change reaches both nameservers on trigger(), long before the 60 s period.
+        topics.append("RegT2")
+        master.trigger()
+        master.trigger()  # coalesced with the first
+        await until(
+            lambda: all(route_or_none(a, "RegT2") is not None for a in addrs),
+            "RegT2 on both nameservers",
+        )
+        assert master.rounds <= 3
+    finally:
+        await master.stop(unregister("127.0.0.1:20200", 0))
+        await slave.stop(unregister("127.0.0.1:20201", 1))
+    for addr in addrs:
+        assert route_or_none(addr, "RegT1") is None, "unregistered at once on stop"
+    master.trigger()  # harmless after stop
+    await master.stop(None)  # idempotent
 
 
 def test_expiry(nameservers: list[ServiceProcess]) -> None:
@@ -221,12 +214,14 @@ def test_expiry(nameservers: list[ServiceProcess]) -> None:
         timeout=5,
     )
     assert route_or_none(addr, "ExpT") is not None
-    wait_for(lambda: route_or_none(addr, "ExpT") is None, timeout_s=10)
+    until_sync(lambda: route_or_none(addr, "ExpT") is None, "ExpT expired", timeout_s=10)
     elapsed_s = time.monotonic() - started_s
     assert elapsed_s >= 1.0, f"expired after {elapsed_s:.2f}s, before its 1 s timeout"
     info = stub(addr).GetClusterInfo(nameserver_pb2.GetClusterInfoRequest())
     assert "exp-a" not in info.broker_addr_table
-    wait_for(lambda: "reason=expired" in nameservers[1].log_tail(200), timeout_s=5)
+    until_sync(
+        lambda: "reason=expired" in nameservers[1].log_tail(200), "expiry logged", timeout_s=5
+    )
 
 
 def test_health_and_sigterm(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.consumer import (
     ConsumeFromWhere,
@@ -34,10 +34,11 @@ from rocketq.client.consumer import (
     PushConsumer,
     PushConsumerConfig,
 )
-from rocketq.client.errors import TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue, ReceivedMessage
-from tests.integration.cluster import Cluster, cluster
+from tests.support.cluster import Cluster, cluster, wait_routed
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +50,8 @@ INTRUDER = "127.0.0.1@intruder"
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with cluster(
-        tmp_path_factory.mktemp("orderly"), rebalanceLockMaxLiveTime=BROKER_LOCK_MAX_LIVE_MS
+        tmp_path_factory.mktemp("orderly"),
+        broker_keys={"rebalanceLockMaxLiveTime": BROKER_LOCK_MAX_LIVE_MS},
     ) as c:
         yield c
 
@@ -61,16 +63,8 @@ async def make_topic(c: Cluster, topic: str, queues: int) -> list[MessageQueue]:
     async with Admin(c.namesrv_addrs) as admin:
         results = await admin.create_topic(TopicConfig(topic, queues, queues))
         assert all(r.ok for r in results), results
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                route = await admin.route(topic)
-                if route.queues and route.queues[0].write_queue_nums == queues:
-                    return [MessageQueue(topic, BROKER, i) for i in range(queues)]
-            except TopicNotFoundError:
-                pass
-            assert time.monotonic() < deadline, f"no route for {topic}"
-            await asyncio.sleep(0.05)
+    await wait_routed(c.namesrv_addrs, topic, queues)
+    return [MessageQueue(topic, BROKER, i) for i in range(queues)]
 
 
 def config(c: Cluster, group: str, **kw: Any) -> PushConsumerConfig:
@@ -85,13 +79,6 @@ def config(c: Cluster, group: str, **kw: Any) -> PushConsumerConfig:
     return PushConsumerConfig(group, tuple(c.namesrv_addrs), **defaults)
 
 
-async def until(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or pred}"
-        await asyncio.sleep(0.02)
-
-
 async def lock_call(
     c: Cluster, method: str, group: str, client_id: str, mqs: list[MessageQueue]
 ) -> set[int]:
@@ -100,8 +87,8 @@ async def lock_call(
         common_pb2.MessageQueue(topic=mq.topic, broker_name=BROKER, queue_id=mq.queue_id)
         for mq in mqs
     ]
-    async with grpc.aio.insecure_channel(c.brokers[0].addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(c.brokers[0].addr) as raw:
+        stub = raw.messaging
         if method == "lock":
             resp = await stub.LockBatch(
                 messaging_pb2.LockBatchRequest(
@@ -118,8 +105,8 @@ async def lock_call(
 
 
 async def stored_offset(c: Cluster, group: str, mq: MessageQueue) -> int:
-    async with grpc.aio.insecure_channel(c.brokers[0].addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(c.brokers[0].addr) as raw:
+        stub = raw.messaging
         try:
             resp = await stub.QueryConsumerOffset(
                 messaging_pb2.QueryConsumerOffsetRequest(
@@ -221,58 +208,55 @@ def producer(c: Cluster, name: str) -> Producer:
 # ---- tests --------------------------------------------------------------------------------
 
 
-def test_two_orderly_members_keep_every_key_in_order_while_one_joins(env: Cluster) -> None:
+async def test_two_orderly_members_keep_every_key_in_order_while_one_joins(env: Cluster) -> None:
     topic, group = "orderly-join", "cg-orderly-join"
     keys = [f"order-{i}" for i in range(16)]
     per_key = 30
     log = Log()
     moved: set[int] = set()
 
-    async def main() -> None:
-        await make_topic(env, topic, 8)
-        # The default 20 s rebalance interval: the broker's membership notice starts the
-        # rebalances, and b, refused the queues a is still releasing, retries after 1 s.
-        cfg = config(env, group, rebalance_interval_ms=20_000)
-        a = PushConsumer(cfg, log.listener("a", 0.002), orderly=True)
-        b = PushConsumer(cfg, log.listener("b", 0.002), orderly=True)
-        a.subscribe(topic)
-        b.subscribe(topic)
-        async with producer(env, "join") as p:
-            await a.start()
+    await make_topic(env, topic, 8)
+    # The default 20 s rebalance interval: the broker's membership notice starts the
+    # rebalances, and b, refused the queues a is still releasing, retries after 1 s.
+    cfg = config(env, group, rebalance_interval_ms=20_000)
+    a = PushConsumer(cfg, log.listener("a", 0.002), orderly=True)
+    b = PushConsumer(cfg, log.listener("b", 0.002), orderly=True)
+    a.subscribe(topic)
+    b.subscribe(topic)
+    async with producer(env, "join") as p:
+        await a.start()
+        try:
+            await until(lambda: len(owned(a, topic)) == 8, "a owns all 8 queues", timeout_s=30.0)
+            sending = asyncio.create_task(send_keyed(p, topic, keys, per_key, 0.05))
+            await until(lambda: len(log.deliveries) >= 100, "a consumed a while", timeout_s=30.0)
+            await b.start()  # joins mid-stream: half the queues move to b
             try:
-                await until(lambda: len(owned(a, topic)) == 8, what="a owns all 8 queues")
-                sending = asyncio.create_task(send_keyed(p, topic, keys, per_key, 0.05))
-                await until(lambda: len(log.deliveries) >= 100, what="a consumed a while")
-                await b.start()  # joins mid-stream: half the queues move to b
-                try:
-                    await sending
-                    await until(
-                        lambda: len(log.seen()) == len(keys) * per_key,
-                        timeout_s=60,
-                        what="every message consumed",
-                    )
-                    mine, theirs = owned(a, topic), owned(b, topic)
-                    assert len(mine) == 4 and len(theirs) == 4 and not mine & theirs
-                    moved.update(theirs)
-                finally:
-                    await b.close()
+                await sending
+                await until(
+                    lambda: len(log.seen()) == len(keys) * per_key,
+                    "every message consumed",
+                    timeout_s=60,
+                )
+                mine, theirs = owned(a, topic), owned(b, topic)
+                assert len(mine) == 4 and len(theirs) == 4 and not mine & theirs
+                moved.update(theirs)
             finally:
-                await a.close()
-        assert log.overlaps == 0
-        for key in keys:
-            # in order, nothing lost, nothing twice: the queue moved only after a's last
-            # call ended and its offset was persisted, and b read that offset
-            assert log.seqs(key) == list(range(per_key)), key
-        # the queues b took were consumed by a before, then by b: real hand-overs
-        for q in moved:
-            consumers = [d.consumer for d in log.deliveries if d.queue_id == q]
-            assert consumers[0] == "a" and consumers[-1] == "b", (q, consumers)
-        assert all(len({d.queue_id for d in log.deliveries if d.key == k}) == 1 for k in keys)
+                await b.close()
+        finally:
+            await a.close()
+    assert log.overlaps == 0
+    for key in keys:
+        # in order, nothing lost, nothing twice: the queue moved only after a's last
+        # call ended and its offset was persisted, and b read that offset
+        assert log.seqs(key) == list(range(per_key)), key
+    # the queues b took were consumed by a before, then by b: real hand-overs
+    for q in moved:
+        consumers = [d.consumer for d in log.deliveries if d.queue_id == q]
+        assert consumers[0] == "a" and consumers[-1] == "b", (q, consumers)
+    assert all(len({d.queue_id for d in log.deliveries if d.key == k}) == 1 for k in keys)
 
-    asyncio.run(main())
 
-
-def test_suspend_redelivers_locally_after_the_suspend_time_and_keeps_order(
+async def test_suspend_redelivers_locally_after_the_suspend_time_and_keeps_order(
     env: Cluster,
 ) -> None:
     topic, group = "orderly-suspend", "cg-orderly-suspend"
@@ -286,71 +270,69 @@ def test_suspend_redelivers_locally_after_the_suspend_time_and_keeps_order(
             return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
         return ConsumeOrderlyStatus.SUCCESS
 
-    async def main() -> None:
-        await make_topic(env, topic, 2)
-        consumer = PushConsumer(
-            config(env, group, suspend_current_queue_time_ms=700),
-            log.listener("a", decide=decide),
-            orderly=True,
-        )
-        consumer.subscribe(topic)
-        async with producer(env, "suspend") as p:
-            await send_keyed(p, topic, keys, 8)
-            async with consumer:
-                await until(lambda: len(log.seen()) == 16, what="all consumed")
-                await until(lambda: len(log.seqs("k0")) == 9, what="the redelivery")
-        k0 = [d for d in log.deliveries if d.key == "k0"]
-        assert [d.seq for d in k0] == [0, 1, 2, 3, 3, 4, 5, 6, 7]
-        first, again = k0[3], k0[4]
-        assert again.offset == first.offset and again.reconsume_times == 1
-        assert 0.6 <= again.at_s - first.at_s <= 5.0  # after ~suspend_current_queue_time_ms
-        assert [d.seq for d in log.deliveries if d.key == "k1"] == list(range(8))
-
-    asyncio.run(main())
+    await make_topic(env, topic, 2)
+    consumer = PushConsumer(
+        config(env, group, suspend_current_queue_time_ms=700),
+        log.listener("a", decide=decide),
+        orderly=True,
+    )
+    consumer.subscribe(topic)
+    async with producer(env, "suspend") as p:
+        await send_keyed(p, topic, keys, 8)
+        async with consumer:
+            await until(lambda: len(log.seen()) == 16, "all consumed", timeout_s=30.0)
+            await until(lambda: len(log.seqs("k0")) == 9, "the redelivery", timeout_s=30.0)
+    k0 = [d for d in log.deliveries if d.key == "k0"]
+    assert [d.seq for d in k0] == [0, 1, 2, 3, 3, 4, 5, 6, 7]
+    first, again = k0[3], k0[4]
+    assert again.offset == first.offset and again.reconsume_times == 1
+    assert 0.6 <= again.at_s - first.at_s <= 5.0  # after ~suspend_current_queue_time_ms
+    assert [d.seq for d in log.deliveries if d.key == "k1"] == list(range(8))
 
 
-def test_broker_locks_are_taken_renewed_respected_and_released_on_close(env: Cluster) -> None:
+async def test_broker_locks_are_taken_renewed_respected_and_released_on_close(env: Cluster) -> None:
     topic, group = "orderly-locks", "cg-orderly-locks"
     mqs_all: list[MessageQueue] = []
     log = Log()
 
-    async def main() -> None:
-        mqs_all.extend(await make_topic(env, topic, 4))
-        # another client holds queue 3 at first: the consumer must leave it alone
-        assert await lock_call(env, "lock", group, INTRUDER, mqs_all[3:]) == {3}
-        consumer = PushConsumer(config(env, group), log.listener("a"), orderly=True)
-        consumer.subscribe(topic)
-        async with producer(env, "locks") as p:
-            await send_keyed(p, topic, [f"k{i}" for i in range(8)], 5)
-            async with consumer:
-                await until(
-                    lambda: (
-                        {mq.queue_id for mq in consumer.assigned_queues() if mq.topic == topic}
-                        == {0, 1, 2}
-                    ),
-                    what="queues 0-2 owned",
-                )
-                held_back = {d.queue_id for d in log.deliveries}
-                await asyncio.sleep(1.5)  # a rebalance or two: queue 3 stays with the intruder
-                assert 3 not in {d.queue_id for d in log.deliveries} | held_back
-                assert 3 not in owned(consumer, topic)
-                await lock_call(env, "unlock", group, INTRUDER, mqs_all[3:])
-                await until(lambda: len(log.seen()) == 40, what="queue 3 consumed after release")
-                # held and renewed: past the broker's 5 s expiry the intruder still gets nothing
-                assert await lock_call(env, "lock", group, INTRUDER, mqs_all) == set()
-                await asyncio.sleep(BROKER_LOCK_MAX_LIVE_MS / 1000 + 1)
-                assert await lock_call(env, "lock", group, INTRUDER, mqs_all) == set()
-            # a clean close persisted the offsets, then unlocked: free at once
-            assert await lock_call(env, "lock", group, INTRUDER, mqs_all) == {0, 1, 2, 3}
-        await lock_call(env, "unlock", group, INTRUDER, mqs_all)
-        offsets = [await stored_offset(env, group, mq) for mq in mqs_all]
-        per_queue = [len([d for d in log.deliveries if d.queue_id == i]) for i in range(4)]
-        assert offsets == per_queue  # every queue's offset is one past what was consumed
+    mqs_all.extend(await make_topic(env, topic, 4))
+    # another client holds queue 3 at first: the consumer must leave it alone
+    assert await lock_call(env, "lock", group, INTRUDER, mqs_all[3:]) == {3}
+    consumer = PushConsumer(config(env, group), log.listener("a"), orderly=True)
+    consumer.subscribe(topic)
+    async with producer(env, "locks") as p:
+        await send_keyed(p, topic, [f"k{i}" for i in range(8)], 5)
+        async with consumer:
+            await until(
+                lambda: (
+                    {mq.queue_id for mq in consumer.assigned_queues() if mq.topic == topic}
+                    == {0, 1, 2}
+                ),
+                "queues 0-2 owned",
+                timeout_s=30.0,
+            )
+            held_back = {d.queue_id for d in log.deliveries}
+            await asyncio.sleep(1.5)  # a rebalance or two: queue 3 stays with the intruder
+            assert 3 not in {d.queue_id for d in log.deliveries} | held_back
+            assert 3 not in owned(consumer, topic)
+            await lock_call(env, "unlock", group, INTRUDER, mqs_all[3:])
+            await until(
+                lambda: len(log.seen()) == 40, "queue 3 consumed after release", timeout_s=30.0
+            )
+            # held and renewed: past the broker's 5 s expiry the intruder still gets nothing
+            assert await lock_call(env, "lock", group, INTRUDER, mqs_all) == set()
+            # A deliberate real interval: the broker's lock expiry, which the renewals outrun.
+            await asyncio.sleep(BROKER_LOCK_MAX_LIVE_MS / 1000 + 1)
+            assert await lock_call(env, "lock", group, INTRUDER, mqs_all) == set()
+        # a clean close persisted the offsets, then unlocked: free at once
+        assert await lock_call(env, "lock", group, INTRUDER, mqs_all) == {0, 1, 2, 3}
+    await lock_call(env, "unlock", group, INTRUDER, mqs_all)
+    offsets = [await stored_offset(env, group, mq) for mq in mqs_all]
+    per_queue = [len([d for d in log.deliveries if d.queue_id == i]) for i in range(4)]
+    assert offsets == per_queue  # every queue's offset is one past what was consumed
 
-    asyncio.run(main())
 
-
-def test_batches_respect_consume_message_batch_max_size_in_order(env: Cluster) -> None:
+async def test_batches_respect_consume_message_batch_max_size_in_order(env: Cluster) -> None:
     topic, group = "orderly-batch", "cg-orderly-batch"
     sizes: list[int] = []
     log = Log()
@@ -362,65 +344,59 @@ def test_batches_respect_consume_message_batch_max_size_in_order(env: Cluster) -
         assert offsets == sorted(offsets) and len(set(m.queue_id for m in msgs)) == 1
         return await inner(msgs, ctx)
 
-    async def main() -> None:
-        await make_topic(env, topic, 1)
-        consumer = PushConsumer(
-            config(env, group, consume_message_batch_max_size=4, pull_batch_size=8),
-            listener,
-            orderly=True,
-        )
-        consumer.subscribe(topic)
-        async with producer(env, "batch") as p:
-            await send_keyed(p, topic, ["k"], 30)
-            async with consumer:
-                await until(lambda: len(log.seen()) == 30, what="all consumed")
-        assert log.seqs("k") == list(range(30))
-        assert max(sizes) == 4 and sum(sizes) == 30
-
-    asyncio.run(main())
+    await make_topic(env, topic, 1)
+    consumer = PushConsumer(
+        config(env, group, consume_message_batch_max_size=4, pull_batch_size=8),
+        listener,
+        orderly=True,
+    )
+    consumer.subscribe(topic)
+    async with producer(env, "batch") as p:
+        await send_keyed(p, topic, ["k"], 30)
+        async with consumer:
+            await until(lambda: len(log.seen()) == 30, "all consumed", timeout_s=30.0)
+    assert log.seqs("k") == list(range(30))
+    assert max(sizes) == 4 and sum(sizes) == 30
 
 
-def test_broadcasting_orderly_takes_no_broker_lock_and_each_member_gets_everything_in_order(
+async def test_broadcasting_orderly_takes_no_broker_lock_and_each_member_gets_everything_in_order(
     env: Cluster, tmp_path: Path
 ) -> None:
     topic, group = "orderly-broadcast", "cg-orderly-broadcast"
     keys = ["k0", "k1", "k2"]
     log = Log()
 
-    async def main() -> None:
-        mqs = await make_topic(env, topic, 2)
-        # another client holds every queue: broadcasting members read them anyway
-        assert await lock_call(env, "lock", group, INTRUDER, mqs) == {0, 1}
-        members = [
-            PushConsumer(
-                config(
-                    env,
-                    group,
-                    message_model=MessageModel.BROADCASTING,
-                    instance_name=f"bc-{name}",
-                    offset_store_dir=str(tmp_path),
-                ),
-                log.listener(name),
-                orderly=True,
-            )
-            for name in ("a", "b")
-        ]
+    mqs = await make_topic(env, topic, 2)
+    # another client holds every queue: broadcasting members read them anyway
+    assert await lock_call(env, "lock", group, INTRUDER, mqs) == {0, 1}
+    members = [
+        PushConsumer(
+            config(
+                env,
+                group,
+                message_model=MessageModel.BROADCASTING,
+                instance_name=f"bc-{name}",
+                offset_store_dir=str(tmp_path),
+            ),
+            log.listener(name),
+            orderly=True,
+        )
+        for name in ("a", "b")
+    ]
+    for m in members:
+        m.subscribe(topic)
+    async with producer(env, "broadcast") as p:
+        await send_keyed(p, topic, keys, 10)
         for m in members:
-            m.subscribe(topic)
-        async with producer(env, "broadcast") as p:
-            await send_keyed(p, topic, keys, 10)
+            await m.start()
+        try:
+            await until(lambda: len(log.deliveries) == 60, "both got all 30", timeout_s=30.0)
+        finally:
             for m in members:
-                await m.start()
-            try:
-                await until(lambda: len(log.deliveries) == 60, what="both got all 30")
-            finally:
-                for m in members:
-                    await m.close()
-        await lock_call(env, "unlock", group, INTRUDER, mqs)
-        for name in ("a", "b"):
-            for key in keys:
-                seqs = [d.seq for d in log.deliveries if d.consumer == name and d.key == key]
-                assert seqs == list(range(10)), (name, key)
-        assert log.overlaps == 0
-
-    asyncio.run(main())
+                await m.close()
+    await lock_call(env, "unlock", group, INTRUDER, mqs)
+    for name in ("a", "b"):
+        for key in keys:
+            seqs = [d.seq for d in log.deliveries if d.consumer == name and d.key == key]
+            assert seqs == list(range(10)), (name, key)
+    assert log.overlaps == 0

@@ -16,6 +16,7 @@ only for messages the killed worker had taken.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections import Counter
@@ -26,12 +27,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import admin_pb2, admin_pb2_grpc
+from rocketq._api.rocketq.v1 import admin_pb2
 from rocketq.client.admin import Admin, TopicConfig
-from rocketq.client.errors import TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, MessageQueue
-from tests.integration.cluster import Cluster, ServiceProcess, cluster, spawn, wait_for
+from tests.integration.cluster import ServiceProcess, spawn
 from tests.integration.history import (
     END,
     KEY_PROPERTY,
@@ -39,6 +39,9 @@ from tests.integration.history import (
     check_history,
     load_histories,
 )
+from tests.support.cluster import Cluster, cluster, wait_routed
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +74,7 @@ FIRST_WORKERS = (("w1",), ("w2", "--async-listener"), ("w3",))
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("orderly-faults")
-    with cluster(tmp, rebalanceLockMaxLiveTime=BROKER_LOCK_MAX_LIVE_MS) as c:
+    with cluster(tmp, broker_keys={"rebalanceLockMaxLiveTime": BROKER_LOCK_MAX_LIVE_MS}) as c:
         yield c
 
 
@@ -79,16 +82,7 @@ async def _create_topic(namesrv: list[str], topic: str, queues: int) -> None:
     async with Admin(namesrv) as admin:
         results = await admin.create_topic(TopicConfig(topic, queues, queues, order=True))
         assert all(r.ok for r in results), results
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                route = await admin.route(topic)
-                if route:
-                    return
-            except TopicNotFoundError:
-                pass
-            assert time.monotonic() < deadline, f"no route for {topic}"
-            await asyncio.sleep(0.05)
+    await wait_routed(namesrv, topic, queues)
 
 
 class BackgroundProducer:
@@ -176,6 +170,10 @@ class Workers:
             out[name] = sum(1 for e in h.events if e.ev == END)
         return out
 
+    def has_consumed(self, name: str) -> bool:
+        """Whether worker ``name`` completed a delivery yet."""
+        return self.done_per_worker()[name] > 0
+
     def consumed(self) -> set[tuple[str, int]]:
         h = load_histories(self.history(n) for n in self.procs)
         return {(e.key, e.seq) for e in h.events if e.ev == END}
@@ -187,8 +185,8 @@ class Workers:
 async def _lock_table(addr: str, group: str) -> str:
     """Who holds which queue on the broker, for failure messages."""
     try:
-        async with grpc.aio.insecure_channel(addr) as ch:
-            resp = await admin_pb2_grpc.AdminStub(ch).GetConsumerConnection(
+        async with RawClient(addr) as raw:
+            resp = await raw.admin.GetConsumerConnection(
                 admin_pb2.GetConsumerConnectionRequest(consumer_group=group), timeout=5
             )
     except grpc.aio.AioRpcError as err:
@@ -198,7 +196,7 @@ async def _lock_table(addr: str, group: str) -> str:
     return f"members [{members}]; locks [{locks}]"
 
 
-def _wait_consumed(
+async def _wait_consumed(
     workers: Workers,
     want: int,
     sent: set[tuple[str, int]],
@@ -207,22 +205,19 @@ def _wait_consumed(
     queues_of_key: dict[str, set[int]] | None = None,
 ) -> None:
     """Wait until ``want`` distinct messages were consumed; fail with the progress otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    try:
+        await until(lambda: len(workers.consumed()) >= want, what, timeout_s, interval_s=0.2)
+    except AssertionError:
         got = workers.consumed()
-        if len(got) >= want:
-            return
-        if time.monotonic() > deadline:
-            by_key = Counter(k for k, _ in sent - got)
-            key_queues = {k: sorted((queues_of_key or {}).get(k, ())) for k in dict(by_key)}
-            lock_table = asyncio.run(_lock_table(workers.c.brokers[0].addr, workers.group))
-            raise AssertionError(
-                f"{what}: {len(got)}/{want} consumed after {timeout_s:.0f} s; per worker "
-                f"{dict(workers.done_per_worker())}; missing per key (first 10) "
-                f"{by_key.most_common(10)}; queues of the missing keys {key_queues}"
-                f"\nbroker: {lock_table}\n{workers.logs()}"
-            )
-        time.sleep(0.2)
+        by_key = Counter(k for k, _ in sent - got)
+        key_queues = {k: sorted((queues_of_key or {}).get(k, ())) for k in dict(by_key)}
+        lock_table = await _lock_table(workers.c.brokers[0].addr, workers.group)
+        raise AssertionError(
+            f"{what}: {len(got)}/{want} consumed after {timeout_s:.0f} s; per worker "
+            f"{dict(workers.done_per_worker())}; missing per key (first 10) "
+            f"{by_key.most_common(10)}; queues of the missing keys {key_queues}"
+            f"\nbroker: {lock_table}\n{workers.logs()}"
+        ) from None
 
 
 def _stop_all(workers: Workers) -> None:
@@ -237,9 +232,11 @@ def _kill_leftovers(workers: Workers) -> None:
             sp.kill()
 
 
-def test_order_exclusivity_and_no_loss_across_kill_and_join(env: Cluster, tmp_path: Path) -> None:
+async def test_order_exclusivity_and_no_loss_across_kill_and_join(
+    env: Cluster, tmp_path: Path
+) -> None:
     t_begin = time.monotonic()
-    asyncio.run(_create_topic(env.namesrv_addrs, TOPIC, QUEUES))
+    await _create_topic(env.namesrv_addrs, TOPIC, QUEUES)
     workers = Workers(tmp_path, env, GROUP, TOPIC)
     producer = BackgroundProducer(env.namesrv_addrs)
     consume = ("--consume-ms", str(CONSUME_MS))
@@ -248,16 +245,18 @@ def test_order_exclusivity_and_no_loss_across_kill_and_join(env: Cluster, tmp_pa
         with ThreadPoolExecutor(3) as pool:  # each start waits for its ready file
             list(pool.map(lambda a: workers.start(*a, *consume), FIRST_WORKERS))
         share = int(KEYS * PER_KEY * KILL_AT_FRACTION)
-        _wait_consumed(workers, share, producer.sent, 30, "before kill", producer.queues_of_key)
-        wait_for(lambda: all(workers.done_per_worker().values()), timeout_s=20)
+        await _wait_consumed(
+            workers, share, producer.sent, 30, "before kill", producer.queues_of_key
+        )
+        await until(lambda: all(workers.done_per_worker().values()), "every worker consumed", 20)
 
         victim = workers.done_per_worker().most_common(1)[0][0]
         workers.kill(victim)
         t_kill = time.monotonic()
         workers.start("w4", *consume)
 
-        producer.join(30)
-        _wait_consumed(
+        await asyncio.to_thread(producer.join, 30)
+        await _wait_consumed(
             workers,
             len(producer.sent),
             producer.sent,
@@ -307,15 +306,17 @@ async def _preload(namesrv: list[str], topic: str, per_queue: int) -> set[tuple[
     return sent
 
 
-def test_clean_handovers_into_a_backlog_redeliver_nothing(env: Cluster, tmp_path: Path) -> None:
+async def test_clean_handovers_into_a_backlog_redeliver_nothing(
+    env: Cluster, tmp_path: Path
+) -> None:
     """Members join one by one while a backlog drains, their pulls slowed by 20 ms of latency:
     every queue that moves is handed over cleanly (offset persisted, then unlocked), so the new
     owner starts exactly where the old one stopped — no duplicate, no overlap, no gap. A pull
     still in flight at the hand-over carries an older commit offset; if the broker applied it
     after the persisted one, the group's offset would move back and the new owner would consume
     the difference again."""
-    asyncio.run(_create_topic(env.namesrv_addrs, HANDOVER_TOPIC, HANDOVER_QUEUES))
-    sent = asyncio.run(_preload(env.namesrv_addrs, HANDOVER_TOPIC, HANDOVER_PER_QUEUE))
+    await _create_topic(env.namesrv_addrs, HANDOVER_TOPIC, HANDOVER_QUEUES)
+    sent = await _preload(env.namesrv_addrs, HANDOVER_TOPIC, HANDOVER_PER_QUEUE)
     workers = Workers(tmp_path, env, HANDOVER_GROUP, HANDOVER_TOPIC)
     flags = (
         "--async-listener",
@@ -326,9 +327,10 @@ def test_clean_handovers_into_a_backlog_redeliver_nothing(env: Cluster, tmp_path
     )
     try:
         for n in range(HANDOVER_WORKERS):
-            workers.start(f"h{n + 1}", *flags)
-            wait_for(lambda n=n: workers.done_per_worker()[f"h{n + 1}"] > 0, timeout_s=20)
-        _wait_consumed(workers, len(sent), sent, CONSUME_WAIT_S, "handover backlog")
+            name = f"h{n + 1}"
+            workers.start(name, *flags)
+            await until(functools.partial(workers.has_consumed, name), f"{name} consumed", 20)
+        await _wait_consumed(workers, len(sent), sent, CONSUME_WAIT_S, "handover backlog")
         _stop_all(workers)
     finally:
         _kill_leftovers(workers)

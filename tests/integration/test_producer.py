@@ -13,15 +13,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
 )
 from rocketq.client._instance import ClientConfig, ClientInstance
 from rocketq.client._nameserver import NameServerClient
@@ -52,12 +49,13 @@ from rocketq.message import (
     decode_records,
 )
 from tests.integration.cluster import (
-    Cluster,
-    cluster,
     restart,
     start_broker,
     start_nameserver,
 )
+from tests.support.cluster import Cluster, cluster
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -70,11 +68,10 @@ FLAG_SUBSCRIPTION = 0x4
 async def pull_queue(addr: str, topic: str, queue_id: int) -> list[ReceivedMessage]:
     """Every stored message of one queue, in queue order (raw gRPC Pull, no long polling)."""
     out: list[ReceivedMessage] = []
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as c:
         offset = 0
         while True:
-            resp = await stub.Pull(
+            resp = await c.messaging.Pull(
                 messaging_pb2.PullRequest(
                     consumer_group="producer_test_reader",
                     topic=topic,
@@ -106,8 +103,8 @@ async def pull_topic(route: TopicRoute) -> dict[str, ReceivedMessage]:
 
 
 async def create_topic(addr: str, broker_name: str, topic: str, queue_nums: int = 4) -> None:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        await admin_pb2_grpc.AdminStub(ch).CreateTopic(
+    async with RawClient(addr) as c:
+        await c.admin.CreateTopic(
             admin_pb2.CreateTopicRequest(
                 target=admin_pb2.ApplyTarget(broker_name=broker_name),
                 config=common_pb2.TopicConfig(
@@ -124,17 +121,18 @@ async def create_topic(addr: str, broker_name: str, topic: str, queue_nums: int 
 async def wait_route(namesrv_addrs: list[str], topic: str, brokers: set[str]) -> TopicRoute:
     """Poll the nameserver until ``topic``'s route names exactly ``brokers``."""
     client = NameServerClient(namesrv_addrs)
+
+    async def matching() -> TopicRoute | None:
+        try:
+            route = await client.get_route(topic)
+        except TopicNotFoundError:
+            return None
+        return route if set(route.brokers) == brokers else None
+
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                route = await client.get_route(topic)
-                if set(route.brokers) == brokers:
-                    return route
-            except TopicNotFoundError:
-                pass
-            assert time.monotonic() < deadline, f"route of {topic} never showed {brokers}"
-            await asyncio.sleep(0.1)
+        route = await until(matching, f"route of {topic} to show {brokers}", 15, 0.1)
+        assert route is not None  # until returns a truthy value only
+        return route
     finally:
         await client.close()
 
@@ -156,11 +154,11 @@ def one_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 # ---- send modes -------------------------------------------------------------------------
 
 
-def test_every_send_mode_round_trips(one_broker: Cluster) -> None:
+async def test_every_send_mode_round_trips(one_broker: Cluster) -> None:
     topic = "RoundTrip"
     sent: list[tuple[SendResult, bytes]] = []
 
-    async def main() -> dict[str, ReceivedMessage]:
+    async def async_sends() -> dict[str, ReceivedMessage]:
         cfg = ProducerConfig("pg_modes", one_broker.namesrv_addrs)
         async with Producer(cfg) as p:
             r = await p.send(
@@ -182,11 +180,12 @@ def test_every_send_mode_round_trips(one_broker: Cluster) -> None:
             assert p.instance.stream_addrs() == [one_broker.brokers[0].addr]
             assert await p.instance.heartbeat_now() == [one_broker.brokers[0].addr]
             route = await p.instance.get_route(topic, refresh=True)
-        deadline = time.monotonic() + 10
-        while True:
+
+        async def with_oneway() -> dict[str, ReceivedMessage]:
             stored = await pull_topic(route)
-            if any(m.body == b"oneway" for m in stored.values()) or time.monotonic() > deadline:
-                return stored
+            return stored if any(m.body == b"oneway" for m in stored.values()) else {}
+
+        return await until(with_oneway, "the oneway message stored", timeout_s=10)
 
     def blocking_sends() -> None:
         with SyncProducer(ProducerConfig("pg_modes_sync", one_broker.namesrv_addrs)) as sp:
@@ -205,8 +204,8 @@ def test_every_send_mode_round_trips(one_broker: Cluster) -> None:
 
     worker = threading.Thread(target=blocking_sends)
     worker.start()
-    worker.join(60)
-    stored = asyncio.run(main())
+    await asyncio.to_thread(worker.join, 60)
+    stored = await async_sends()
     assert len(sent) == 3 + 10 + 3 + 21
     for result, body in sent:
         assert result.status is SendStatus.SEND_OK
@@ -219,80 +218,75 @@ def test_every_send_mode_round_trips(one_broker: Cluster) -> None:
     assert len(stored) == len(sent) + 1
 
 
-def test_ordered_send_by_sharding_key_lands_in_one_queue_in_order(one_broker: Cluster) -> None:
+async def test_ordered_send_by_sharding_key_lands_in_one_queue_in_order(
+    one_broker: Cluster,
+) -> None:
     topic = "OrderStatus"
     broker = one_broker.brokers[0]
     keys = ["T0000001", "T0000002", "T0000003", "order-42"]
 
-    async def main() -> None:
-        await create_topic(broker.addr, "broker-a", topic, queue_nums=8)
-        route = await wait_route(one_broker.namesrv_addrs, topic, {"broker-a"})
-        results: dict[str, list[SendResult]] = {k: [] for k in keys}
-        async with Producer(ProducerConfig("pg_ordered", one_broker.namesrv_addrs)) as p:
-            for step in range(15):
-                for k in keys:
-                    msg = Message(topic, f"{k}:{step}".encode(), keys=k)
-                    if step % 3 == 0:
-                        r = await p.send(msg, selector=SelectMessageQueueByHash(), arg=k)
-                    else:
-                        r = await p.send(msg, sharding_key=k)
-                    results[k].append(r)
-            explicit = MessageQueue(topic, "broker-a", 5)
-            r = await p.send(Message(topic, b"explicit"), queue=explicit)
-            assert r.message_queue == explicit
-        for k in keys:
-            expected_qid = abs(java_hash_code(k)) % 8
-            assert {r.message_queue.queue_id for r in results[k]} == {expected_qid}
-            stored = await pull_queue(broker.addr, topic, expected_qid)
-            bodies = [m.body for m in stored if m.keys == [k]]
-            assert bodies == [f"{k}:{step}".encode() for step in range(15)]
-        assert route.write_queues()[5] == MessageQueue(topic, "broker-a", 5)
-
-    asyncio.run(main())
+    await create_topic(broker.addr, "broker-a", topic, queue_nums=8)
+    route = await wait_route(one_broker.namesrv_addrs, topic, {"broker-a"})
+    results: dict[str, list[SendResult]] = {k: [] for k in keys}
+    async with Producer(ProducerConfig("pg_ordered", one_broker.namesrv_addrs)) as p:
+        for step in range(15):
+            for k in keys:
+                msg = Message(topic, f"{k}:{step}".encode(), keys=k)
+                if step % 3 == 0:
+                    r = await p.send(msg, selector=SelectMessageQueueByHash(), arg=k)
+                else:
+                    r = await p.send(msg, sharding_key=k)
+                results[k].append(r)
+        explicit = MessageQueue(topic, "broker-a", 5)
+        r = await p.send(Message(topic, b"explicit"), queue=explicit)
+        assert r.message_queue == explicit
+    for k in keys:
+        expected_qid = abs(java_hash_code(k)) % 8
+        assert {r.message_queue.queue_id for r in results[k]} == {expected_qid}
+        stored = await pull_queue(broker.addr, topic, expected_qid)
+        bodies = [m.body for m in stored if m.keys == [k]]
+        assert bodies == [f"{k}:{step}".encode() for step in range(15)]
+    assert route.write_queues()[5] == MessageQueue(topic, "broker-a", 5)
 
 
-def test_auto_create_through_tbw102(one_broker: Cluster) -> None:
+async def test_auto_create_through_tbw102(one_broker: Cluster) -> None:
     topic = "BornOnFirstSend"
 
-    async def main() -> None:
-        cfg = ProducerConfig(
-            "pg_autocreate", one_broker.namesrv_addrs, poll_name_server_interval_ms=200
-        )
-        async with Producer(cfg) as p:
-            r = await p.send(Message(topic, b"first"))
-            assert r.status is SendStatus.SEND_OK
-            borrowed = p.instance.cached_route(topic)
-            assert borrowed is not None and borrowed.default_topic == "TBW102"
-            assert len(borrowed.write_queues()) == 4
-            deadline = time.monotonic() + 15
-            while (route := p.instance.cached_route(topic)) and route.default_topic:
-                assert time.monotonic() < deadline, "the real route never replaced TBW102's"
-                await asyncio.sleep(0.05)
-            assert route is not None and set(route.brokers) == {"broker-a"}
-            r2 = await p.send(Message(topic, b"second"))
-            stored = await pull_topic(route)
-        assert stored[r.msg_id].body == b"first" and stored[r2.msg_id].body == b"second"
+    cfg = ProducerConfig(
+        "pg_autocreate", one_broker.namesrv_addrs, poll_name_server_interval_ms=200
+    )
+    async with Producer(cfg) as p:
+        r = await p.send(Message(topic, b"first"))
+        assert r.status is SendStatus.SEND_OK
+        borrowed = p.instance.cached_route(topic)
+        assert borrowed is not None and borrowed.default_topic == "TBW102"
+        assert len(borrowed.write_queues()) == 4
 
-    asyncio.run(main())
+        def real_route() -> TopicRoute | None:
+            route = p.instance.cached_route(topic)
+            return route if route is not None and not route.default_topic else None
+
+        route = await until(real_route, "the real route to replace TBW102's", timeout_s=15)
+        assert route is not None and set(route.brokers) == {"broker-a"}
+        r2 = await p.send(Message(topic, b"second"))
+        stored = await pull_topic(route)
+    assert stored[r.msg_id].body == b"first" and stored[r2.msg_id].body == b"second"
 
 
-def test_no_auto_create_means_topic_not_found(tmp_path: Path) -> None:
-    async def main(c: Cluster) -> None:
+async def test_no_auto_create_means_topic_not_found(tmp_path: Path) -> None:
+    with cluster(tmp_path, broker_keys={"autoCreateTopicEnable": False}) as c:
         async with Producer(ProducerConfig("pg_noauto", c.namesrv_addrs)) as p:
             with pytest.raises(TopicNotFoundError, match="create it first"):
                 await p.send(Message("NeverCreated", b"x"))
-
-    with cluster(tmp_path, autoCreateTopicEnable=False) as c:
-        asyncio.run(main(c))
 
 
 # ---- failures -----------------------------------------------------------------------------
 
 
-def test_sync_sends_retry_around_a_killed_broker(tmp_path: Path) -> None:
+async def test_sync_sends_retry_around_a_killed_broker(tmp_path: Path) -> None:
     topic = "TwoBrokers"
 
-    async def main(c: Cluster) -> None:
+    with cluster(tmp_path, brokers=2) as c:
         for b, name in zip(c.brokers, ("broker-a", "broker-b"), strict=True):
             await create_topic(b.addr, name, topic)
         await wait_route(c.namesrv_addrs, topic, {"broker-a", "broker-b"})
@@ -317,11 +311,8 @@ def test_sync_sends_retry_around_a_killed_broker(tmp_path: Path) -> None:
         stored = await pull_topic(TopicRoute(topic, route.queues[:1], route.brokers))
         assert all(r.msg_id in stored for r in after)
 
-    with cluster(tmp_path, brokers=2) as c:
-        asyncio.run(main(c))
 
-
-def test_not_store_ok_is_returned_or_retried_elsewhere(tmp_path: Path) -> None:
+async def test_not_store_ok_is_returned_or_retried_elsewhere(tmp_path: Path) -> None:
     """broker-a flushes synchronously and every flush then stalls 600 ms: a message written
     during a stall outlives its 100 ms flush timeout and is answered FLUSH_DISK_TIMEOUT (stored,
     but not flushed in time). A background sender keeps broker-a's flusher stalling. The status
@@ -341,7 +332,7 @@ def test_not_store_ok_is_returned_or_retried_elsewhere(tmp_path: Path) -> None:
             )
         )
         procs.append(start_broker(tmp_path, [ns.addr], "broker-b"))
-        asyncio.run(_not_store_ok_scenario([ns.addr], topic, procs[1].addr, procs[2].addr))
+        await _not_store_ok_scenario([ns.addr], topic, procs[1].addr, procs[2].addr)
     finally:
         for p in reversed(procs):
             p.kill()
@@ -371,7 +362,7 @@ async def _not_store_ok_scenario(ns: list[str], topic: str, addr_a: str, addr_b:
 
         staller = asyncio.create_task(keep_flusher_stalled())
         try:
-            await asyncio.sleep(0.2)
+            await until(lambda: _flush_stalled(addr_a), "broker-a's flusher stalled")
             plain = [await as_is.send(Message(topic, b"p%d" % i)) for i in range(6)]
             retried = [await retry.send(Message(topic, b"r%d" % i)) for i in range(6)]
         finally:
@@ -389,6 +380,13 @@ async def _not_store_ok_scenario(ns: list[str], topic: str, addr_a: str, addr_b:
     assert twice, "no send was stored on broker-a and then resent to broker-b"
 
 
+async def _flush_stalled(addr: str) -> bool:
+    """Whether the broker holds bytes written but not yet flushed (its flusher is stalled)."""
+    async with RawClient(addr) as c:
+        stats = await c.runtime_stats()
+    return stats.commitlog_max_offset > stats.commitlog_flushed_offset
+
+
 def _ns_first_seed(addrs: list[str], want: str) -> int:
     for seed in range(100):
         if addrs[random.Random(seed).randrange(1 << 30) % len(addrs)] == want:
@@ -396,8 +394,8 @@ def _ns_first_seed(addrs: list[str], want: str) -> int:
     raise AssertionError("no seed")
 
 
-def test_nameserver_failover_and_pseudo_death(tmp_path: Path) -> None:
-    async def main(c: Cluster) -> None:
+async def test_nameserver_failover_and_pseudo_death(tmp_path: Path) -> None:
+    with cluster(tmp_path, nameservers=2) as c:
         addrs = c.namesrv_addrs
         await wait_route(addrs[1:], "TBW102", {"broker-a"})
         seed = _ns_first_seed(addrs, addrs[0])
@@ -424,112 +422,95 @@ def test_nameserver_failover_and_pseudo_death(tmp_path: Path) -> None:
             r = await p.send(Message("AfterNamesrvDeath", b"x"))
             assert r.status is SendStatus.SEND_OK
 
-    with cluster(tmp_path, nameservers=2) as c:
-        asyncio.run(main(c))
 
-
-def test_sync_send_times_out_on_a_stopped_broker(one_broker: Cluster) -> None:
+async def test_sync_send_times_out_on_a_stopped_broker(one_broker: Cluster) -> None:
     broker = one_broker.brokers[0]
 
-    async def main() -> None:
-        async with Producer(ProducerConfig("pg_timeout", one_broker.namesrv_addrs)) as p:
-            await p.send(Message("Stalled", b"warm"))
-            broker.pause()
-            try:
-                started = time.monotonic()
-                with pytest.raises(RequestTimeoutError):
-                    await p.send(Message("Stalled", b"lost?"), timeout_ms=800)
-                elapsed_s = time.monotonic() - started
-            finally:
-                broker.resume()
-            assert 0.7 < elapsed_s < 2.5, elapsed_s
-            r = await p.send(Message("Stalled", b"again"))
-            assert r.status is SendStatus.SEND_OK
-
-    asyncio.run(main())
+    async with Producer(ProducerConfig("pg_timeout", one_broker.namesrv_addrs)) as p:
+        await p.send(Message("Stalled", b"warm"))
+        broker.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(RequestTimeoutError):
+                await p.send(Message("Stalled", b"lost?"), timeout_ms=800)
+            elapsed_s = time.monotonic() - started
+        finally:
+            broker.resume()
+        assert 0.7 < elapsed_s < 2.5, elapsed_s
+        r = await p.send(Message("Stalled", b"again"))
+        assert r.status is SendStatus.SEND_OK
 
 
-def test_bad_input_is_refused_client_side(one_broker: Cluster) -> None:
-    async def main() -> None:
-        p = Producer(ProducerConfig("pg_bad", one_broker.namesrv_addrs))
-        with pytest.raises(ClientStateError, match="not started"):
-            await p.send(Message("T", b"x"))
-        async with p:
-            cases: list[tuple[Message, type[Exception], str]] = [
-                (Message("", b"x"), InvalidArgumentError, "topic name is empty"),
-                (Message("has space", b"x"), InvalidArgumentError, "characters outside"),
-                (Message("T", b""), InvalidArgumentError, "empty body"),
-                (Message("T", b"x" * (4 * 1024 * 1024)), MessageTooLargeError, "4194304"),
-                (
-                    Message("T", b"x", properties={"UNIQ_KEY": "1"}),
-                    InvalidArgumentError,
-                    "reserved",
-                ),
-                (Message("TBW102", b"x"), InvalidArgumentError, "reserved"),
-            ]
-            for msg, error, text in cases:
-                with pytest.raises(error, match=text):
-                    await p.send(msg)
-                with pytest.raises(error, match=text):
-                    p.send_async(msg)
-                with pytest.raises(error, match=text):
-                    await p.send_oneway(msg)
-            with pytest.raises(InvalidArgumentError, match="one topic"):
-                await p.send_batch([Message("A", b"x"), Message("B", b"x")])
-            with pytest.raises(MessageTooLargeError, match="batch of 5"):
-                await p.send_batch([Message("A", b"x" * 1_000_000) for _ in range(5)])
-            with pytest.raises(InvalidArgumentError, match="at most one"):
-                await p.send(
-                    Message("A", b"x"), sharding_key="k", selector=SelectMessageQueueByHash()
-                )
-            # None of it reached the network: no topic was auto-created.
-            assert p.instance.cached_route("A") is None
-
-    asyncio.run(main())
+async def test_bad_input_is_refused_client_side(one_broker: Cluster) -> None:
+    p = Producer(ProducerConfig("pg_bad", one_broker.namesrv_addrs))
+    with pytest.raises(ClientStateError, match="not started"):
+        await p.send(Message("T", b"x"))
+    async with p:
+        cases: list[tuple[Message, type[Exception], str]] = [
+            (Message("", b"x"), InvalidArgumentError, "topic name is empty"),
+            (Message("has space", b"x"), InvalidArgumentError, "characters outside"),
+            (Message("T", b""), InvalidArgumentError, "empty body"),
+            (Message("T", b"x" * (4 * 1024 * 1024)), MessageTooLargeError, "4194304"),
+            (
+                Message("T", b"x", properties={"UNIQ_KEY": "1"}),
+                InvalidArgumentError,
+                "reserved",
+            ),
+            (Message("TBW102", b"x"), InvalidArgumentError, "reserved"),
+        ]
+        for msg, error, text in cases:
+            with pytest.raises(error, match=text):
+                await p.send(msg)
+            with pytest.raises(error, match=text):
+                p.send_async(msg)
+            with pytest.raises(error, match=text):
+                await p.send_oneway(msg)
+        with pytest.raises(InvalidArgumentError, match="one topic"):
+            await p.send_batch([Message("A", b"x"), Message("B", b"x")])
+        with pytest.raises(MessageTooLargeError, match="batch of 5"):
+            await p.send_batch([Message("A", b"x" * 1_000_000) for _ in range(5)])
+        with pytest.raises(InvalidArgumentError, match="at most one"):
+            await p.send(Message("A", b"x"), sharding_key="k", selector=SelectMessageQueueByHash())
+        # None of it reached the network: no topic was auto-created.
+        assert p.instance.cached_route("A") is None
 
 
-def test_accumulating_producer_sends_20k_quickly(one_broker: Cluster) -> None:
+async def test_accumulating_producer_sends_20k_quickly(one_broker: Cluster) -> None:
     topic = "Firehose"
     count = 20_000
 
-    async def main() -> None:
-        cfg = AccumulatingProducerConfig("pg_firehose", one_broker.namesrv_addrs)
-        async with AccumulatingProducer(cfg) as p:
-            started = time.monotonic()
-            futs = [await p.enqueue(Message(topic, b"m%06d" % i)) for i in range(count)]
-            results = await asyncio.gather(*futs)
-            elapsed_s = time.monotonic() - started
-            ids = {r.msg_id for r in results}
-            assert len(ids) == count
-            assert {r.status for r in results} == {SendStatus.SEND_OK}
-            single = await p.send(Message(topic, b"one more"))
-            route = await p.instance.get_route(topic)
-        assert elapsed_s < 30, elapsed_s
-        stored = await pull_topic(route)
-        assert ids | {single.msg_id} <= set(stored)
-        per_queue: dict[int, list[int]] = {}
-        for r in results:
-            per_queue.setdefault(r.message_queue.queue_id, []).append(r.queue_offset)
-        for offsets in per_queue.values():
-            assert len(set(offsets)) == len(offsets)
-
-    asyncio.run(main())
+    cfg = AccumulatingProducerConfig("pg_firehose", one_broker.namesrv_addrs)
+    async with AccumulatingProducer(cfg) as p:
+        started = time.monotonic()
+        futs = [await p.enqueue(Message(topic, b"m%06d" % i)) for i in range(count)]
+        results = await asyncio.gather(*futs)
+        elapsed_s = time.monotonic() - started
+        ids = {r.msg_id for r in results}
+        assert len(ids) == count
+        assert {r.status for r in results} == {SendStatus.SEND_OK}
+        single = await p.send(Message(topic, b"one more"))
+        route = await p.instance.get_route(topic)
+    assert elapsed_s < 30, elapsed_s
+    stored = await pull_topic(route)
+    assert ids | {single.msg_id} <= set(stored)
+    per_queue: dict[int, list[int]] = {}
+    for r in results:
+        per_queue.setdefault(r.message_queue.queue_id, []).append(r.queue_offset)
+    for offsets in per_queue.values():
+        assert len(set(offsets)) == len(offsets)
 
 
-def test_close_leaves_the_client_instance_reusable(one_broker: Cluster) -> None:
-    async def main() -> None:
-        cfg = ProducerConfig("pg_twice", one_broker.namesrv_addrs)
-        first = Producer(cfg)
-        await first.start()
-        with pytest.raises(ValueError, match="already registered"):
-            await Producer(cfg).start()
-        await first.close()
-        with pytest.raises(ClientStateError):
-            await first.send(Message("T", b"x"))
-        async with Producer(cfg) as again:  # the group is free again after close
-            assert (await again.send(Message("Again", b"x"))).status is SendStatus.SEND_OK
-
-    asyncio.run(main())
+async def test_close_leaves_the_client_instance_reusable(one_broker: Cluster) -> None:
+    cfg = ProducerConfig("pg_twice", one_broker.namesrv_addrs)
+    first = Producer(cfg)
+    await first.start()
+    with pytest.raises(ValueError, match="already registered"):
+        await Producer(cfg).start()
+    await first.close()
+    with pytest.raises(ClientStateError):
+        await first.send(Message("T", b"x"))
+    async with Producer(cfg) as again:  # the group is free again after close
+        assert (await again.send(Message("Again", b"x"))).status is SendStatus.SEND_OK
 
 
 # ---- the client instance ----------------------------------------------------------------
@@ -567,28 +548,20 @@ class ProbeConsumer:
 
 
 async def consumer_ids(addr: str, group: str) -> list[str]:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        resp = await messaging_pb2_grpc.MessagingStub(ch).GetConsumerIdList(
+    async with RawClient(addr) as c:
+        resp = await c.messaging.GetConsumerIdList(
             messaging_pb2.GetConsumerIdListRequest(consumer_group=group), timeout=5
         )
     return list(resp.consumer_ids)
 
 
-async def eventually(check: object, timeout_s: float = 15) -> None:
-    assert callable(check)
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
-def test_instance_heartbeats_follow_routes_and_broker_restarts(tmp_path: Path) -> None:
+async def test_instance_heartbeats_follow_routes_and_broker_restarts(tmp_path: Path) -> None:
     """Heartbeats carry the consumer data (the broker lists the client in its group), streams
     open to every broker of a route in use, a route change reaches the consumer handle, and a
     broker that comes back on a new port gets a new stream while the old one is dropped."""
     topic, group = "Watched", "cg_probe"
 
-    async def main(c: Cluster) -> None:
+    with cluster(tmp_path, brokers=2) as c:
         a, b = c.brokers
         await create_topic(a.addr, "broker-a", topic)
         await wait_route(c.namesrv_addrs, topic, {"broker-a"})
@@ -610,7 +583,7 @@ def test_instance_heartbeats_follow_routes_and_broker_restarts(tmp_path: Path) -
                     "broker-b",
                 }
 
-            await eventually(both_brokers)
+            await until(both_brokers, "a route with both brokers", 15)
             assert inst.stream_addrs() == sorted([a.addr, b.addr])
             assert await inst.heartbeat_now() == sorted([a.addr, b.addr])
             assert await consumer_ids(b.addr, group) == [inst.client_id]
@@ -623,8 +596,10 @@ def test_instance_heartbeats_follow_routes_and_broker_restarts(tmp_path: Path) -
                 route = inst.cached_route(topic)
                 return route is not None and route.master_addr("broker-b") == b2.addr
 
-            await eventually(moved)
-            await eventually(_is(inst.stream_addrs, sorted([a.addr, b2.addr])))
+            await until(moved, "broker-b at its new address", 15)
+            await until(
+                lambda: inst.stream_addrs() == sorted([a.addr, b2.addr]), "streams to a and b2", 15
+            )
             assert await inst.heartbeat_now() == sorted([a.addr, b2.addr])
             assert await consumer_ids(b2.addr, group) == [inst.client_id]
 
@@ -633,18 +608,6 @@ def test_instance_heartbeats_follow_routes_and_broker_restarts(tmp_path: Path) -
             async def gone() -> bool:
                 return await consumer_ids(a.addr, group) == []
 
-            await eventually(gone)
+            await until(gone, "the consumer gone from broker-a", 15)
         finally:
             await inst.close()
-
-    with cluster(tmp_path, brokers=2) as c:
-        asyncio.run(main(c))
-
-
-def _is(get: object, want: object) -> object:
-    assert callable(get)
-
-    async def check() -> bool:
-        return bool(get() == want)
-
-    return check

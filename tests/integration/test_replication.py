@@ -23,12 +23,9 @@ import pytest
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     nameserver_pb2,
-    nameserver_pb2_grpc,
 )
 from tests.integration.cluster import restart, start_nameserver
 from tests.integration.replication_support import (
@@ -38,7 +35,6 @@ from tests.integration.replication_support import (
     create_group,
     create_topics,
     read_all,
-    refused,
     runtime_stats,
     send_load,
     start_ha_slave,
@@ -49,6 +45,7 @@ from tests.integration.replication_support import (
     wait_readable,
     wait_replicated,
 )
+from tests.support.raw_client import RawClient, refused
 
 pytestmark = pytest.mark.integration
 
@@ -73,12 +70,12 @@ async def check_reads(master: str, slave: str, sent: list[Sent]) -> None:
 
 
 @pytest.mark.parametrize("role", ["ASYNC_MASTER", "SYNC_MASTER"])
-def test_load_leaves_byte_identical_commitlogs(tmp_path: Path, role: str) -> None:
+async def test_load_leaves_byte_identical_commitlogs(tmp_path: Path, role: str) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr], brokerRole=role)
     slave = start_ha_slave(tmp_path, [ns.addr])
 
-    async def main() -> tuple[list[Sent], int]:
+    try:
         await create_topics(master.addr, "broker-a", TOPICS, QUEUES)
         await create_group(master.addr, "broker-a", GROUP)
         await wait_in_sync(master.addr)
@@ -90,10 +87,6 @@ def test_load_leaves_byte_identical_commitlogs(tmp_path: Path, role: str) -> Non
         end = await wait_replicated(master.addr, slave.addr, TOPICS, QUEUES)
         await check_reads(master.addr, slave.addr, sent)
         await wait_master_view(master.addr, end)
-        return sent, end
-
-    try:
-        sent, end = asyncio.run(main())
         assert len(sent) == len(TOPICS) * QUEUES * (8 * 32 + 8)
         assert end > 3 * 256 * 1024, "the load should roll several commitlog files"
         assert slave.stop() == 0
@@ -104,7 +97,7 @@ def test_load_leaves_byte_identical_commitlogs(tmp_path: Path, role: str) -> Non
             sp.kill()
 
 
-def test_slave_killed_during_load_catches_up(tmp_path: Path) -> None:
+async def test_slave_killed_during_load_catches_up(tmp_path: Path) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr])
     slaves = [start_ha_slave(tmp_path, [ns.addr])]
@@ -119,7 +112,7 @@ def test_slave_killed_during_load_catches_up(tmp_path: Path) -> None:
             events.append(f"restarting at {sent_so_far}")  # the other senders go on meanwhile
             slaves.append(await asyncio.to_thread(restart, slaves[-1]))
 
-    async def main() -> int:
+    try:
         await create_topics(master.addr, "broker-a", TOPICS, QUEUES)
         await create_group(master.addr, "broker-a", GROUP)
         await wait_in_sync(master.addr)
@@ -127,10 +120,6 @@ def test_slave_killed_during_load_catches_up(tmp_path: Path) -> None:
         assert len(events) == 2, events
         end = await wait_replicated(master.addr, slaves[-1].addr, TOPICS, QUEUES)
         await check_reads(master.addr, slaves[-1].addr, sent)
-        return end
-
-    try:
-        end = asyncio.run(main())
         assert slaves[-1].stop() == 0
         assert master.stop() == 0
         assert_same_commitlogs(master.workdir / "store", slaves[-1].workdir / "store", end)
@@ -139,21 +128,21 @@ def test_slave_killed_during_load_catches_up(tmp_path: Path) -> None:
             sp.kill()
 
 
-def test_slave_refuses_writes_and_serves_reads(tmp_path: Path) -> None:
+async def test_slave_refuses_writes_and_serves_reads(tmp_path: Path) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr])
     slave = start_ha_slave(tmp_path, [ns.addr])
     topic = "HaRefuse"
 
-    async def main() -> None:
+    try:
         await create_topics(master.addr, "broker-a", [topic], 2)
         await create_group(master.addr, "broker-a", GROUP)
         await wait_in_sync(master.addr)
         sent = await send_load(master.addr, [topic], 2, batches_per_queue=1, batch_size=4)
         await wait_replicated(master.addr, slave.addr, [topic], 2)
-        async with grpc.aio.insecure_channel(slave.addr) as ch:
-            msg = messaging_pb2_grpc.MessagingStub(ch)
-            adm = admin_pb2_grpc.AdminStub(ch)
+        async with RawClient(slave.addr) as raw:
+            msg = raw.messaging
+            adm = raw.admin
             target = admin_pb2.ApplyTarget(broker_name="broker-a")
             tconf = common_pb2.TopicConfig(
                 topic_name=topic, read_queue_nums=2, write_queue_nums=2, perm=6
@@ -239,15 +228,12 @@ def test_slave_refuses_writes_and_serves_reads(tmp_path: Path) -> None:
             )
             topics = await adm.ListTopics(admin_pb2.ListTopicsRequest(), timeout=5)
             assert topic in str(topics)
-        async with grpc.aio.insecure_channel(ns.addr) as ch:
-            route = await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
+        async with RawClient(ns.addr) as raw:
+            route = await raw.nameserver.GetRouteInfoByTopic(
                 nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic), timeout=5
             )
         addrs = {b.broker_name: dict(b.broker_addrs) for b in route.route.brokers}
         assert addrs["broker-a"] == {0: master.addr, 1: slave.addr}
-
-    try:
-        asyncio.run(main())
     finally:
         for sp in (slave, master, ns):
             sp.kill()

@@ -20,11 +20,9 @@ byte-identical.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from rocketq._api.rocketq.v1 import messaging_pb2_grpc
@@ -42,6 +40,8 @@ from tests.integration.replication_support import (
     wait_replicated,
 )
 from tests.integration.workers.tcp_proxy import start_proxy
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -69,15 +69,22 @@ class Sender:
         from this call. Fails if ``want`` does not come within ``within_s``."""
         start = time.monotonic()
         seen: list[tuple[str, float, float]] = []
-        while True:
+
+        async def got_want() -> bool:
             status, took = await self.send()
             seen.append((status, took, time.monotonic() - start))
-            if status == want:
-                return seen
-            assert time.monotonic() - start < within_s, f"no {want} within {within_s}s: {seen}"
+            return status == want
+
+        try:
+            await until(got_want, f"a {want} send", within_s, interval_s=0)
+        except AssertionError:
+            raise AssertionError(f"no {want} within {within_s}s: {seen}") from None
+        return seen
 
 
-def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(tmp_path: Path) -> None:
+async def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(
+    tmp_path: Path,
+) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(
         tmp_path,
@@ -95,12 +102,12 @@ def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(tmp_pa
         status, _ = await sender.send()
         assert status == "SEND_OK", status
 
-    async def main() -> int:
+    try:
         await create_topics(master.addr, "broker-a", [TOPIC], QUEUES)
         await create_group(master.addr, "broker-a", "ha-cut")
         await wait_in_sync(master.addr)
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            sender = Sender(messaging_pb2_grpc.MessagingStub(ch))
+        async with RawClient(master.addr) as raw:
+            sender = Sender(raw.messaging)
             for _ in range(10):
                 assert (await sender.send())[0] == "SEND_OK"
 
@@ -133,10 +140,7 @@ def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(tmp_pa
             for _ in range(5):  # stored all the same, for the slave to fetch after the heal
                 assert (await sender.send())[0] == "SLAVE_NOT_AVAILABLE"
             await healed(sender)
-        return await wait_replicated(master.addr, slave.addr, [TOPIC], QUEUES)
-
-    try:
-        end = asyncio.run(main())
+        end = await wait_replicated(master.addr, slave.addr, [TOPIC], QUEUES)
         assert slave.stop() == 0
         assert master.stop() == 0
         assert_same_commitlogs(master.workdir / "store", slave.workdir / "store", end)

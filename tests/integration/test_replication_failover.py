@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -47,12 +46,13 @@ from tests.integration.replication_support import (
     start_ha_slave,
     start_master,
     stored_uniq_keys,
-    until,
     wait_in_sync,
     wait_readable,
     wait_replicated,
     wait_route,
 )
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -113,8 +113,8 @@ async def send_phase(p: Producer, tag: str, n: int) -> dict[str, str]:
 
 async def committed(addr: str, group: str) -> dict[int, int]:
     out: dict[int, int] = {}
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = messaging_pb2_grpc.MessagingStub(ch)
+    async with RawClient(addr) as raw:
+        stub = raw.messaging
         for q in range(QUEUES):
             try:
                 resp = await stub.QueryConsumerOffset(
@@ -130,14 +130,16 @@ async def committed(addr: str, group: str) -> dict[int, int]:
     return out
 
 
-def test_master_killed_consumers_read_slave_producers_move_offsets_kept(tmp_path: Path) -> None:
+async def test_master_killed_consumers_read_slave_producers_move_offsets_kept(
+    tmp_path: Path,
+) -> None:
     ns = start_nameserver(tmp_path)
     master_a = start_master(tmp_path, [ns.addr], "broker-a")
     slave_a = start_ha_slave(tmp_path, [ns.addr], "broker-a")
     master_b = start_master(tmp_path, [ns.addr], "broker-b")
     procs = [ns, master_a, slave_a, master_b]
 
-    async def main() -> None:
+    try:
         for m, name in ((master_a, "broker-a"), (master_b, "broker-b")):
             await create_topics(m.addr, name, [TOPIC], QUEUES)
             await create_group(m.addr, name, GROUP)
@@ -151,7 +153,7 @@ def test_master_killed_consumers_read_slave_producers_move_offsets_kept(tmp_path
         await producer.start()
         try:
             warm = await send_phase(producer, "warm", 40)
-            await until(rec.has(set(warm)), 30, "the warm-up messages consumed")
+            await until(rec.has(set(warm)), "the warm-up messages consumed", timeout_s=30)
             consumer.suspend()
             backlog = await send_phase(producer, "backlog", 200)
             on_a = {b for b, broker in backlog.items() if broker == "broker-a"}
@@ -165,7 +167,9 @@ def test_master_killed_consumers_read_slave_producers_move_offsets_kept(tmp_path
             moved = await send_phase(producer, "moved", 60)
             assert set(moved.values()) == {"broker-b"}, "sends kept going to the dead master"
             everything = set(warm) | set(backlog) | set(moved)
-            await until(rec.has(everything), 45, "the push consumer reading broker-a's slave")
+            await until(
+                rec.has(everything), "the push consumer reading broker-a's slave", timeout_s=45
+            )
             from_slave = on_a - before_kill
             assert len(from_slave) >= len(on_a) // 2, (
                 f"only {len(from_slave)} of broker-a's {len(on_a)} backlog messages were read "
@@ -183,12 +187,14 @@ def test_master_killed_consumers_read_slave_producers_move_offsets_kept(tmp_path
             await lite.start()
             try:
                 seen: set[str] = set()
-                deadline = time.monotonic() + 45
-                while not everything <= seen:
-                    assert time.monotonic() < deadline, (
-                        f"lite pull consumer missing {len(everything - seen)} messages"
-                    )
-                    seen |= {m.body.decode() for m in await lite.poll(1000)}
+
+                async def polled_everything() -> bool:
+                    seen.update(m.body.decode() for m in await lite.poll(1000))
+                    return everything <= seen
+
+                await until(
+                    polled_everything, "the lite pull consumer to read every message", 45, 0
+                )
             finally:
                 await lite.close()
         finally:
@@ -205,8 +211,8 @@ def test_master_killed_consumers_read_slave_producers_move_offsets_kept(tmp_path
         procs.append(master_a_again := restart(master_a))
         await until(
             lambda: _equals(committed(master_a_again.addr, GROUP), ends),
-            20,
             "the returned master holding the offsets committed on its slave",
+            timeout_s=20,
         )
         rec2 = Recorder()
         consumer2 = push_consumer(ns.addr, rec2)
@@ -218,15 +224,12 @@ def test_master_killed_consumers_read_slave_producers_move_offsets_kept(tmp_path
             ) as p2:
                 after = await send_phase(p2, "after", 40)
             assert set(after.values()) == {"broker-a", "broker-b"}
-            await until(rec2.has(set(after)), 30, "the new member consuming new messages")
+            await until(rec2.has(set(after)), "the new member consuming new messages", timeout_s=30)
             await asyncio.sleep(1.0)  # time for any wrongful redelivery to show up
         finally:
             await consumer2.close()
         again = [b for b in rec2.bodies if b not in after]
         assert not again, f"{len(again)} old messages redelivered, e.g. {again[:5]}"
-
-    try:
-        asyncio.run(main())
     finally:
         for sp in reversed(procs):
             sp.kill()
@@ -236,7 +239,7 @@ async def _equals(got: Awaitable[dict[int, int]], want: dict[int, int]) -> bool:
     return await got == want
 
 
-def test_sync_master_never_acks_what_the_slave_lacks(tmp_path: Path) -> None:
+async def test_sync_master_never_acks_what_the_slave_lacks(tmp_path: Path) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr], brokerRole="SYNC_MASTER")
     slave = start_ha_slave(tmp_path, [ns.addr])
@@ -257,20 +260,17 @@ def test_sync_master_never_acks_what_the_slave_lacks(tmp_path: Path) -> None:
             if len(acked) >= kill_after and master.alive():
                 master.kill()  # right after an acknowledgement, other sends in flight
 
-    async def main() -> set[bytes]:
+    try:
         await create_topics(master.addr, "broker-a", [TOPIC], QUEUES)
         await create_group(master.addr, "broker-a", GROUP)
         await wait_in_sync(master.addr)
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            stub = messaging_pb2_grpc.MessagingStub(ch)
+        async with RawClient(master.addr) as raw:
+            stub = raw.messaging
             await asyncio.gather(*(sender(stub, q) for q in range(QUEUES)))
         assert not master.alive() and len(acked) >= kill_after
         assert (await runtime_stats(slave.addr)).role == admin_pb2.SLAVE
         reads = await read_all(slave.addr, GROUP, [TOPIC], QUEUES)
-        return {b for r in reads.values() for b in bodies_of(r)}
-
-    try:
-        readable = asyncio.run(main())
+        readable = {b for r in reads.values() for b in bodies_of(r)}
         assert slave.stop() == 0
         on_disk = stored_uniq_keys(slave.workdir / "store")
         lacking = [s.body for s in acked if s.msg_id not in on_disk]

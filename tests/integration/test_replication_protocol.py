@@ -18,18 +18,16 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_status import rpc_status
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     replication_pb2,
-    replication_pb2_grpc,
 )
 from tests.integration.cluster import ServiceProcess, start_broker, start_slave
+from tests.support.raw_client import RawClient, refused
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -56,19 +54,11 @@ def _epochs(*pairs: tuple[int, int]) -> list[replication_pb2.EpochEntry]:
     return [replication_pb2.EpochEntry(epoch=e, start_offset=s) for e, s in pairs]
 
 
-def _reason(err: grpc.aio.AioRpcError) -> int:
-    status = rpc_status.from_call(err)
-    assert status is not None
-    detail = common_pb2.ErrorDetail()
-    status.details[0].Unpack(detail)
-    return detail.reason
-
-
 class FakeSlave:
     """One Replication.Stream opened by the test."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.call: Any = replication_pb2_grpc.ReplicationStub(channel).Stream()
+    def __init__(self, c: RawClient) -> None:
+        self.call: Any = c.replication.Stream()
         self.data = bytearray()
         self.start = 0
         self.confirms: list[int] = []
@@ -144,8 +134,8 @@ class FakeSlave:
 
 async def _produce(addr: str, count: int, body_bytes: int = 1000) -> int:
     """Create the topic and send ``count`` messages; the master's commitlog max offset."""
-    async with grpc.aio.insecure_channel(addr) as ch:
-        admin = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as c:
+        admin = c.admin
         await admin.CreateTopic(
             admin_pb2.CreateTopicRequest(
                 target=admin_pb2.ApplyTarget(broker_name="broker-a"),
@@ -154,12 +144,12 @@ async def _produce(addr: str, count: int, body_bytes: int = 1000) -> int:
                 ),
             )
         )
-        await _send(ch, count, body_bytes)
-        return await _max_offset(ch)
+        await _send(c, count, body_bytes)
+        return await _max_offset(c)
 
 
-async def _send(ch: grpc.aio.Channel, count: int, body_bytes: int = 1000) -> list[int]:
-    stub = messaging_pb2_grpc.MessagingStub(ch)
+async def _send(c: RawClient, count: int, body_bytes: int = 1000) -> list[int]:
+    stub = c.messaging
     statuses = []
     for i in range(count):
         resp = await stub.Send(
@@ -172,15 +162,18 @@ async def _send(ch: grpc.aio.Channel, count: int, body_bytes: int = 1000) -> lis
     return statuses
 
 
-async def _stats(ch: grpc.aio.Channel) -> admin_pb2.GetRuntimeStatsResponse:
-    stats: admin_pb2.GetRuntimeStatsResponse = await admin_pb2_grpc.AdminStub(ch).GetRuntimeStats(
-        admin_pb2.GetRuntimeStatsRequest()
-    )
-    return stats
+async def _stats(c: RawClient) -> admin_pb2.GetRuntimeStatsResponse:
+    return await c.runtime_stats()
 
 
-async def _max_offset(ch: grpc.aio.Channel) -> int:
-    return (await _stats(ch)).commitlog_max_offset
+async def _in_sync(c: RawClient) -> bool:
+    """Whether the master reports its one slave in sync."""
+    slaves = (await _stats(c)).slaves
+    return bool(slaves) and slaves[0].in_sync
+
+
+async def _max_offset(c: RawClient) -> int:
+    return (await _stats(c)).commitlog_max_offset
 
 
 def _commitlog_bytes(master: ServiceProcess, start: int, end: int) -> bytes:
@@ -193,12 +186,12 @@ def _commitlog_bytes(master: ServiceProcess, start: int, end: int) -> bytes:
 # -- hello statuses ------------------------------------------------------------------------------
 
 
-def test_hello_statuses(master_factory: Callable[..., ServiceProcess]) -> None:
+async def test_hello_statuses(master_factory: Callable[..., ServiceProcess]) -> None:
     master = master_factory()
 
     async def expect(code: grpc.StatusCode, first: Any) -> grpc.aio.AioRpcError:
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            call = replication_pb2_grpc.ReplicationStub(ch).Stream()
+        async with RawClient(master.addr) as c:
+            call = c.replication.Stream()
             await call.write(first)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await asyncio.wait_for(call.read(), 10)
@@ -210,65 +203,55 @@ def test_hello_statuses(master_factory: Callable[..., ServiceProcess]) -> None:
         base.update(fields)
         return replication_pb2.ReplicationStreamRequest(hello=replication_pb2.SlaveHello(**base))
 
-    async def main() -> None:
-        invalid = grpc.StatusCode.INVALID_ARGUMENT
-        await expect(
-            invalid, replication_pb2.ReplicationStreamRequest(ack=replication_pb2.SlaveAck())
-        )
-        await expect(invalid, hello(broker_name=""))
-        await expect(invalid, hello(broker_id=0))
-        await expect(invalid, hello(epochs=_epochs((1, 0), (1, 10))))
-        await expect(invalid, hello(epochs=_epochs((0, 10), (1, 5))))
-        precondition = grpc.StatusCode.FAILED_PRECONDITION
-        await expect(precondition, hello(broker_name="broker-b"))
-        err = await expect(
-            precondition, hello(epochs=_epochs((0, 0), (3, 0)), max_physical_offset=5)
-        )
-        assert "newer" in (err.details() or "")
-        # An ack beyond what was sent breaks the protocol.
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            slave = FakeSlave(ch)
-            await slave.hello()
-            await slave.ack(1 << 30)
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                while True:
-                    await slave.read()
-            assert info.value.code() == invalid
-
-    asyncio.run(main())
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    await expect(invalid, replication_pb2.ReplicationStreamRequest(ack=replication_pb2.SlaveAck()))
+    await expect(invalid, hello(broker_name=""))
+    await expect(invalid, hello(broker_id=0))
+    await expect(invalid, hello(epochs=_epochs((1, 0), (1, 10))))
+    await expect(invalid, hello(epochs=_epochs((0, 10), (1, 5))))
+    precondition = grpc.StatusCode.FAILED_PRECONDITION
+    await expect(precondition, hello(broker_name="broker-b"))
+    err = await expect(precondition, hello(epochs=_epochs((0, 0), (3, 0)), max_physical_offset=5))
+    assert "newer" in (err.details() or "")
+    # An ack beyond what was sent breaks the protocol.
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        await slave.hello()
+        await slave.ack(1 << 30)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            while True:
+                await slave.read()
+        assert info.value.code() == invalid
 
 
-def test_a_slave_answers_replication_calls_not_master(
+async def test_a_slave_answers_replication_calls_not_master(
     tmp_path: Path, master_factory: Callable[..., ServiceProcess]
 ) -> None:
     master = master_factory()
     slave = start_slave(tmp_path, [], haMasterAddress=master.addr)
     try:
+        # Let the real slave settle on its own stream first (and stop it only then).
+        async with RawClient(master.addr) as mc:
 
-        async def main() -> None:
-            # Let the real slave settle on its own stream first (and stop it only then).
-            async with grpc.aio.insecure_channel(master.addr) as mch:
-                for _ in range(100):
-                    if (await _stats(mch)).slaves:
-                        break
-                    await asyncio.sleep(0.05)
-                assert (await _stats(mch)).slaves[0].broker_id == 1
-            async with grpc.aio.insecure_channel(slave.addr) as ch:
-                call = replication_pb2_grpc.ReplicationStub(ch).Stream()
-                hello = replication_pb2.SlaveHello(broker_name="broker-a", broker_id=2)
-                await call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
-                with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await asyncio.wait_for(call.read(), 10)
-                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-                assert _reason(info.value) == common_pb2.NOT_MASTER
-                with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await replication_pb2_grpc.ReplicationStub(ch).SyncConfig(
-                        replication_pb2.SyncConfigRequest(broker_name="broker-a", broker_id=2)
-                    )
-                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-                assert _reason(info.value) == common_pb2.NOT_MASTER
+            async def has_slave() -> bool:
+                return bool((await _stats(mc)).slaves)
 
-        asyncio.run(main())
+            await until(has_slave, "the real slave's stream on the master", timeout_s=5)
+            assert (await _stats(mc)).slaves[0].broker_id == 1
+        async with RawClient(slave.addr) as c:
+            call = c.replication.Stream()
+            hello = replication_pb2.SlaveHello(broker_name="broker-a", broker_id=2)
+            await call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
+            code, reason, _ = await refused(asyncio.wait_for(call.read(), 10))
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert reason == common_pb2.NOT_MASTER
+            code, reason, _ = await refused(
+                c.replication.SyncConfig(
+                    replication_pb2.SyncConfigRequest(broker_name="broker-a", broker_id=2)
+                )
+            )
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert reason == common_pb2.NOT_MASTER
     finally:
         slave.stop()
 
@@ -276,226 +259,203 @@ def test_a_slave_answers_replication_calls_not_master(
 # -- truncation and chunks -----------------------------------------------------------------------
 
 
-def test_truncate_to_for_empty_behind_ahead_and_diverged_histories(
+async def test_truncate_to_for_empty_behind_ahead_and_diverged_histories(
     master_factory: Callable[..., ServiceProcess],
 ) -> None:
     master = master_factory()
 
-    async def main() -> None:
-        end = await _produce(master.addr, 20)
-        assert end > 0
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            cases = [
-                ((), 0, 0),  # empty store: from the start
-                (_epochs((0, 0)), 1000, 1000),  # behind: keeps everything
-                (_epochs((0, 0)), end + 5000, end),  # ahead: cut back to the master's end
-                (_epochs((0, 300)), 900, 0),  # histories differ from the first entry
-            ]
-            for epochs, slave_max, want in cases:
-                slave = FakeSlave(ch)
-                truncate = await slave.hello(slave_max, epochs)
-                assert truncate.physical_offset == want, (epochs, slave_max)
-                assert [(e.epoch, e.start_offset) for e in truncate.epochs] == [(0, 0)]
-                slave.call.cancel()
-
-    asyncio.run(main())
+    end = await _produce(master.addr, 20)
+    assert end > 0
+    async with RawClient(master.addr) as c:
+        cases = [
+            ((), 0, 0),  # empty store: from the start
+            (_epochs((0, 0)), 1000, 1000),  # behind: keeps everything
+            (_epochs((0, 0)), end + 5000, end),  # ahead: cut back to the master's end
+            (_epochs((0, 300)), 900, 0),  # histories differ from the first entry
+        ]
+        for epochs, slave_max, want in cases:
+            slave = FakeSlave(c)
+            truncate = await slave.hello(slave_max, epochs)
+            assert truncate.physical_offset == want, (epochs, slave_max)
+            assert [(e.epoch, e.start_offset) for e in truncate.epochs] == [(0, 0)]
+            slave.call.cancel()
 
 
-def test_chunks_are_contiguous_bounded_and_equal_to_the_master_commitlog(
+async def test_chunks_are_contiguous_bounded_and_equal_to_the_master_commitlog(
     master_factory: Callable[..., ServiceProcess],
 ) -> None:
     batch = 8192
     master = master_factory(haTransferBatchSize=batch)
 
-    async def main() -> None:
-        end = await _produce(master.addr, 200)
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            slave = FakeSlave(ch)
-            truncate = await slave.hello(1000, _epochs((0, 0)))
-            assert truncate.physical_offset == 1000
-            sizes: list[int] = []
-            while slave.end < end:
-                msg = await slave.read()
-                if msg.WhichOneof("command") == "chunk":
-                    sizes.append(len(msg.chunk.data))
-                await slave.take(msg)
-                await slave.ack(slave.end)
-            assert slave.end == end
-            assert max(sizes) <= batch and len(sizes) >= (end - 1000) // batch
-            assert bytes(slave.data) == _commitlog_bytes(master, 1000, end)
-            # New bytes are pushed without asking.
-            await _send(ch, 3)
-            end2 = await _max_offset(ch)
-            await slave.receive_until(lambda: slave.end >= end2, ack=True)
-            assert bytes(slave.data) == _commitlog_bytes(master, 1000, end2)
-
-    asyncio.run(main())
+    end = await _produce(master.addr, 200)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        truncate = await slave.hello(1000, _epochs((0, 0)))
+        assert truncate.physical_offset == 1000
+        sizes: list[int] = []
+        while slave.end < end:
+            msg = await slave.read()
+            if msg.WhichOneof("command") == "chunk":
+                sizes.append(len(msg.chunk.data))
+            await slave.take(msg)
+            await slave.ack(slave.end)
+        assert slave.end == end
+        assert max(sizes) <= batch and len(sizes) >= (end - 1000) // batch
+        assert bytes(slave.data) == _commitlog_bytes(master, 1000, end)
+        # New bytes are pushed without asking.
+        await _send(c, 3)
+        end2 = await _max_offset(c)
+        await slave.receive_until(lambda: slave.end >= end2, ack=True)
+        assert bytes(slave.data) == _commitlog_bytes(master, 1000, end2)
 
 
-def test_in_flight_bytes_are_capped_until_the_slave_acks(
+async def test_in_flight_bytes_are_capped_until_the_slave_acks(
     master_factory: Callable[..., ServiceProcess],
 ) -> None:
     master = master_factory(haTransferBatchSize=4096, haMaxInFlightBytes=16384)
 
-    async def main() -> None:
-        end = await _produce(master.addr, 100)
-        assert end > 40_000
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            slave = FakeSlave(ch)
-            await slave.hello()
-            await slave.drain(quiet_s=1.0)
-            assert slave.end == 16384  # the window, exactly, and nothing more without an ack
-            await slave.ack(5000)
-            await slave.drain(quiet_s=0.5)
-            assert slave.end == 5000 + 16384
-            await slave.receive_until(lambda: slave.end >= end, ack=True)
-            assert slave.end == end
-            assert bytes(slave.data) == _commitlog_bytes(master, 0, end)
-
-    asyncio.run(main())
+    end = await _produce(master.addr, 100)
+    assert end > 40_000
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        await slave.hello()
+        await slave.drain(quiet_s=1.0)
+        assert slave.end == 16384  # the window, exactly, and nothing more without an ack
+        await slave.ack(5000)
+        await slave.drain(quiet_s=0.5)
+        assert slave.end == 5000 + 16384
+        await slave.receive_until(lambda: slave.end >= end, ack=True)
+        assert slave.end == end
+        assert bytes(slave.data) == _commitlog_bytes(master, 0, end)
 
 
 # -- confirm offset, SYNC_MASTER, housekeeping ---------------------------------------------------
 
 
-def test_confirm_offset_follows_the_in_sync_slave(
+async def test_confirm_offset_follows_the_in_sync_slave(
     master_factory: Callable[..., ServiceProcess],
 ) -> None:
     master = master_factory()
 
-    async def main() -> None:
-        end = await _produce(master.addr, 10)
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            slave = FakeSlave(ch)
-            await slave.hello()
-            await slave.receive_until(lambda: slave.end >= end, ack=False)
-            stats = await _stats(ch)
-            (link,) = stats.slaves
-            assert not link.in_sync and link.lag_bytes == end and link.lag_seconds > 0
-            assert stats.confirm_offset == end  # nobody in sync: unbounded
-            await slave.ack(end)
-            await asyncio.sleep(0.2)
-            stats = await _stats(ch)
-            assert stats.slaves[0].in_sync and stats.slaves[0].lag_bytes == 0
-            await _send(ch, 5)
-            end2 = await _max_offset(ch)
-            stats = await _stats(ch)
-            assert stats.confirm_offset == end  # new bytes wait for the in-sync slave
-            assert stats.slaves[0].lag_bytes == end2 - end
-            await slave.receive_until(lambda: slave.end >= end2, ack=False)
-            await slave.ack(end2)
-            await slave.receive_until(lambda: end2 in slave.confirms, ack=False)
-            assert (await _stats(ch)).confirm_offset == end2
-            assert slave.confirms == sorted(slave.confirms)
-
-    asyncio.run(main())
+    end = await _produce(master.addr, 10)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        await slave.hello()
+        await slave.receive_until(lambda: slave.end >= end, ack=False)
+        stats = await _stats(c)
+        (link,) = stats.slaves
+        assert not link.in_sync and link.lag_bytes == end and link.lag_seconds > 0
+        assert stats.confirm_offset == end  # nobody in sync: unbounded
+        await slave.ack(end)
+        await until(lambda: _in_sync(c), "the slave in sync after its ack")
+        stats = await _stats(c)
+        assert stats.slaves[0].in_sync and stats.slaves[0].lag_bytes == 0
+        await _send(c, 5)
+        end2 = await _max_offset(c)
+        stats = await _stats(c)
+        assert stats.confirm_offset == end  # new bytes wait for the in-sync slave
+        assert stats.slaves[0].lag_bytes == end2 - end
+        await slave.receive_until(lambda: slave.end >= end2, ack=False)
+        await slave.ack(end2)
+        await slave.receive_until(lambda: end2 in slave.confirms, ack=False)
+        assert (await _stats(c)).confirm_offset == end2
+        assert slave.confirms == sorted(slave.confirms)
 
 
-def test_sync_master_statuses(master_factory: Callable[..., ServiceProcess]) -> None:
+async def test_sync_master_statuses(master_factory: Callable[..., ServiceProcess]) -> None:
     master = master_factory(brokerRole="SYNC_MASTER", syncFlushTimeout=700)
 
-    async def main() -> None:
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            await _produce(master.addr, 0)
-            assert await _send(ch, 1) == [messaging_pb2.SLAVE_NOT_AVAILABLE]
-            slave = FakeSlave(ch)
-            await slave.hello()
-            end = await _max_offset(ch)
-            await slave.receive_until(lambda: slave.end >= end, ack=True)
-            await asyncio.sleep(0.2)
-            assert (await _stats(ch)).slaves[0].in_sync
-            # The slave acks what it receives: SEND_OK.
-            send = asyncio.create_task(_send(ch, 1))
-            await slave.receive_until(send.done, ack=True)
-            assert await send == [messaging_pb2.SEND_OK]
-            # The slave stops acking: FLUSH_SLAVE_TIMEOUT after syncFlushTimeout.
-            started = time.monotonic()
-            assert await _send(ch, 1) == [messaging_pb2.FLUSH_SLAVE_TIMEOUT]
-            assert time.monotonic() - started >= 0.6
-
-    asyncio.run(main())
+    async with RawClient(master.addr) as c:
+        await _produce(master.addr, 0)
+        assert await _send(c, 1) == [messaging_pb2.SLAVE_NOT_AVAILABLE]
+        slave = FakeSlave(c)
+        await slave.hello()
+        end = await _max_offset(c)
+        await slave.receive_until(lambda: slave.end >= end, ack=True)
+        await until(lambda: _in_sync(c), "the slave in sync after its acks")
+        assert (await _stats(c)).slaves[0].in_sync
+        # The slave acks what it receives: SEND_OK.
+        send = asyncio.create_task(_send(c, 1))
+        await slave.receive_until(send.done, ack=True)
+        assert await send == [messaging_pb2.SEND_OK]
+        # The slave stops acking: FLUSH_SLAVE_TIMEOUT after syncFlushTimeout.
+        started = time.monotonic()
+        assert await _send(c, 1) == [messaging_pb2.FLUSH_SLAVE_TIMEOUT]
+        assert time.monotonic() - started >= 0.6
 
 
-def test_a_silent_slave_is_dropped_after_the_housekeeping_interval(
+async def test_a_silent_slave_is_dropped_after_the_housekeeping_interval(
     master_factory: Callable[..., ServiceProcess],
 ) -> None:
     master = master_factory(haSendHeartbeatInterval=200, haHousekeepingInterval=1000)
 
-    async def main() -> None:
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            slave = FakeSlave(ch)
-            await slave.hello()
-            started = time.monotonic()
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await slave.receive_until(lambda: False, ack=False)
-            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "no ack" in (info.value.details() or "")
-            assert 0.9 <= time.monotonic() - started < 5
-            assert not (await _stats(ch)).slaves
-
-    asyncio.run(main())
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        await slave.hello()
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await slave.receive_until(lambda: False, ack=False)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "no ack" in (info.value.details() or "")
+        assert 0.9 <= time.monotonic() - started < 5
+        assert not (await _stats(c)).slaves
 
 
 # -- SyncConfig ----------------------------------------------------------------------------------
 
 
-def test_sync_config_tables_and_slave_offsets(
+async def test_sync_config_tables_and_slave_offsets(
     master_factory: Callable[..., ServiceProcess],
 ) -> None:
     master = master_factory()
 
-    async def main() -> None:
-        await _produce(master.addr, 0)
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            msg = messaging_pb2_grpc.MessagingStub(ch)
-            for qid, offset in ((0, 10), (1, 10)):
-                await msg.UpdateConsumerOffset(
-                    messaging_pb2.UpdateConsumerOffsetRequest(
-                        consumer_group="g1", topic=TOPIC, queue_id=qid, commit_offset=offset
-                    )
-                )
-            repl = replication_pb2_grpc.ReplicationStub(ch)
-            for name, code in (("", "INVALID_ARGUMENT"), ("broker-b", "FAILED_PRECONDITION")):
-                with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await repl.SyncConfig(replication_pb2.SyncConfigRequest(broker_name=name))
-                assert info.value.code().name == code
-            first = await repl.SyncConfig(replication_pb2.SyncConfigRequest(broker_name="broker-a"))
-            assert TOPIC in [t.topic_name for t in first.topics.topics]
-            assert first.HasField("subscription_groups") and first.HasField("timer_offsets")
-            rows = {
-                (e.topic, e.consumer_group): dict(e.queue_offsets)
-                for e in first.consumer_offsets.offsets
-            }
-            assert rows[(TOPIC, "g1")] == {0: 10, 1: 10}
-
-            def next_request(**extra: Any) -> replication_pb2.SyncConfigRequest:
-                return replication_pb2.SyncConfigRequest(
-                    broker_name="broker-a",
-                    broker_id=1,
-                    topics_version=first.topics.data_version,
-                    subscription_groups_version=first.subscription_groups.data_version,
-                    consumer_offsets_version=first.consumer_offsets.data_version,
-                    timer_offsets_version=first.timer_offsets.data_version,
-                    **extra,
-                )
-
-            quiet = await repl.SyncConfig(next_request())
-            assert quiet.ByteSize() == 0  # nothing changed: no table
-            ahead = common_pb2.ConsumerOffsetEntry(
-                topic=TOPIC, consumer_group="g1", queue_offsets={0: 15, 1: 4}
-            )
-            merged = await repl.SyncConfig(next_request(slave_offsets=[ahead]))
-            assert not merged.HasField("topics")
-            rows = {
-                (e.topic, e.consumer_group): dict(e.queue_offsets)
-                for e in merged.consumer_offsets.offsets
-            }
-            assert rows[(TOPIC, "g1")] == {0: 15, 1: 10}  # only the offset ahead was taken
-            query = await msg.QueryConsumerOffset(
-                messaging_pb2.QueryConsumerOffsetRequest(
-                    consumer_group="g1", topic=TOPIC, queue_id=0
+    await _produce(master.addr, 0)
+    async with RawClient(master.addr) as c:
+        msg = c.messaging
+        for qid, offset in ((0, 10), (1, 10)):
+            await msg.UpdateConsumerOffset(
+                messaging_pb2.UpdateConsumerOffsetRequest(
+                    consumer_group="g1", topic=TOPIC, queue_id=qid, commit_offset=offset
                 )
             )
-            assert query.offset == 15
+        repl = c.replication
+        for name, code in (("", "INVALID_ARGUMENT"), ("broker-b", "FAILED_PRECONDITION")):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await repl.SyncConfig(replication_pb2.SyncConfigRequest(broker_name=name))
+            assert info.value.code().name == code
+        first = await repl.SyncConfig(replication_pb2.SyncConfigRequest(broker_name="broker-a"))
+        assert TOPIC in [t.topic_name for t in first.topics.topics]
+        assert first.HasField("subscription_groups") and first.HasField("timer_offsets")
+        rows = {
+            (e.topic, e.consumer_group): dict(e.queue_offsets)
+            for e in first.consumer_offsets.offsets
+        }
+        assert rows[(TOPIC, "g1")] == {0: 10, 1: 10}
 
-    asyncio.run(main())
+        def next_request(**extra: Any) -> replication_pb2.SyncConfigRequest:
+            return replication_pb2.SyncConfigRequest(
+                broker_name="broker-a",
+                broker_id=1,
+                topics_version=first.topics.data_version,
+                subscription_groups_version=first.subscription_groups.data_version,
+                consumer_offsets_version=first.consumer_offsets.data_version,
+                timer_offsets_version=first.timer_offsets.data_version,
+                **extra,
+            )
+
+        quiet = await repl.SyncConfig(next_request())
+        assert quiet.ByteSize() == 0  # nothing changed: no table
+        ahead = common_pb2.ConsumerOffsetEntry(
+            topic=TOPIC, consumer_group="g1", queue_offsets={0: 15, 1: 4}
+        )
+        merged = await repl.SyncConfig(next_request(slave_offsets=[ahead]))
+        assert not merged.HasField("topics")
+        rows = {
+            (e.topic, e.consumer_group): dict(e.queue_offsets)
+            for e in merged.consumer_offsets.offsets
+        }
+        assert rows[(TOPIC, "g1")] == {0: 15, 1: 10}  # only the offset ahead was taken
+        query = await msg.QueryConsumerOffset(
+            messaging_pb2.QueryConsumerOffsetRequest(consumer_group="g1", topic=TOPIC, queue_id=0)
+        )
+        assert query.offset == 15

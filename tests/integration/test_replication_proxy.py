@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from rocketq._api.rocketq.v1 import nameserver_pb2, nameserver_pb2_grpc
 from tests.integration.cluster import start_nameserver
 from tests.integration.workers.tcp_proxy import start_proxy
+from tests.support.until import until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -134,15 +134,18 @@ def test_grpc_through_proxy_sees_cut_and_retarget(tmp_path: Path) -> None:
             )
             ctl.retarget(ns2.addr)
             ctl.heal()
-            deadline = time.monotonic() + 10  # the channel reconnects with its own backoff
-            while True:
+
+            def call_goes_through() -> bool:
                 try:
                     stub.GetClusterInfo(
                         nameserver_pb2.GetClusterInfoRequest(), timeout=2, wait_for_ready=True
                     )
-                    break
                 except grpc.RpcError:
-                    assert time.monotonic() < deadline, "no call went through after heal"
+                    return False
+                return True
+
+            # The channel reconnects with its own backoff.
+            until_sync(call_goes_through, "a call through the healed proxy", 10, 0)
         ns1.kill()
         with grpc.insecure_channel(proxy.addr) as ch:  # now forwarding to ns2
             nameserver_pb2_grpc.NameServerStub(ch).GetClusterInfo(

@@ -23,12 +23,9 @@ import pytest
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     nameserver_pb2,
-    nameserver_pb2_grpc,
     replication_pb2,
     replication_pb2_grpc,
 )
@@ -38,7 +35,8 @@ from services.store.commitlog import MessageToStore
 from services.store.config import StoreConfig
 from services.store.message_store import MessageStore
 from tests.integration.cluster import ServiceProcess, start_nameserver, start_slave
-from tests.integration.replication_support import refused
+from tests.support.raw_client import RawClient, refused
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -123,14 +121,6 @@ class FakeMaster(replication_pb2_grpc.ReplicationServicer):
         return self.acks[-1].max_physical_offset if self.acks else -1
 
 
-async def eventually(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 def put(store: MessageStore, first: int, count: int, queue_id: int = 0) -> None:
     store.append(
         [
@@ -208,8 +198,8 @@ async def setup(tmp_path: Path) -> AsyncIterator[tuple[FakeMaster, ServiceProces
 
 
 async def pull(slave: str, offset: int = 0, max_nums: int = 100) -> messaging_pb2.PullResponse:
-    async with grpc.aio.insecure_channel(slave) as ch:
-        resp: messaging_pb2.PullResponse = await messaging_pb2_grpc.MessagingStub(ch).Pull(
+    async with RawClient(slave) as raw:
+        resp: messaging_pb2.PullResponse = await raw.messaging.Pull(
             messaging_pb2.PullRequest(
                 consumer_group=GROUP,
                 topic=TOPIC,
@@ -230,8 +220,8 @@ def pulled_bodies(resp: messaging_pb2.PullResponse) -> list[str]:
 
 
 async def commit(slave: str, offset: int) -> None:
-    async with grpc.aio.insecure_channel(slave) as ch:
-        await messaging_pb2_grpc.MessagingStub(ch).UpdateConsumerOffset(
+    async with RawClient(slave) as raw:
+        await raw.messaging.UpdateConsumerOffset(
             messaging_pb2.UpdateConsumerOffsetRequest(
                 consumer_group=GROUP, topic=TOPIC, queue_id=0, commit_offset=offset
             ),
@@ -240,156 +230,142 @@ async def commit(slave: str, offset: int) -> None:
 
 
 async def slave_topics(slave: str) -> list[str]:
-    async with grpc.aio.insecure_channel(slave) as ch:
-        resp = await admin_pb2_grpc.AdminStub(ch).ListTopics(
-            admin_pb2.ListTopicsRequest(), timeout=10
-        )
+    async with RawClient(slave) as raw:
+        resp = await raw.admin.ListTopics(admin_pb2.ListTopicsRequest(), timeout=10)
         return [t.topic_name for t in resp.topics]
 
 
 # -- tests ---------------------------------------------------------------------------------------
 
 
-def test_slave_writes_chunks_acks_and_serves_only_confirmed_records(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with setup(tmp_path) as (fake, slave, namesrv):
-            await eventually(lambda: bool(fake.hellos), "the slave's hello")
-            hello = fake.hellos[0]
-            assert (hello.broker_name, hello.broker_id) == ("broker-a", 1)
-            assert hello.broker_addr == slave.addr
-            assert hello.max_physical_offset == 0 and list(hello.epochs) == []
-            # Config sync right after connecting: the topic and group exist on the slave.
-            await eventually(lambda: bool(fake.sync_requests), "a SyncConfig call")
-            await eventually_async(lambda: TOPIC_IN(slave.addr), "the synced topic")
-            first = fake.sync_requests[0]
-            assert first.broker_name == "broker-a" and first.broker_id == 1
-            assert not first.HasField("topics_version")
-            await eventually(
-                lambda: any(r.topics_version.counter == 1 for r in fake.sync_requests),
-                "a SyncConfig holding version 1",
-            )
-            # Records streamed in chunks that end inside records.
-            put(fake.store, 0, 30)
-            end = fake.send_chunks(0, 700)
-            await eventually(lambda: fake.acked() == end, f"an ack of {end}")
-            assert all(a.flushed_offset <= a.max_physical_offset for a in fake.acks)
-            offsets = [a.max_physical_offset for a in fake.acks]
-            assert offsets == sorted(offsets)  # never decreases on a stream
-            # Nothing confirmed yet: nothing served.
-            resp = await pull(slave.addr)
-            assert resp.status == messaging_pb2.NO_NEW_MSG and not resp.messages
-            assert resp.max_offset == 30  # the queue itself is complete
-            fake.confirm(record_end(fake.store, 9))
-            await eventually_async(lambda: n_pulled(slave.addr, 10), "10 confirmed records")
-            resp = await pull(slave.addr)
-            assert pulled_bodies(resp) == [f"msg-{i}" for i in range(10)]
-            assert resp.next_begin_offset == 10
-            fake.confirm(end)
-            await eventually_async(lambda: n_pulled(slave.addr, 30), "all 30 records")
-            assert pulled_bodies(await pull(slave.addr)) == [f"msg-{i}" for i in range(30)]
-            # While the stream lives, offsets belong to the master.
-            code, reason, _ = await refused(commit(slave.addr, 5))
-            assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, common_pb2.NOT_MASTER)
-            # The slave is in the nameserver's route of the topic (its master registers it).
-            await register_fake_master(namesrv, fake)
-            route = await topic_route(namesrv)
-            addrs = {b.broker_name: dict(b.broker_addrs) for b in route.brokers}
-            assert addrs["broker-a"].get(1) == slave.addr
-
-    asyncio.run(main())
+async def test_slave_writes_chunks_acks_and_serves_only_confirmed_records(tmp_path: Path) -> None:
+    async with setup(tmp_path) as (fake, slave, namesrv):
+        await until(lambda: bool(fake.hellos), "the slave's hello", timeout_s=WAIT_S)
+        hello = fake.hellos[0]
+        assert (hello.broker_name, hello.broker_id) == ("broker-a", 1)
+        assert hello.broker_addr == slave.addr
+        assert hello.max_physical_offset == 0 and list(hello.epochs) == []
+        # Config sync right after connecting: the topic and group exist on the slave.
+        await until(lambda: bool(fake.sync_requests), "a SyncConfig call", timeout_s=WAIT_S)
+        await until(lambda: TOPIC_IN(slave.addr), "the synced topic", timeout_s=WAIT_S)
+        first = fake.sync_requests[0]
+        assert first.broker_name == "broker-a" and first.broker_id == 1
+        assert not first.HasField("topics_version")
+        await until(
+            lambda: any(r.topics_version.counter == 1 for r in fake.sync_requests),
+            "a SyncConfig holding version 1",
+            timeout_s=WAIT_S,
+        )
+        # Records streamed in chunks that end inside records.
+        put(fake.store, 0, 30)
+        end = fake.send_chunks(0, 700)
+        await until(lambda: fake.acked() == end, f"an ack of {end}", timeout_s=WAIT_S)
+        assert all(a.flushed_offset <= a.max_physical_offset for a in fake.acks)
+        offsets = [a.max_physical_offset for a in fake.acks]
+        assert offsets == sorted(offsets)  # never decreases on a stream
+        # Nothing confirmed yet: nothing served.
+        resp = await pull(slave.addr)
+        assert resp.status == messaging_pb2.NO_NEW_MSG and not resp.messages
+        assert resp.max_offset == 30  # the queue itself is complete
+        fake.confirm(record_end(fake.store, 9))
+        await until(lambda: n_pulled(slave.addr, 10), "10 confirmed records", timeout_s=WAIT_S)
+        resp = await pull(slave.addr)
+        assert pulled_bodies(resp) == [f"msg-{i}" for i in range(10)]
+        assert resp.next_begin_offset == 10
+        fake.confirm(end)
+        await until(lambda: n_pulled(slave.addr, 30), "all 30 records", timeout_s=WAIT_S)
+        assert pulled_bodies(await pull(slave.addr)) == [f"msg-{i}" for i in range(30)]
+        # While the stream lives, offsets belong to the master.
+        code, reason, _ = await refused(commit(slave.addr, 5))
+        assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, common_pb2.NOT_MASTER)
+        # The slave is in the nameserver's route of the topic (its master registers it).
+        await register_fake_master(namesrv, fake)
+        route = await topic_route(namesrv)
+        addrs = {b.broker_name: dict(b.broker_addrs) for b in route.brokers}
+        assert addrs["broker-a"].get(1) == slave.addr
 
 
-def test_slave_reconnects_truncates_where_told_and_commits_offsets_while_cut_off(
+async def test_slave_reconnects_truncates_where_told_and_commits_offsets_while_cut_off(
     tmp_path: Path,
 ) -> None:
-    async def main() -> None:
-        async with setup(tmp_path) as (fake, slave, _namesrv):
-            await eventually(lambda: len(fake.hellos) == 1, "the first hello")
-            put(fake.store, 0, 12)
-            end = fake.send_chunks(0, 1024)
-            fake.confirm(end)
-            await eventually(lambda: fake.acked() == end, "the first ack")
-            # The master drops the stream: the slave comes back with where it got to.
-            fake.drop_stream()
-            await eventually(lambda: len(fake.hellos) == 2, "a second hello")
-            again = fake.hellos[1]
-            assert again.max_physical_offset == end
-            assert [(e.epoch, e.start_offset) for e in again.epochs] == [(0, 0)]
-            # Next time the master says the histories part at record 8 (a failover there).
-            cut = record_start(fake.store, 8)
-            fake.truncate = lambda hello: replication_pb2.TruncateTo(
-                physical_offset=cut,
-                epochs=[
-                    replication_pb2.EpochEntry(epoch=0, start_offset=0),
-                    replication_pb2.EpochEntry(epoch=2, start_offset=cut),
+    async with setup(tmp_path) as (fake, slave, _namesrv):
+        await until(lambda: len(fake.hellos) == 1, "the first hello", timeout_s=WAIT_S)
+        put(fake.store, 0, 12)
+        end = fake.send_chunks(0, 1024)
+        fake.confirm(end)
+        await until(lambda: fake.acked() == end, "the first ack", timeout_s=WAIT_S)
+        # The master drops the stream: the slave comes back with where it got to.
+        fake.drop_stream()
+        await until(lambda: len(fake.hellos) == 2, "a second hello", timeout_s=WAIT_S)
+        again = fake.hellos[1]
+        assert again.max_physical_offset == end
+        assert [(e.epoch, e.start_offset) for e in again.epochs] == [(0, 0)]
+        # Next time the master says the histories part at record 8 (a failover there).
+        cut = record_start(fake.store, 8)
+        fake.truncate = lambda hello: replication_pb2.TruncateTo(
+            physical_offset=cut,
+            epochs=[
+                replication_pb2.EpochEntry(epoch=0, start_offset=0),
+                replication_pb2.EpochEntry(epoch=2, start_offset=cut),
+            ],
+        )
+        fake.drop_stream()
+        await until(lambda: len(fake.hellos) == 3, "a third hello", timeout_s=WAIT_S)
+        await until(lambda: fake.acked() == cut, f"an ack of the cut {cut}", timeout_s=WAIT_S)
+        resp = await pull(slave.addr)
+        assert resp.max_offset == 8 and len(resp.messages) == 8
+        fake.truncate = FakeMaster(fake.store).truncate
+        fake.drop_stream()
+        await until(lambda: len(fake.hellos) == 4, "a fourth hello", timeout_s=WAIT_S)
+        assert fake.hellos[3].max_physical_offset == cut
+        assert [(e.epoch, e.start_offset) for e in fake.hellos[3].epochs] == [(0, 0), (2, cut)]
+        # Streams on from the cut.
+        end = fake.send_chunks(cut, 1024)
+        fake.confirm(end)
+        await until(lambda: n_pulled(slave.addr, 12), "12 records again", timeout_s=WAIT_S)
+        # The master becomes unreachable: the slave now takes offset commits ...
+        fake.refuse_streams = True
+        fake.drop_stream()
+        await until(lambda: fake.open_streams == 0, "the stream to end", timeout_s=WAIT_S)
+        await until(lambda: commit_accepted(slave.addr, 7), "a slave commit", timeout_s=WAIT_S)
+        # ... sends them with every SyncConfig ...
+        await until(
+            lambda: local_offsets(fake.sync_requests[-1]) == {0: 7},
+            "slave_offsets {0: 7}",
+            timeout_s=WAIT_S,
+        )
+        # ... until the master's table shows them.
+        caught_up = tables(1)
+        caught_up.ClearField("topics")
+        caught_up.ClearField("subscription_groups")
+        caught_up.consumer_offsets.CopyFrom(
+            replication_pb2.ConsumerOffsetTable(
+                data_version=common_pb2.DataVersion(counter=9),
+                offsets=[
+                    common_pb2.ConsumerOffsetEntry(
+                        topic=TOPIC, consumer_group=GROUP, queue_offsets={0: 7}
+                    )
                 ],
             )
-            fake.drop_stream()
-            await eventually(lambda: len(fake.hellos) == 3, "a third hello")
-            await eventually(lambda: fake.acked() == cut, f"an ack of the cut {cut}")
-            resp = await pull(slave.addr)
-            assert resp.max_offset == 8 and len(resp.messages) == 8
-            fake.truncate = FakeMaster(fake.store).truncate
-            fake.drop_stream()
-            await eventually(lambda: len(fake.hellos) == 4, "a fourth hello")
-            assert fake.hellos[3].max_physical_offset == cut
-            assert [(e.epoch, e.start_offset) for e in fake.hellos[3].epochs] == [(0, 0), (2, cut)]
-            # Streams on from the cut.
-            end = fake.send_chunks(cut, 1024)
-            fake.confirm(end)
-            await eventually_async(lambda: n_pulled(slave.addr, 12), "12 records again")
-            # The master becomes unreachable: the slave now takes offset commits ...
-            fake.refuse_streams = True
-            fake.drop_stream()
-            await eventually(lambda: fake.open_streams == 0, "the stream to end")
-            await eventually_async(lambda: commit_accepted(slave.addr, 7), "a slave commit")
-            # ... sends them with every SyncConfig ...
-            await eventually(
-                lambda: local_offsets(fake.sync_requests[-1]) == {0: 7}, "slave_offsets {0: 7}"
-            )
-            # ... until the master's table shows them.
-            caught_up = tables(1)
-            caught_up.ClearField("topics")
-            caught_up.ClearField("subscription_groups")
-            caught_up.consumer_offsets.CopyFrom(
-                replication_pb2.ConsumerOffsetTable(
-                    data_version=common_pb2.DataVersion(counter=9),
-                    offsets=[
-                        common_pb2.ConsumerOffsetEntry(
-                            topic=TOPIC, consumer_group=GROUP, queue_offsets={0: 7}
-                        )
-                    ],
-                )
-            )
-            fake.sync_response = caught_up
-            mark = len(fake.sync_requests)
-            await eventually(
-                lambda: (
-                    len(fake.sync_requests) > mark + 1
-                    and local_offsets(fake.sync_requests[-1]) == {}
-                ),
-                "slave_offsets to empty",
-            )
-            assert fake.sync_requests[-1].consumer_offsets_version.counter == 9
-            # Back online: commits go to the master again.
-            fake.refuse_streams = False
-            await eventually(lambda: fake.open_streams == 1, "the stream back")
-            code, _, _ = await refused(commit(slave.addr, 8))
-            assert code == grpc.StatusCode.UNAVAILABLE
-
-    asyncio.run(main())
+        )
+        fake.sync_response = caught_up
+        mark = len(fake.sync_requests)
+        await until(
+            lambda: (
+                len(fake.sync_requests) > mark + 1 and local_offsets(fake.sync_requests[-1]) == {}
+            ),
+            "slave_offsets to empty",
+            timeout_s=WAIT_S,
+        )
+        assert fake.sync_requests[-1].consumer_offsets_version.counter == 9
+        # Back online: commits go to the master again.
+        fake.refuse_streams = False
+        await until(lambda: fake.open_streams == 1, "the stream back", timeout_s=WAIT_S)
+        code, _, _ = await refused(commit(slave.addr, 8))
+        assert code == grpc.StatusCode.UNAVAILABLE
 
 
 # -- small async helpers ----------------------------------------------------------------------
-
-
-async def eventually_async(probe: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> None:
-    """Like :func:`eventually` for an async probe returning a bool."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await probe():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def TOPIC_IN(slave: str) -> bool:
@@ -417,8 +393,8 @@ def local_offsets(req: replication_pb2.SyncConfigRequest) -> dict[int, int]:
 
 
 async def register_fake_master(namesrv: str, fake: FakeMaster) -> None:
-    async with grpc.aio.insecure_channel(namesrv) as ch:
-        await nameserver_pb2_grpc.NameServerStub(ch).RegisterBroker(
+    async with RawClient(namesrv) as raw:
+        await raw.nameserver.RegisterBroker(
             nameserver_pb2.RegisterBrokerRequest(
                 cluster_name="DefaultCluster",
                 broker_addr="127.0.0.1:1",
@@ -431,8 +407,8 @@ async def register_fake_master(namesrv: str, fake: FakeMaster) -> None:
 
 
 async def topic_route(namesrv: str) -> nameserver_pb2.TopicRouteData:
-    async with grpc.aio.insecure_channel(namesrv) as ch:
-        resp = await nameserver_pb2_grpc.NameServerStub(ch).GetRouteInfoByTopic(
+    async with RawClient(namesrv) as raw:
+        resp = await raw.nameserver.GetRouteInfoByTopic(
             nameserver_pb2.GetRouteInfoByTopicRequest(topic=TOPIC), timeout=10
         )
         route: nameserver_pb2.TopicRouteData = resp.route

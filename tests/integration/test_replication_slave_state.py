@@ -16,15 +16,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import grpc
 import pytest
 
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
 )
 from tests.integration.cluster import start_nameserver
 from tests.integration.replication_support import (
@@ -33,9 +30,10 @@ from tests.integration.replication_support import (
     runtime_stats,
     start_ha_slave,
     start_master,
-    until,
     wait_in_sync,
 )
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -43,17 +41,17 @@ TOPIC = "HaSendBack"
 GROUP = "ha-send-back"
 
 
-def test_sync_master_send_back_waits_for_the_slave(tmp_path: Path) -> None:
+async def test_sync_master_send_back_waits_for_the_slave(tmp_path: Path) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr], brokerRole="SYNC_MASTER", syncFlushTimeout=20000)
     slave = start_ha_slave(tmp_path, [ns.addr])
 
-    async def main() -> None:
+    try:
         await create_topics(master.addr, "broker-a", [TOPIC], 1)
         await create_group(master.addr, "broker-a", GROUP)
         await wait_in_sync(master.addr)
-        async with grpc.aio.insecure_channel(master.addr) as ch:
-            stub = messaging_pb2_grpc.MessagingStub(ch)
+        async with RawClient(master.addr) as c:
+            stub = c.messaging
             sent = await stub.Send(
                 messaging_pb2.SendRequest(
                     producer_group="p",
@@ -82,17 +80,14 @@ def test_sync_master_send_back_waits_for_the_slave(tmp_path: Path) -> None:
         master_end = (await runtime_stats(master.addr)).commitlog_max_offset
         slave_end = (await runtime_stats(slave.addr)).commitlog_max_offset
         assert slave_end >= master_end > offset, (master_end, slave_end)
-
-    try:
-        asyncio.run(main())
     finally:
         for sp in (slave, master, ns):
             sp.kill()
 
 
 async def _slave_tables(addr: str) -> tuple[set[str], set[str]]:
-    async with grpc.aio.insecure_channel(addr) as ch:
-        stub = admin_pb2_grpc.AdminStub(ch)
+    async with RawClient(addr) as c:
+        stub = c.admin
         topics = await stub.ListTopics(admin_pb2.ListTopicsRequest(), timeout=5)
         groups = await stub.ListSubscriptionGroups(
             admin_pb2.ListSubscriptionGroupsRequest(), timeout=5
@@ -100,23 +95,28 @@ async def _slave_tables(addr: str) -> tuple[set[str], set[str]]:
     return {t.topic_name for t in topics.topics}, {g.group_name for g in groups.groups}
 
 
-def test_new_topic_and_group_reach_the_slave_at_once(tmp_path: Path) -> None:
+async def test_new_topic_and_group_reach_the_slave_at_once(tmp_path: Path) -> None:
     ns = start_nameserver(tmp_path)
     master = start_master(tmp_path, [ns.addr])
     slave = start_ha_slave(tmp_path, [ns.addr], slaveSyncConfigInterval=600_000)
 
-    async def main() -> None:
-        await wait_in_sync(master.addr)
-        # The first sync runs as the stream connects (before the slave is in sync); a moment
-        # more and what follows can only come from the version change.
-        await asyncio.sleep(1.0)
-        await create_topics(master.addr, "broker-a", ["HaFreshTopic"], 2)
-        await until(lambda: _has(slave.addr, "HaFreshTopic", None), 5, "the topic on the slave")
-        await create_group(master.addr, "broker-a", "ha-fresh-group")
-        await until(lambda: _has(slave.addr, None, "ha-fresh-group"), 5, "the group on the slave")
-
     try:
-        asyncio.run(main())
+        await wait_in_sync(master.addr)
+        # The first sync runs as the stream connects (before the slave is in sync); once the
+        # slave's tables match the master's, what follows can only come from the version change.
+
+        async def first_sync_done() -> bool:
+            return await _slave_tables(slave.addr) == await _slave_tables(master.addr)
+
+        await until(first_sync_done, "the slave's tables to match the master's", timeout_s=5)
+        await create_topics(master.addr, "broker-a", ["HaFreshTopic"], 2)
+        await until(
+            lambda: _has(slave.addr, "HaFreshTopic", None), "the topic on the slave", timeout_s=5
+        )
+        await create_group(master.addr, "broker-a", "ha-fresh-group")
+        await until(
+            lambda: _has(slave.addr, None, "ha-fresh-group"), "the group on the slave", timeout_s=5
+        )
     finally:
         for sp in (slave, master, ns):
             sp.kill()

@@ -23,8 +23,7 @@ before it stores). The first retry is also checked in real time (SPEC §15: "red
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,10 +42,11 @@ from tests.integration.timer_support import (
     TimerCluster,
     create_topic,
     recording_consumer,
-    timer_cluster,
     timer_record,
     wait_assigned,
 )
+from tests.support.cluster import cluster
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def test_the_retry_table_matches_spec() -> None:
 
 @pytest.fixture(scope="module")
 def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TimerCluster]:
-    with timer_cluster(tmp_path_factory.mktemp("retry_fast"), speed=SPEED) as tc:
+    with cluster(tmp_path_factory.mktemp("retry_fast"), timer_wheel=True, clock_speed=SPEED) as tc:
         yield tc
         tc.check_logs()
 
@@ -92,27 +92,17 @@ async def send_one(tc: TimerCluster, topic: str, body: str) -> str:
         await producer.close()
 
 
-async def until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def dead_letters(tc: TimerCluster, group: str) -> list[ReceivedMessage]:
     async with Admin(tc.namesrv_addrs) as admin:
         return (await admin.dead_letters(group)).messages
 
 
 async def wait_dead_letter(tc: TimerCluster, group: str, timeout_s: float) -> ReceivedMessage:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = await dead_letters(tc, group)
-        if found:
-            assert len(found) == 1, f"{len(found)} dead letters in %DLQ%{group}, expected 1"
-            return found[0]
-        assert time.monotonic() < deadline, f"nothing reached %DLQ%{group} in {timeout_s:.0f} s"
-        await asyncio.sleep(0.1)
+    found = await until(
+        lambda: dead_letters(tc, group), f"a dead letter in %DLQ%{group}", timeout_s, 0.1
+    )
+    assert len(found) == 1, f"{len(found)} dead letters in %DLQ%{group}, expected 1"
+    return found[0]
 
 
 def always_fail(msg: ReceivedMessage) -> bool:
@@ -190,85 +180,79 @@ async def check_timer_record(tc: TimerCluster, group: str, k: int, d: Delivery) 
     return problems
 
 
-def test_retry_schedule_then_dead_letter(fast: TimerCluster) -> None:
-    async def main() -> None:
-        topic = "RetrySchedule"
-        await create_topic(fast, topic)
-        default, longer = Recorder(fast.clock, always_fail), Recorder(fast.clock, always_fail)
-        async with (
-            recording_consumer(fast, "g-retry-16", topic, default) as c16,
-            recording_consumer(fast, "g-retry-18", topic, longer, max_reconsume_times=18) as c18,
-        ):
-            await wait_assigned(c16, topic, 4, timeout_s=15)
-            await wait_assigned(c18, topic, 4, timeout_s=15)
-            msg_id = await send_one(fast, topic, "retry-me")
-            # 4 h 45 min 40 s, then 2 × 2 h more for the group that allows 18 retries.
-            schedule_real_s = (SPEC15_CUMULATIVE_MS + 4 * 3600 * 1000) / SPEED / 1000
-            dead16 = await wait_dead_letter(fast, "g-retry-16", schedule_real_s + 30)
-            dead18 = await wait_dead_letter(fast, "g-retry-18", schedule_real_s + 30)
-            await asyncio.sleep(0.5)
-        problems = await check_schedule(
-            fast, "g-retry-16", default.snapshot(), topic, RETRY_MAX_DEFAULT
+async def test_retry_schedule_then_dead_letter(fast: TimerCluster) -> None:
+    topic = "RetrySchedule"
+    await create_topic(fast, topic)
+    default, longer = Recorder(fast.clock, always_fail), Recorder(fast.clock, always_fail)
+    async with (
+        recording_consumer(fast, "g-retry-16", topic, default) as c16,
+        recording_consumer(fast, "g-retry-18", topic, longer, max_reconsume_times=18) as c18,
+    ):
+        await wait_assigned(c16, topic, 4, timeout_s=15)
+        await wait_assigned(c18, topic, 4, timeout_s=15)
+        msg_id = await send_one(fast, topic, "retry-me")
+        # 4 h 45 min 40 s, then 2 × 2 h more for the group that allows 18 retries.
+        schedule_real_s = (SPEC15_CUMULATIVE_MS + 4 * 3600 * 1000) / SPEED / 1000
+        dead16 = await wait_dead_letter(fast, "g-retry-16", schedule_real_s + 30)
+        dead18 = await wait_dead_letter(fast, "g-retry-18", schedule_real_s + 30)
+        await asyncio.sleep(0.5)  # a quiet window: a delivery past the last retry shows up in it
+    problems = await check_schedule(
+        fast, "g-retry-16", default.snapshot(), topic, RETRY_MAX_DEFAULT
+    )
+    problems += await check_schedule(fast, "g-retry-18", longer.snapshot(), topic, 18)
+    for group, dead, retries in (("g-retry-16", dead16, 16), ("g-retry-18", dead18, 18)):
+        got = (
+            dead.topic,
+            dead.body,
+            dead.reconsume_times,
+            dead.properties.get(Prop.RETRY_TOPIC),
+            dead.properties.get(Prop.ORIGIN_MESSAGE_ID),
         )
-        problems += await check_schedule(fast, "g-retry-18", longer.snapshot(), topic, 18)
-        for group, dead, retries in (("g-retry-16", dead16, 16), ("g-retry-18", dead18, 18)):
-            got = (
-                dead.topic,
-                dead.body,
-                dead.reconsume_times,
-                dead.properties.get(Prop.RETRY_TOPIC),
-                dead.properties.get(Prop.ORIGIN_MESSAGE_ID),
-            )
-            want = (dlq_topic(group), b"retry-me", retries + 1, topic, msg_id)
-            if got != want:
-                problems.append(f"dead letter of {group}: {got}, expected {want}")
-        assert not problems, "\n".join(problems)
-
-    asyncio.run(main())
+        want = (dlq_topic(group), b"retry-me", retries + 1, topic, msg_id)
+        if got != want:
+            problems.append(f"dead letter of {group}: {got}, expected {want}")
+    assert not problems, "\n".join(problems)
 
 
-def test_broadcasting_never_retries(fast: TimerCluster, tmp_path: Path) -> None:
-    async def main() -> None:
-        topic, group = "RetryBroadcast", "g-retry-bc"
-        await create_topic(fast, topic)
-        rec = Recorder(fast.clock, always_fail)
-        async with recording_consumer(
-            fast,
-            group,
-            topic,
-            rec,
-            message_model=MessageModel.BROADCASTING,
-            offset_store_dir=str(tmp_path / "offsets"),
-        ) as consumer:
-            await wait_assigned(consumer, topic, 4, timeout_s=15)
-            await send_one(fast, topic, "once")
-            await until(lambda: rec.distinct() == 1, 15, "the broadcast delivery")
-            # 2 s real = 48 scaled minutes: the first 11 retries would have come by now.
-            await asyncio.sleep(2)
-        attempts = [(d.key, d.reconsume_times) for d in rec.snapshot()]
-        assert attempts == [("once", 0)], f"a broadcasting consumer got {attempts}"
-        assert await dead_letters(fast, group) == [], "broadcasting failures dead-lettered"
-        async with Admin(fast.namesrv_addrs) as admin:
-            try:
-                described = await admin.describe_topic(retry_topic(group))
-            except TopicNotFoundError:
-                return
-        stored = sum(q.max_offset for b in described.brokers for q in b.queues)
-        assert stored == 0, f"{stored} messages in {retry_topic(group)} of a broadcasting group"
-
-    asyncio.run(main())
+async def test_broadcasting_never_retries(fast: TimerCluster, tmp_path: Path) -> None:
+    topic, group = "RetryBroadcast", "g-retry-bc"
+    await create_topic(fast, topic)
+    rec = Recorder(fast.clock, always_fail)
+    async with recording_consumer(
+        fast,
+        group,
+        topic,
+        rec,
+        message_model=MessageModel.BROADCASTING,
+        offset_store_dir=str(tmp_path / "offsets"),
+    ) as consumer:
+        await wait_assigned(consumer, topic, 4, timeout_s=15)
+        await send_one(fast, topic, "once")
+        await until(lambda: rec.distinct() == 1, "the broadcast delivery", timeout_s=15)
+        # 2 s real = 48 scaled minutes: the first 11 retries would have come by now.
+        await asyncio.sleep(2)
+    attempts = [(d.key, d.reconsume_times) for d in rec.snapshot()]
+    assert attempts == [("once", 0)], f"a broadcasting consumer got {attempts}"
+    assert await dead_letters(fast, group) == [], "broadcasting failures dead-lettered"
+    async with Admin(fast.namesrv_addrs) as admin:
+        try:
+            described = await admin.describe_topic(retry_topic(group))
+        except TopicNotFoundError:
+            return
+    stored = sum(q.max_offset for b in described.brokers for q in b.queues)
+    assert stored == 0, f"{stored} messages in {retry_topic(group)} of a broadcasting group"
 
 
-def test_first_failure_redelivered_after_about_10_s(tmp_path: Path) -> None:
-    async def main(tc: TimerCluster) -> None:
+async def test_first_failure_redelivered_after_about_10_s(tmp_path: Path) -> None:
+    with cluster(tmp_path, timer_wheel=True, clock_speed=1) as tc:
         topic = "RetryFirst"
         await create_topic(tc, topic)
         rec = Recorder(tc.clock, lambda m: m.reconsume_times == 0)
         async with recording_consumer(tc, "g-retry-first", topic, rec) as consumer:
             await wait_assigned(consumer, topic, 4, timeout_s=15)
             await send_one(tc, topic, "first")
-            await until(lambda: len(rec.snapshot()) >= 2, 20, "the first retry")
-            await asyncio.sleep(0.5)
+            await until(lambda: len(rec.snapshot()) >= 2, "the first retry", timeout_s=20)
+            await asyncio.sleep(0.5)  # a quiet window: a second retry would show up in it
         ds = rec.snapshot()
         assert len(ds) == 2, f"expected one failure and one retry, got {ds}"
         problems = await check_schedule(tc, "g-retry-first", ds, topic, 1)
@@ -276,7 +260,4 @@ def test_first_failure_redelivered_after_about_10_s(tmp_path: Path) -> None:
         gap_ms = ds[1].recv_ms - ds[0].done_ms
         assert gap_ms <= 10_000 + SENDBACK_REAL_MS + LATE_REAL_MS, f"first retry after {gap_ms} ms"
         assert await dead_letters(tc, "g-retry-first") == []
-
-    with timer_cluster(tmp_path, speed=1) as tc:
-        asyncio.run(main(tc))
         tc.check_logs()

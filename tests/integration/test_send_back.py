@@ -8,62 +8,45 @@ by unique id and by offset message id, never by pulling.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Iterator
+from typing import Any
 
 import grpc
 import pytest
-from grpc_status import rpc_status
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
 )
 from rocketq.codec import Prop
 from rocketq.validation import TIMER_TOPIC
-from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver
+from tests.integration.cluster import ServiceProcess
+from tests.support.cluster import cluster
+from tests.support.raw_client import RawClient, refused
 
 pytestmark = pytest.mark.integration
 
 BROKER = "broker-a"
-T = TypeVar("T")
 PROPS = {Prop.KEYS: "order-7 cust-3", Prop.TAGS: "Paid", "region": "eu"}
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    root: Path = tmp_path_factory.mktemp("send_back")
-    procs: list[ServiceProcess] = []
-    try:
-        ns = start_nameserver(root)
-        procs.append(ns)
-        b = start_broker(root, [ns.addr], BROKER)
-        procs.append(b)
+    with cluster(tmp_path_factory.mktemp("send_back")) as c:
+        b = c.broker
         yield b
         assert b.alive(), f"broker died:\n{b.log_tail()}"
         log = b.log_path.read_text(errors="replace")
         assert "Traceback" not in log, f"the broker logged an exception:\n{b.log_tail()}"
-    finally:
-        for p in reversed(procs):
-            p.stop()
 
 
-class Client:
-    """Messaging and Admin stubs on one channel."""
-
-    def __init__(self, addr: str) -> None:
-        self.channel = grpc.aio.insecure_channel(addr)
-        self.stub = messaging_pb2_grpc.MessagingStub(self.channel)
-        self.admin = admin_pb2_grpc.AdminStub(self.channel)
+class Client(RawClient):
+    """The raw client with this module's request shorthands."""
 
     async def send(self, topic: str, body: bytes, reconsume_times: int = 0) -> Any:
-        resp = await self.stub.Send(
+        resp = await self.messaging.Send(
             messaging_pb2.SendRequest(
                 producer_group="pg",
                 default_topic="TBW102",
@@ -74,238 +57,187 @@ class Client:
         return resp.results[0]
 
     async def back(self, group: str, offset: int, delay_level: int = 0, **fields: Any) -> None:
-        await self.stub.ConsumerSendBack(
+        await self.messaging.ConsumerSendBack(
             messaging_pb2.ConsumerSendBackRequest(
                 consumer_group=group, commitlog_offset=offset, delay_level=delay_level, **fields
             )
         )
 
     async def by_key(self, topic: str, key: str) -> list[common_pb2.StoredMessage]:
-        resp = await self.stub.QueryMessageByKey(
+        resp = await self.messaging.QueryMessageByKey(
             messaging_pb2.QueryMessageByKeyRequest(topic=topic, key=key)
         )
         return list(resp.messages)
-
-    async def set_config(self, key: str, value: str) -> None:
-        await self.admin.UpdateBrokerConfig(
-            admin_pb2.UpdateBrokerConfigRequest(updates={key: value})
-        )
 
 
 def offset_of(result: Any) -> int:
     return codec.decode_offset_msg_id(result.offset_msg_id)[1]
 
 
-async def client(addr: str) -> AsyncIterator[Client]:
-    c = Client(addr)
-    try:
-        yield c
-    finally:
-        await c.channel.close()
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def main() -> T:
-        return await coro
-
-    return asyncio.run(main())
-
-
-async def refused(call: Awaitable[Any]) -> tuple[grpc.StatusCode, int, str]:
-    """Await ``call``, which must fail; its code, ErrorDetail reason and message."""
-    try:
-        await call
-    except grpc.aio.AioRpcError as err:
-        status = rpc_status.from_call(err)
-        reason = common_pb2.ERROR_REASON_UNSPECIFIED
-        if status is not None and status.details:
-            detail = common_pb2.ErrorDetail()
-            status.details[0].Unpack(detail)
-            reason = detail.reason
-        return err.code(), reason, err.details() or ""
-    raise AssertionError("the call succeeded but was expected to fail")
-
-
-def test_dead_letter_by_delay_level_keeps_the_message(broker: ServiceProcess) -> None:
-    async def main() -> None:
-        async for c in client(broker.addr):
-            sent = await c.send("SbOrders", b"payload-1")
-            await c.back(
-                "g-dlq", offset_of(sent), -1, origin_msg_id=sent.msg_id, origin_topic="SbOrders"
-            )
-            dlq = "%DLQ%g-dlq"
-            topic = await c.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic=dlq))
-            cfg = topic.config
-            assert (cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm) == (1, 1, 2)
-            [found] = await c.by_key(dlq, "cust-3")
-            props = dict(found.message.properties)
-            assert found.message.topic == dlq
-            assert found.message.body == b"payload-1"
-            assert found.reconsume_times == 1
-            assert found.msg_id == sent.msg_id  # the UNIQ_KEY is kept
-            assert props[Prop.ORIGIN_MESSAGE_ID] == sent.msg_id
-            assert props[Prop.RETRY_TOPIC] == "SbOrders"
-            assert (props[Prop.KEYS], props[Prop.TAGS], props["region"]) == (
-                "order-7 cust-3",
-                "Paid",
-                "eu",
-            )
-            by_id = await c.stub.QueryMessageById(
-                messaging_pb2.QueryMessageByIdRequest(topic=dlq, msg_id=sent.msg_id)
-            )
-            assert [m.offset_msg_id for m in by_id.messages] == [found.offset_msg_id]
-            view = await c.stub.ViewMessage(
-                messaging_pb2.ViewMessageRequest(offset_msg_id=found.offset_msg_id)
-            )
-            assert view.message.message.body == b"payload-1"
-            # The original is untouched.
-            orig = await c.stub.ViewMessage(
-                messaging_pb2.ViewMessageRequest(offset_msg_id=sent.offset_msg_id)
-            )
-            assert orig.message.message.topic == "SbOrders"
-            assert orig.message.reconsume_times == 0
-            # Write-only: a consumer cannot pull the dead letters.
-            code, _, _ = await refused(
-                c.stub.Pull(
-                    messaging_pb2.PullRequest(
-                        consumer_group="g-fresh",
-                        topic=dlq,
-                        queue_id=0,
-                        sys_flag=0x4,
-                        subscription="*",
-                    )
-                )
-            )
-            assert code == grpc.StatusCode.PERMISSION_DENIED
-
-    run(main())
-
-
-def test_dead_letter_when_reconsume_times_exceed_the_max(broker: ServiceProcess) -> None:
-    async def main() -> None:
-        async for c in client(broker.addr):
-            # The request's max: a fresh message (0 reconsumes) with max 0 is a dead letter.
-            fresh = await c.send("SbMax", b"fresh")
-            await c.back("g-max", offset_of(fresh), 0, max_reconsume_times=0)
-            # The group's retryMaxTimes (default 16): a record already reconsumed 16 times.
-            tired = await c.send("SbMax", b"tired", reconsume_times=16)
-            await c.back("g-max", offset_of(tired), 0)
-            found = await c.by_key("%DLQ%g-max", "order-7")
-            assert sorted((m.message.body, m.reconsume_times) for m in found) == [
-                (b"fresh", 1),
-                (b"tired", 17),
-            ]
-            # A group whose retryMaxTimes is 2, set by an admin.
-            await c.admin.CreateSubscriptionGroup(
-                admin_pb2.CreateSubscriptionGroupRequest(
-                    target=admin_pb2.ApplyTarget(broker_name=BROKER),
-                    config=common_pb2.SubscriptionGroupConfig(
-                        group_name="g-max-2", retry_max_times=2
-                    ),
-                )
-            )
-            two = await c.send("SbMax", b"two", reconsume_times=2)
-            await c.back("g-max-2", offset_of(two), 0)
-            [m] = await c.by_key("%DLQ%g-max-2", "order-7")
-            assert (m.message.body, m.reconsume_times) == (b"two", 3)
-
-    run(main())
-
-
-async def timer_record(c: Client, msg_id: str) -> list[common_pb2.StoredMessage]:
-    """The timer-topic records of one unique id (operators find them the same way)."""
-    resp = await c.stub.QueryMessageById(
-        messaging_pb2.QueryMessageByIdRequest(topic=TIMER_TOPIC, msg_id=msg_id)
-    )
-    return sorted(resp.messages, key=lambda m: m.commitlog_offset)
-
-
-def test_retry_goes_through_the_timer_topic(broker: ServiceProcess) -> None:
-    async def main() -> None:
-        async for c in client(broker.addr):
-            sent = await c.send("SbRetry", b"again", reconsume_times=15)
-            for level, delay_ms in ((0, 7_200_000), (3, 10_000)):  # 3 + 15 = 18: 2 h
-                await c.back("g-retry", offset_of(sent), level, origin_topic="SbRetry")
-                timer = (await timer_record(c, sent.msg_id))[-1]
-                props = dict(timer.message.properties)
-                assert timer.message.topic == TIMER_TOPIC
-                assert props[Prop.REAL_TOPIC] == "%RETRY%g-retry"
-                assert props[Prop.REAL_QUEUE_ID] == "0"
-                assert props[Prop.RETRY_TOPIC] == "SbRetry"
-                assert props[Prop.ORIGIN_MESSAGE_ID] == sent.msg_id
-                assert props[Prop.TAGS] == "Paid" and props["region"] == "eu"
-                assert timer.reconsume_times == 16
-                # the broker stamps TIMER_OUT_MS just before storing
-                lag_ms = timer.store_timestamp_ms - (int(props[Prop.TIMER_OUT_MS]) - delay_ms)
-                assert 0 <= lag_ms < 1000, lag_ms
-            retry = await c.admin.DescribeTopic(
-                admin_pb2.DescribeTopicRequest(topic="%RETRY%g-retry")
-            )
-            assert (retry.config.write_queue_nums, retry.config.perm) == (1, 6)
-            # nothing reached the retry topic or the DLQ yet: the timer-wheel re-puts it
-            pulled = await c.stub.Pull(
+async def test_dead_letter_by_delay_level_keeps_the_message(broker: ServiceProcess) -> None:
+    async with Client(broker.addr) as c:
+        sent = await c.send("SbOrders", b"payload-1")
+        await c.back(
+            "g-dlq", offset_of(sent), -1, origin_msg_id=sent.msg_id, origin_topic="SbOrders"
+        )
+        dlq = "%DLQ%g-dlq"
+        topic = await c.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic=dlq))
+        cfg = topic.config
+        assert (cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm) == (1, 1, 2)
+        [found] = await c.by_key(dlq, "cust-3")
+        props = dict(found.message.properties)
+        assert found.message.topic == dlq
+        assert found.message.body == b"payload-1"
+        assert found.reconsume_times == 1
+        assert found.msg_id == sent.msg_id  # the UNIQ_KEY is kept
+        assert props[Prop.ORIGIN_MESSAGE_ID] == sent.msg_id
+        assert props[Prop.RETRY_TOPIC] == "SbOrders"
+        assert (props[Prop.KEYS], props[Prop.TAGS], props["region"]) == (
+            "order-7 cust-3",
+            "Paid",
+            "eu",
+        )
+        by_id = await c.messaging.QueryMessageById(
+            messaging_pb2.QueryMessageByIdRequest(topic=dlq, msg_id=sent.msg_id)
+        )
+        assert [m.offset_msg_id for m in by_id.messages] == [found.offset_msg_id]
+        view = await c.messaging.ViewMessage(
+            messaging_pb2.ViewMessageRequest(offset_msg_id=found.offset_msg_id)
+        )
+        assert view.message.message.body == b"payload-1"
+        # The original is untouched.
+        orig = await c.messaging.ViewMessage(
+            messaging_pb2.ViewMessageRequest(offset_msg_id=sent.offset_msg_id)
+        )
+        assert orig.message.message.topic == "SbOrders"
+        assert orig.message.reconsume_times == 0
+        # Write-only: a consumer cannot pull the dead letters.
+        code, _, _ = await refused(
+            c.messaging.Pull(
                 messaging_pb2.PullRequest(
-                    consumer_group="g-retry",
-                    topic="%RETRY%g-retry",
+                    consumer_group="g-fresh",
+                    topic=dlq,
                     queue_id=0,
                     sys_flag=0x4,
                     subscription="*",
                 )
             )
-            assert pulled.max_offset == 0 and not pulled.records
-            code, _, _ = await refused(
-                c.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic="%DLQ%g-retry"))
+        )
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_dead_letter_when_reconsume_times_exceed_the_max(broker: ServiceProcess) -> None:
+    async with Client(broker.addr) as c:
+        # The request's max: a fresh message (0 reconsumes) with max 0 is a dead letter.
+        fresh = await c.send("SbMax", b"fresh")
+        await c.back("g-max", offset_of(fresh), 0, max_reconsume_times=0)
+        # The group's retryMaxTimes (default 16): a record already reconsumed 16 times.
+        tired = await c.send("SbMax", b"tired", reconsume_times=16)
+        await c.back("g-max", offset_of(tired), 0)
+        found = await c.by_key("%DLQ%g-max", "order-7")
+        assert sorted((m.message.body, m.reconsume_times) for m in found) == [
+            (b"fresh", 1),
+            (b"tired", 17),
+        ]
+        # A group whose retryMaxTimes is 2, set by an admin.
+        await c.admin.CreateSubscriptionGroup(
+            admin_pb2.CreateSubscriptionGroupRequest(
+                target=admin_pb2.ApplyTarget(broker_name=BROKER),
+                config=common_pb2.SubscriptionGroupConfig(group_name="g-max-2", retry_max_times=2),
             )
-            assert code == grpc.StatusCode.NOT_FOUND
+        )
+        two = await c.send("SbMax", b"two", reconsume_times=2)
+        await c.back("g-max-2", offset_of(two), 0)
+        [m] = await c.by_key("%DLQ%g-max-2", "order-7")
+        assert (m.message.body, m.reconsume_times) == (b"two", 3)
 
-    run(main())
+
+async def timer_record(c: Client, msg_id: str) -> list[common_pb2.StoredMessage]:
+    """The timer-topic records of one unique id (operators find them the same way)."""
+    resp = await c.messaging.QueryMessageById(
+        messaging_pb2.QueryMessageByIdRequest(topic=TIMER_TOPIC, msg_id=msg_id)
+    )
+    return sorted(resp.messages, key=lambda m: m.commitlog_offset)
 
 
-def test_bad_send_backs_and_the_broker_survives(broker: ServiceProcess) -> None:
-    async def main() -> None:
-        async for c in client(broker.addr):
-            sent = await c.send("SbBad", b"x")
-            offset = offset_of(sent)
-            cases: list[tuple[Awaitable[Any], grpc.StatusCode, int]] = [
-                (
-                    c.back("g-bad", offset + 3, -1),
-                    grpc.StatusCode.NOT_FOUND,
-                    common_pb2.MESSAGE_NOT_FOUND,
-                ),
-                (
-                    c.back("g-bad", 1 << 45, -1),
-                    grpc.StatusCode.NOT_FOUND,
-                    common_pb2.MESSAGE_NOT_FOUND,
-                ),
-                (
-                    c.back("g-bad", -1, -1),
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    common_pb2.ILLEGAL_ARGUMENT,
-                ),
-                (
-                    c.back("", offset, -1),
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    common_pb2.ILLEGAL_ARGUMENT,
-                ),
-                (
-                    c.back("bad group!", offset, -1),
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    common_pb2.ILLEGAL_ARGUMENT,
-                ),
-            ]
-            for call, code, reason in cases:
-                got = await refused(call)
-                assert got[:2] == (code, reason), got
-            await c.set_config("autoCreateSubscriptionGroup", "false")
-            try:
-                got = await refused(c.back("g-unknown", offset, -1))
-                assert got[:2] == (
-                    grpc.StatusCode.NOT_FOUND,
-                    common_pb2.SUBSCRIPTION_GROUP_NOT_EXIST,
-                )
-            finally:
-                await c.set_config("autoCreateSubscriptionGroup", "true")
-            await c.back("g-bad", offset, -1)  # still serving
-            assert len(await c.by_key("%DLQ%g-bad", "cust-3")) == 1
+async def test_retry_goes_through_the_timer_topic(broker: ServiceProcess) -> None:
+    async with Client(broker.addr) as c:
+        sent = await c.send("SbRetry", b"again", reconsume_times=15)
+        for level, delay_ms in ((0, 7_200_000), (3, 10_000)):  # 3 + 15 = 18: 2 h
+            await c.back("g-retry", offset_of(sent), level, origin_topic="SbRetry")
+            timer = (await timer_record(c, sent.msg_id))[-1]
+            props = dict(timer.message.properties)
+            assert timer.message.topic == TIMER_TOPIC
+            assert props[Prop.REAL_TOPIC] == "%RETRY%g-retry"
+            assert props[Prop.REAL_QUEUE_ID] == "0"
+            assert props[Prop.RETRY_TOPIC] == "SbRetry"
+            assert props[Prop.ORIGIN_MESSAGE_ID] == sent.msg_id
+            assert props[Prop.TAGS] == "Paid" and props["region"] == "eu"
+            assert timer.reconsume_times == 16
+            # the broker stamps TIMER_OUT_MS just before storing
+            lag_ms = timer.store_timestamp_ms - (int(props[Prop.TIMER_OUT_MS]) - delay_ms)
+            assert 0 <= lag_ms < 1000, lag_ms
+        retry = await c.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic="%RETRY%g-retry"))
+        assert (retry.config.write_queue_nums, retry.config.perm) == (1, 6)
+        # nothing reached the retry topic or the DLQ yet: the timer-wheel re-puts it
+        pulled = await c.messaging.Pull(
+            messaging_pb2.PullRequest(
+                consumer_group="g-retry",
+                topic="%RETRY%g-retry",
+                queue_id=0,
+                sys_flag=0x4,
+                subscription="*",
+            )
+        )
+        assert pulled.max_offset == 0 and not pulled.records
+        code, _, _ = await refused(
+            c.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic="%DLQ%g-retry"))
+        )
+        assert code == grpc.StatusCode.NOT_FOUND
 
-    run(main())
+
+async def test_bad_send_backs_and_the_broker_survives(broker: ServiceProcess) -> None:
+    async with Client(broker.addr) as c:
+        sent = await c.send("SbBad", b"x")
+        offset = offset_of(sent)
+        cases: list[tuple[Awaitable[Any], grpc.StatusCode, int]] = [
+            (
+                c.back("g-bad", offset + 3, -1),
+                grpc.StatusCode.NOT_FOUND,
+                common_pb2.MESSAGE_NOT_FOUND,
+            ),
+            (
+                c.back("g-bad", 1 << 45, -1),
+                grpc.StatusCode.NOT_FOUND,
+                common_pb2.MESSAGE_NOT_FOUND,
+            ),
+            (
+                c.back("g-bad", -1, -1),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                common_pb2.ILLEGAL_ARGUMENT,
+            ),
+            (
+                c.back("", offset, -1),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                common_pb2.ILLEGAL_ARGUMENT,
+            ),
+            (
+                c.back("bad group!", offset, -1),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                common_pb2.ILLEGAL_ARGUMENT,
+            ),
+        ]
+        for call, code, reason in cases:
+            got = await refused(call)
+            assert got[:2] == (code, reason), got
+        await c.set_config("autoCreateSubscriptionGroup", "false")
+        try:
+            got = await refused(c.back("g-unknown", offset, -1))
+            assert got[:2] == (
+                grpc.StatusCode.NOT_FOUND,
+                common_pb2.SUBSCRIPTION_GROUP_NOT_EXIST,
+            )
+        finally:
+            await c.set_config("autoCreateSubscriptionGroup", "true")
+        await c.back("g-bad", offset, -1)  # still serving
+        assert len(await c.by_key("%DLQ%g-bad", "cust-3")) == 1

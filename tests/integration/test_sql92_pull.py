@@ -27,9 +27,16 @@ from grpc_status import rpc_status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    messaging_pb2,
+    messaging_pb2_grpc,
+)
 from rocketq.sql92 import Sql92Error, compile_sql92
 from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver
+from tests.support.until import until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +49,13 @@ class Broker:
     proc: ServiceProcess
     channel: grpc.Channel
     stub: messaging_pb2_grpc.MessagingStub
+    admin: admin_pb2_grpc.AdminStub
+
+    def hold_stats(self) -> tuple[int, int]:
+        """Pulls held now, and arrivals checked against held pulls so far (GetRuntimeStats)."""
+        stats = self.admin.GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest(), timeout=5)
+        extra = stats.extra
+        return stats.held_pull_requests, int(extra["held_pull_arrivals_checked"])
 
     def send(self, topic: str, props: list[dict[str, str]], queue_id: int = 0) -> list[int]:
         """Send one message per property map (body = its index); their queue offsets."""
@@ -104,7 +118,8 @@ def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, 
         for p in (on, off):
             channel = grpc.insecure_channel(p.addr)
             channels.append(channel)
-            made.append(Broker(p, channel, messaging_pb2_grpc.MessagingStub(channel)))
+            stubs = messaging_pb2_grpc.MessagingStub(channel), admin_pb2_grpc.AdminStub(channel)
+            made.append(Broker(p, channel, *stubs))
         yield made[0], made[1]
         for p in procs[1:]:
             assert p.alive(), f"{p.name} died:\n{p.log_tail()}"
@@ -255,9 +270,15 @@ def test_a_held_sql_pull_wakes_only_for_a_match(brokers: tuple[Broker, Broker]) 
     req.sys_flag |= FLAG_SUSPEND
     req.suspend_timeout_ms = 20_000
     future = on.stub.Pull.future(req, timeout=30)
-    time.sleep(0.3)  # let the pull reach the broker and be held
+    until_sync(lambda: on.hold_stats()[0] == 1, "the SQL pull held by the broker")
+    checked_before = on.hold_stats()[1]
     on.send("SqlHold", [{"v": "1"}, {"w": "9"}, {"v": "x"}])
-    time.sleep(0.7)
+    until_sync(
+        lambda: on.hold_stats()[1] >= checked_before + 3,
+        "the three arrivals checked against the held pull",
+    )
+    # The broker decides a wake as it checks an arrival: still held means none matched.
+    assert on.hold_stats()[0] == 1, "a non-matching arrival woke the held SQL pull"
     assert not future.done(), "a non-matching arrival woke the held SQL pull"
     sent_at = time.perf_counter()
     on.send("SqlHold", [{"v": "6"}])

@@ -19,14 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client.admin import Admin, ConsumerConnectionInfo, TopicConfig
 from rocketq.client.consumer import (
     ConsumeContext,
@@ -39,12 +38,13 @@ from rocketq.client.errors import (
     NotFoundError,
     RocketQError,
     SubscriptionInconsistentError,
-    TopicNotFoundError,
     from_rpc_error,
 )
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, ReceivedMessage
-from tests.integration.cluster import cluster
+from tests.support.cluster import cluster, wait_routed
+from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -82,38 +82,9 @@ class Deliveries:
             return [b for bodies in self._by_consumer.values() for b in bodies]
 
 
-async def until(pred: Callable[[], object], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
-async def until_async(
-    probe: Callable[[], object], what: str, timeout_s: float = 20.0, interval_s: float = 0.1
-) -> None:
-    """Like :func:`until` for a coroutine function ``probe``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = probe()
-        assert asyncio.iscoroutine(result)
-        if await result:
-            return
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(interval_s)
-
-
-async def make_topic(admin: Admin) -> None:
+async def make_topic(admin: Admin, namesrv: list[str]) -> None:
     await admin.create_topic(TopicConfig(TOPIC, QUEUES, QUEUES))
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            if (await admin.route(TOPIC)).queues:
-                return
-        except TopicNotFoundError:
-            pass
-        assert time.monotonic() < deadline, f"no route for {TOPIC}"
-        await asyncio.sleep(0.05)
+    await wait_routed(namesrv, TOPIC, QUEUES)
 
 
 async def start_consumer(
@@ -181,9 +152,9 @@ async def raw_pull(admin: Admin, expression: str) -> RocketQError | None:
         subscription=expression,
         expression_type=common_pb2.TAG,
     )
-    async with grpc.aio.insecure_channel(addr) as channel:
+    async with RawClient(addr) as raw:
         try:
-            await messaging_pb2_grpc.MessagingStub(channel).Pull(request, timeout=5)
+            await raw.messaging.Pull(request, timeout=5)
         except grpc.aio.AioRpcError as err:
             return from_rpc_error(err, addr)
     return None
@@ -209,12 +180,12 @@ def knows(
     return lambda: known_conflicts(consumer) == want
 
 
-def test_strict_refuses_pulls_until_members_agree_and_loses_nothing(
+async def test_strict_refuses_pulls_until_members_agree_and_loses_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="rocketq.client._instance")
     with cluster(tmp_path) as c:
-        asyncio.run(_strict(c.namesrv_addrs, caplog))
+        await _strict(c.namesrv_addrs, caplog)
 
 
 async def _check_reported(
@@ -227,7 +198,7 @@ async def _check_reported(
     async def reported() -> bool:
         return conflict_views(await admin.consumer_connection(GROUP)) == {TOPIC: expected}
 
-    await until_async(reported, "Admin to report the conflict")
+    await until(reported, "Admin to report the conflict", timeout_s=20.0)
     conn = await admin.consumer_connection(GROUP)
     [conflict] = conn.conflicts
     assert conflict.pulls_refused and conflict.broker_names == ("broker-a",)
@@ -238,10 +209,12 @@ async def _check_reported(
         c2.client_id: {TOPIC: "tag3", f"%RETRY%{GROUP}": "*"},
     }
     # each consumer's client heard the notice, logged it at ERROR and keeps it
-    await until(lambda: len(conflict_errors(caplog)) >= 2, "both clients to log it")
+    await until(lambda: len(conflict_errors(caplog)) >= 2, "both clients to log it", timeout_s=20.0)
     assert all("refuses the group's pulls" in line for line in conflict_errors(caplog))
     for consumer in (c1, c2):
-        await until(knows(consumer, [(TOPIC, tuple(expected))]), "the notice to be kept")
+        await until(
+            knows(consumer, [(TOPIC, tuple(expected))]), "the notice to be kept", timeout_s=20.0
+        )
     # a pull of the topic by the group is refused with a reason the SDK maps to its own error
     refused = await raw_pull(admin, "tag1 || tag2")
     assert isinstance(refused, SubscriptionInconsistentError)
@@ -253,7 +226,7 @@ async def _check_reported(
 async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
     deliveries = Deliveries()
     async with Admin(namesrv) as admin:
-        await make_topic(admin)
+        await make_topic(admin, namesrv)
         with pytest.raises(NotFoundError, match="no live member"):
             await admin.consumer_connection(GROUP)
         c1 = await start_consumer(namesrv, deliveries, "c1", "tag1 || tag2")
@@ -262,12 +235,14 @@ async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
         try:
             # Consumer 1 alone owns every queue and has pulls held (long polling) on the broker
             # when consumer 2 joins: those pulls must not be served once the conflict exists.
-            await until(lambda: owned(c1) == QUEUES, "consumer 1 to own every queue")
+            await until(
+                lambda: owned(c1) == QUEUES, "consumer 1 to own every queue", timeout_s=20.0
+            )
 
             async def held() -> bool:
                 return (await admin.runtime_stats("broker-a")).held_pull_requests >= QUEUES
 
-            await until_async(held, "consumer 1's pulls to be held")
+            await until(held, "consumer 1's pulls to be held", timeout_s=20.0)
             c2 = await start_consumer(namesrv, deliveries, "c2", "tag3")
             await _check_reported(admin, caplog, c1, c2)
 
@@ -286,7 +261,7 @@ async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
             async def changed() -> bool:
                 return conflict_views(await admin.consumer_connection(GROUP)) == {TOPIC: still}
 
-            await until_async(changed, "the conflict to name consumer 3")
+            await until(changed, "the conflict to name consumer 3", timeout_s=20.0)
             await asyncio.sleep(QUIET_S)
             assert deliveries.of() == []
 
@@ -296,32 +271,36 @@ async def _strict(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
             async def agreed() -> bool:
                 return (await admin.consumer_connection(GROUP)).conflicts == ()
 
-            await until_async(agreed, "the conflict to end")
+            await until(agreed, "the conflict to end", timeout_s=20.0)
             everything = set().union(*sent.values())
             await until(
-                lambda: set(deliveries.of()) >= everything, "every message to be consumed", 30
+                lambda: set(deliveries.of()) >= everything,
+                "every message to be consumed",
+                timeout_s=30,
             )
             assert set(deliveries.of()) == everything
             assert known_conflicts(c1) == [] and known_conflicts(c3) == []
-            await until_async(lambda: all_committed(admin), "offsets to reach every queue's end")
+            await until(
+                lambda: all_committed(admin), "offsets to reach every queue's end", timeout_s=20.0
+            )
         finally:
             for left in [c1, c2, c3]:
                 if left is not None:
                     await left.close()
 
 
-def test_lenient_only_reports_and_the_loss_happens(
+async def test_lenient_only_reports_and_the_loss_happens(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="rocketq.client._instance")
-    with cluster(tmp_path, strictSubscriptionConsistency=False) as c:
-        asyncio.run(_lenient(c.namesrv_addrs, caplog))
+    with cluster(tmp_path, broker_keys={"strictSubscriptionConsistency": False}) as c:
+        await _lenient(c.namesrv_addrs, caplog)
 
 
 async def _lenient(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None:
     deliveries = Deliveries()
     async with Admin(namesrv) as admin:
-        await make_topic(admin)
+        await make_topic(admin, namesrv)
         c1 = await start_consumer(namesrv, deliveries, "c1", "tag1 || tag2")
         c2 = await start_consumer(namesrv, deliveries, "c2", "tag3")
         try:
@@ -329,20 +308,26 @@ async def _lenient(namesrv: list[str], caplog: pytest.LogCaptureFixture) -> None
             async def reported() -> bool:
                 return bool((await admin.consumer_connection(GROUP)).conflicts)
 
-            await until_async(reported, "Admin to report the conflict")
+            await until(reported, "Admin to report the conflict", timeout_s=20.0)
             [conflict] = (await admin.consumer_connection(GROUP)).conflicts
             assert conflict.topic == TOPIC and not conflict.pulls_refused
             assert await raw_pull(admin, "tag3") is None  # served: reported only
-            await until(lambda: len(conflict_errors(caplog)) >= 2, "both clients to log it")
+            await until(
+                lambda: len(conflict_errors(caplog)) >= 2, "both clients to log it", timeout_s=20.0
+            )
             assert all("only reports it" in line for line in conflict_errors(caplog))
             for consumer in (c1, c2):
-                await until(owns_half(consumer), "each consumer to own half of the queues")
+                await until(
+                    owns_half(consumer), "each consumer to own half of the queues", timeout_s=20.0
+                )
 
             sent = await send_interleaved(namesrv)
             # The group's offsets reach the end of every queue: as far as the broker knows,
             # everything was consumed...
-            await until_async(lambda: all_committed(admin), "offsets to reach every queue's end")
-            await asyncio.sleep(1)
+            await until(
+                lambda: all_committed(admin), "offsets to reach every queue's end", timeout_s=20.0
+            )
+            # A member records a delivery before its offset moves past it: nothing to wait for.
             got1, got2 = set(deliveries.of("c1")), set(deliveries.of("c2"))
             assert got1 <= sent["tag1"] | sent["tag2"] and got2 <= sent["tag3"]
             # ...yet each member only saw its own tags of the queues it was given: the tag3

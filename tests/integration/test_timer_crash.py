@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,9 +31,10 @@ from tests.integration.timer_support import (
     count_duplicates,
     create_topic,
     recording_consumer,
-    timer_cluster,
     wait_assigned,
 )
+from tests.support.cluster import cluster
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +45,6 @@ SPAN_MS = 15_000
 DOWN_S = 1.5
 """How long the timer-wheel stays dead before its restart."""
 QUEUES = 8
-
-
-async def until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def crash_and_restart(tc: TimerCluster, when: str) -> None:
@@ -70,8 +62,8 @@ async def pending_timers(tc: TimerCluster) -> int:
             return -1
 
 
-def test_sigkill_mid_run_loses_no_timer(tmp_path: Path) -> None:
-    async def main(tc: TimerCluster) -> None:
+async def test_sigkill_mid_run_loses_no_timer(tmp_path: Path) -> None:
+    with cluster(tmp_path, timer_wheel=True, clock_speed=1) as tc:
         topic = "TimerCrash"
         await create_topic(tc, topic, QUEUES)
         rec = Recorder(tc.clock)
@@ -91,23 +83,24 @@ def test_sigkill_mid_run_loses_no_timer(tmp_path: Path) -> None:
             )
             sending = asyncio.create_task(sender.run())
             # Crash 1: sends (and so the wheel's enqueue) in full swing, first timers due.
-            await until(lambda: sender.sent >= TIMERS * 2 // 5, 60, "40% of the sends")
-            await until(lambda: rec.distinct() > 0, 30, "the first delivery")
+            await until(lambda: sender.sent >= TIMERS * 2 // 5, "40% of the sends", timeout_s=60)
+            await until(lambda: rec.distinct() > 0, "the first delivery", timeout_s=30)
             await crash_and_restart(tc, f"after {sender.sent} sends, {rec.distinct()} delivered")
             await sending
             # Crash 2: everything sent, deliveries in full swing.
-            await until(lambda: rec.distinct() >= TIMERS * 3 // 5, 60, "60% delivered")
+            await until(lambda: rec.distinct() >= TIMERS * 3 // 5, "60% delivered", timeout_s=60)
             await crash_and_restart(tc, f"with {rec.distinct()} of {TIMERS} delivered")
             last_due_s = (max(sender.wanted.values()) - tc.now_ms()) / 1000
             await rec.wait_distinct(
                 TIMERS, max(last_due_s, 0) + 60, "timers after 2 crashes", sender.wanted
             )
-            await asyncio.sleep(0.5)
-            for _ in range(100):
-                pending = await pending_timers(tc)
-                if pending == 0:
-                    break
-                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # a quiet window: a duplicate re-put shows up in it
+
+            async def drained() -> bool:
+                return await pending_timers(tc) == 0
+
+            await until(drained, "the timer-wheel to report no pending timers", 10, 0.1)
+            pending = await pending_timers(tc)
         deliveries = rec.snapshot()
         dups = count_duplicates(rec.by_key())
         problems, direct = check_against_asked(deliveries, sender.wanted)
@@ -121,7 +114,4 @@ def test_sigkill_mid_run_loses_no_timer(tmp_path: Path) -> None:
             f"a re-put was stored twice (the broker must drop it): {dups}"
         )
         assert pending == 0, f"the restarted timer-wheel still reports {pending} pending timers"
-
-    with timer_cluster(tmp_path, speed=1) as tc:
-        asyncio.run(main(tc))
         tc.check_logs()

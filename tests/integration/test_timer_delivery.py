@@ -45,9 +45,9 @@ from tests.integration.timer_support import (
     create_topic,
     early_deliveries,
     recording_consumer,
-    timer_cluster,
     wait_assigned,
 )
+from tests.support.cluster import cluster
 
 pytestmark = pytest.mark.integration
 
@@ -69,14 +69,16 @@ SEND_CONCURRENCY = 64
 
 @pytest.fixture(scope="module")
 def realtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TimerCluster]:
-    with timer_cluster(tmp_path_factory.mktemp("timer_rt"), speed=1) as tc:
+    with cluster(tmp_path_factory.mktemp("timer_rt"), timer_wheel=True, clock_speed=1) as tc:
         yield tc
         tc.check_logs()
 
 
 @pytest.fixture(scope="module")
 def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TimerCluster]:
-    with timer_cluster(tmp_path_factory.mktemp("timer_fast"), speed=FAST_SPEED) as tc:
+    with cluster(
+        tmp_path_factory.mktemp("timer_fast"), timer_wheel=True, clock_speed=FAST_SPEED
+    ) as tc:
         yield tc
         tc.check_logs()
 
@@ -146,44 +148,38 @@ def check_on_time(tc: TimerCluster, sent: list[Sent], rec: Recorder) -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_levels_1_to_3_in_real_time(realtime: TimerCluster) -> None:
-    async def main() -> None:
-        topic = "TimerLevelsRt"
-        await create_topic(realtime, topic)
-        rec = Recorder(realtime.clock)
-        async with recording_consumer(realtime, "g-levels-rt", topic, rec) as consumer:
-            await wait_assigned(consumer, topic, 4, timeout_s=15)
-            sent = await send_levels(realtime, topic, [1, 2, 3], copies=2)
-            await rec.wait_distinct(len(sent), 25, "levels 1-3", [s.key for s in sent])
-            await asyncio.sleep(0.3)  # a duplicate would show up now
-        check_on_time(realtime, sent, rec)
-
-    asyncio.run(main())
+async def test_levels_1_to_3_in_real_time(realtime: TimerCluster) -> None:
+    topic = "TimerLevelsRt"
+    await create_topic(realtime, topic)
+    rec = Recorder(realtime.clock)
+    async with recording_consumer(realtime, "g-levels-rt", topic, rec) as consumer:
+        await wait_assigned(consumer, topic, 4, timeout_s=15)
+        sent = await send_levels(realtime, topic, [1, 2, 3], copies=2)
+        await rec.wait_distinct(len(sent), 25, "levels 1-3", [s.key for s in sent])
+        await asyncio.sleep(0.3)  # a duplicate would show up now
+    check_on_time(realtime, sent, rec)
 
 
-def test_all_18_levels_on_a_fast_clock(fast: TimerCluster) -> None:
-    async def main() -> None:
-        topic = "TimerLevelsFast"
-        await create_topic(fast, topic)
-        rec = Recorder(fast.clock)
-        async with recording_consumer(fast, "g-levels-fast", topic, rec) as consumer:
-            await wait_assigned(consumer, topic, 4, timeout_s=15)
-            sent = await send_levels(fast, topic, list(range(1, 19)), copies=2)
-            two_hours_real_s = DELAY_LEVELS_MS[-1] / FAST_SPEED / 1000
-            await rec.wait_distinct(
-                len(sent), two_hours_real_s + 20, "18 levels", [s.key for s in sent]
-            )
-            await asyncio.sleep(0.3)
-        check_on_time(fast, sent, rec)
-
-    asyncio.run(main())
+async def test_all_18_levels_on_a_fast_clock(fast: TimerCluster) -> None:
+    topic = "TimerLevelsFast"
+    await create_topic(fast, topic)
+    rec = Recorder(fast.clock)
+    async with recording_consumer(fast, "g-levels-fast", topic, rec) as consumer:
+        await wait_assigned(consumer, topic, 4, timeout_s=15)
+        sent = await send_levels(fast, topic, list(range(1, 19)), copies=2)
+        two_hours_real_s = DELAY_LEVELS_MS[-1] / FAST_SPEED / 1000
+        await rec.wait_distinct(
+            len(sent), two_hours_real_s + 20, "18 levels", [s.key for s in sent]
+        )
+        await asyncio.sleep(0.3)  # a duplicate would show up now
+    check_on_time(fast, sent, rec)
 
 
 # ---- 100 000 timers ---------------------------------------------------------------------------
 
 
-def test_100k_timers_over_the_next_minute(tmp_path: Path) -> None:
-    async def main(tc: TimerCluster) -> None:
+async def test_100k_timers_over_the_next_minute(tmp_path: Path) -> None:
+    with cluster(tmp_path, timer_wheel=True, clock_speed=MANY_SPEED) as tc:
         topic, queues = "TimerMany", 8
         await create_topic(tc, topic, queues)
         rec = Recorder(tc.clock)
@@ -209,7 +205,7 @@ def test_100k_timers_over_the_next_minute(tmp_path: Path) -> None:
             await rec.wait_distinct(
                 MANY_TIMERS, max(last_due_real_s, 0) + 60, "100 000 timers", wanted
             )
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # a quiet window: a duplicate shows up in it
             drained_s = time.monotonic() - started
             async with TimerClient(tc.timer.addr) as timers:
                 stats = await timers.stats()
@@ -224,9 +220,6 @@ def test_100k_timers_over_the_next_minute(tmp_path: Path) -> None:
         dups = count_duplicates(rec.by_key())
         print(f"duplicates: {dups}")
         assert dups.stored_twice == 0, f"re-puts stored twice (the broker must drop them): {dups}"
-
-    with timer_cluster(tmp_path, speed=MANY_SPEED) as tc:
-        asyncio.run(main(tc))
         tc.check_logs()
 
 

@@ -14,12 +14,10 @@ rolled-back one never, nothing left pending.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,14 +26,7 @@ from rocketq import TransactionProducer
 from rocketq.client.errors import RocketQError
 from rocketq.client.producer import ProducerConfig
 from rocketq.message import Message
-from tests.integration.cluster import (
-    ServiceProcess,
-    restart,
-    spawn,
-    start_broker,
-    start_nameserver,
-    wait_for,
-)
+from tests.integration.cluster import ServiceProcess, spawn
 from tests.integration.transaction_support import (
     TX_BROKER_KEYS,
     Deliveries,
@@ -48,6 +39,8 @@ from tests.integration.transaction_support import (
     stored_bodies,
     wait_no_pending,
 )
+from tests.support.cluster import Cluster, cluster
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -61,55 +54,27 @@ QUIET_S = 2.5
 """After the last expected delivery, how long to watch for a duplicate or a rolled-back one."""
 
 
-@dataclass
-class TxCluster:
-    root: Path
-    namesrv: ServiceProcess
-    broker: ServiceProcess
-    old_brokers: list[ServiceProcess] = field(default_factory=list)
-
-    @property
-    def namesrv_addrs(self) -> list[str]:
-        return [self.namesrv.addr]
-
-    def restart_broker(self, how: str) -> None:
-        """Stop the broker (``term``: SIGTERM and wait; ``kill``: SIGKILL) and start it again
-        on the same port and data."""
-        old = self.broker
-        if how == "kill":
-            old.kill()
-        else:
-            assert old.stop() == 0, f"unclean broker shutdown:\n{old.log_tail()}"
-        self.old_brokers.append(old)
-        self.broker = restart(old)
-        assert self.broker.addr == old.addr, (old.addr, self.broker.addr)
-
-    def broker_log(self) -> str:
-        return self.broker.log_path.read_text(errors="replace")
+def restart_broker(c: Cluster, how: str) -> None:
+    """Stop the broker (``term``: SIGTERM and wait; ``kill``: SIGKILL) and start it again on
+    the same port and data."""
+    old = c.broker
+    if how == "kill":
+        old.kill()
+    else:
+        assert old.stop() == 0, f"unclean broker shutdown:\n{old.log_tail()}"
+    new = c.restart(old)
+    assert new.addr == old.addr, (old.addr, new.addr)
 
 
 @pytest.fixture
-def txc(tmp_path: Path) -> Iterator[TxCluster]:
-    ns = start_nameserver(tmp_path)
-    c: TxCluster | None = None
-    try:
-        broker = start_broker(
-            tmp_path,
-            [ns.addr],
-            listenPort=free_port(),
-            transactionCheckMax=CHECK_MAX,
-            **TX_BROKER_KEYS,
-        )
-        c = TxCluster(tmp_path, ns, broker)
+def txc(tmp_path: Path) -> Iterator[Cluster]:
+    # A fixed port: a restarted broker comes back where producers and consumers look for it.
+    keys = {"listenPort": free_port(), "transactionCheckMax": CHECK_MAX, **TX_BROKER_KEYS}
+    with cluster(tmp_path, broker_keys=keys) as c:
         yield c
         assert c.broker.alive(), f"the broker died:\n{c.broker.log_tail()}"
-        alarms = log_alarms(c.broker_log())
+        alarms = log_alarms(c.broker.log_path.read_text(errors="replace"))
         assert not alarms, f"the broker logged {alarms[:3]}:\n{c.broker.log_tail(80)}"
-    finally:
-        for sp in ([c.broker] if c else []) + [ns]:
-            if sp.alive():
-                with contextlib.suppress(AssertionError):
-                    sp.stop(timeout_s=15)
 
 
 # ---- the worker processes ------------------------------------------------------------------
@@ -133,12 +98,12 @@ class Worker:
 
 
 def start_worker(
-    c: TxCluster, name: str, group: str, topic: str, plan: str, check_answer: str
+    c: Cluster, name: str, group: str, topic: str, plan: str, check_answer: str
 ) -> Worker:
     events = c.root / f"{name}.events"
     args = [
         "--namesrv",
-        c.namesrv.addr,
+        c.nameserver.addr,
         "--group",
         group,
         "--topic",
@@ -156,37 +121,34 @@ def start_worker(
 
 
 # ---- 4. the producer killed after its half message --------------------------------------------
-def test_killed_producer_second_instance_answers_the_check(txc: TxCluster) -> None:
+async def test_killed_producer_second_instance_answers_the_check(txc: Cluster) -> None:
     topic, group = "TxKilledProducer", "tx-killed-pg"
-    asyncio.run(create_topic(txc.namesrv_addrs, topic))
+    await create_topic(txc.namesrv_addrs, topic)
     # instance A: one UNKNOW transaction, then one it never ends (it hangs in the local
     # transaction after the half message is stored); it answers checks UNKNOW meanwhile
     a = start_worker(txc, "a", group, topic, "unknown,hang", "unknown")
-    wait_for(lambda: a.has("sent", "a-0") and a.has("half", "a-1"), timeout_s=20)
+    await until(lambda: a.has("sent", "a-0") and a.has("half", "a-1"), "a's two half messages", 20)
     a.sp.kill()
-    pending = asyncio.run(pending_bodies(txc.broker.addr, topic))
+    pending = await pending_bodies(txc.broker.addr, topic)
     assert {"a-0", "a-1"} <= set(pending), f"the half messages are not pending: {pending}"
 
-    async def main() -> None:
-        g1, g2 = Deliveries("tx-killed-g1"), Deliveries("tx-killed-g2")
-        async with (
-            consuming(txc.namesrv_addrs, g1.group, topic, g1),
-            consuming(txc.namesrv_addrs, g2.group, topic, g2),
-        ):
-            # instance B of the same group, another process: its own first transaction opens
-            # its stream to the broker; it answers every check COMMIT
-            b = start_worker(txc, "b", group, topic, "commit", "commit")
-            for d in (g1, g2):
-                await d.wait_for(["a-0", "a-1", "b-0"], DELIVERY_TIMEOUT_S)
-            await wait_no_pending(txc.broker.addr, topic, timeout_s=10)
-            await asyncio.sleep(QUIET_S)
-            assert {"a-0", "a-1"} <= b.checked_bodies(), b.events()
-            b.sp.stop()
+    g1, g2 = Deliveries("tx-killed-g1"), Deliveries("tx-killed-g2")
+    async with (
+        consuming(txc.namesrv_addrs, g1.group, topic, g1),
+        consuming(txc.namesrv_addrs, g2.group, topic, g2),
+    ):
+        # instance B of the same group, another process: its own first transaction opens
+        # its stream to the broker; it answers every check COMMIT
+        b = start_worker(txc, "b", group, topic, "commit", "commit")
         for d in (g1, g2):
-            assert d.snapshot() == {"a-0": 1, "a-1": 1, "b-0": 1}, d.snapshot()
-        assert (await stored_bodies(txc.broker.addr, topic)) == {"a-0": 1, "a-1": 1, "b-0": 1}
-
-    asyncio.run(main())
+            await d.wait_for(["a-0", "a-1", "b-0"], DELIVERY_TIMEOUT_S)
+        await wait_no_pending(txc.broker.addr, topic, timeout_s=10)
+        await asyncio.sleep(QUIET_S)
+        assert {"a-0", "a-1"} <= b.checked_bodies(), b.events()
+        b.sp.stop()
+    for d in (g1, g2):
+        assert d.snapshot() == {"a-0": 1, "a-1": 1, "b-0": 1}, d.snapshot()
+    assert (await stored_bodies(txc.broker.addr, topic)) == {"a-0": 1, "a-1": 1, "b-0": 1}
 
 
 # ---- 5. the broker restarted between half message and end -------------------------------------
@@ -194,19 +156,19 @@ async def send_when_reachable(p: TransactionProducer, msg: Message, timeout_s: f
     """A transactional send right after a broker restart: the producer's channel may still be
     in its reconnect backoff, and a half send that fails (nothing stored, no local transaction
     run) is simply tried again."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    async def sent() -> bool:
         try:
             await p.send_message_in_transaction(msg)
-            return
         except RocketQError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+            return False
+        return True
+
+    await until(sent, "a transactional send after the restart", timeout_s, interval_s=0.2)
 
 
 @pytest.mark.parametrize("how", ["term", "kill"])
-def test_broker_restart_between_half_and_end(txc: TxCluster, how: str) -> None:
+async def test_broker_restart_between_half_and_end(txc: Cluster, how: str) -> None:
     topic = f"TxRestart{how.capitalize()}"
     committed = ["p-commit", "e-commit"]
 
@@ -216,7 +178,7 @@ def test_broker_restart_between_half_and_end(txc: TxCluster, how: str) -> None:
 
         def restart_in_local_transaction(body: str) -> None:
             if body.startswith("e-"):
-                txc.restart_broker(how)
+                restart_broker(txc, how)
                 gate.set()
 
         listener = PlannedListener(before_end=restart_in_local_transaction, gate=gate)
@@ -231,7 +193,7 @@ def test_broker_restart_between_half_and_end(txc: TxCluster, how: str) -> None:
             for body, plan in (("e-commit", "commit"), ("e-rollback", "rollback")):
                 listener.plan(body, plan)
                 await send_when_reachable(p, Message(topic, body.encode()))
-            assert len(txc.old_brokers) == 2
+            assert len(txc.replaced) == 2
             await wait_no_pending(txc.broker.addr, topic, timeout_s=20)
 
     async def consume() -> None:
@@ -247,11 +209,12 @@ def test_broker_restart_between_half_and_end(txc: TxCluster, how: str) -> None:
             assert d.snapshot() == dict.fromkeys(committed, 1), d.snapshot()
         assert (await stored_bodies(txc.broker.addr, topic)) == dict.fromkeys(committed, 1)
 
-    asyncio.run(produce())
-    asyncio.run(consume())
+    await produce()
+    await consume()
     # one more restart: the resolved state comes back from the op topic, nothing is re-checked
     # or committed twice
-    txc.restart_broker(how)
-    time.sleep(QUIET_S)
-    assert not asyncio.run(pending_bodies(txc.broker.addr, topic))
-    assert asyncio.run(stored_bodies(txc.broker.addr, topic)) == dict.fromkeys(committed, 1)
+    restart_broker(txc, how)
+    # A deliberate quiet window: a re-check or second commit would land within it.
+    await asyncio.sleep(QUIET_S)
+    assert not await pending_bodies(txc.broker.addr, topic)
+    assert (await stored_bodies(txc.broker.addr, topic)) == dict.fromkeys(committed, 1)
