@@ -125,9 +125,7 @@ def test_a_replication_window_beyond_its_bound_is_refused(cluster: FuzzCluster) 
         admin = admin_pb2_grpc.AdminStub(ch)
         with pytest.raises(grpc.RpcError) as caught:
             admin.UpdateBrokerConfig(
-                admin_pb2.UpdateBrokerConfigRequest(
-                    updates={"haMaxInFlightBytes": "1" + "0" * 30}
-                ),
+                admin_pb2.UpdateBrokerConfigRequest(updates={"haMaxInFlightBytes": "1" + "0" * 30}),
                 timeout=5,
             )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
