@@ -47,7 +47,7 @@ from typing import ClassVar, Protocol
 import grpc
 
 from rocketq._api.rocketq.v1 import admin_pb2_grpc, common_pb2, messaging_pb2, messaging_pb2_grpc
-from rocketq.client._backoff import Backoff
+from rocketq.backoff import Backoff
 from rocketq.client._channels import open_channel
 from rocketq.client._nameserver import NameServerClient, parse_addrs
 from rocketq.client._route import TopicRoute

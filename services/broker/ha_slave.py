@@ -47,9 +47,9 @@ from typing import Any
 
 import grpc
 
+from rocketq import backoff
 from rocketq._api.rocketq.v1 import replication_pb2, replication_pb2_grpc
 from services.broker.config import BrokerConfig
-from services.common import backoff
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
 from services.store.epoch_file import EpochEntry

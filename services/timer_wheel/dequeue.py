@@ -45,6 +45,7 @@ import grpc
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq.backoff import Backoff
 from rocketq.client.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -56,7 +57,6 @@ from rocketq.client.errors import (
 from rocketq.client.internal import ClientInstance
 from rocketq.codec import Prop
 from rocketq.validation import TIMER_TOPIC
-from services.common.backoff import Backoff
 from services.common.clock import Clock
 from services.timer_wheel import TIMER_GROUP
 from services.timer_wheel.config import TimerConfig

@@ -1,5 +1,5 @@
-"""The retry-delay helper, in both copies (services.common.backoff and the SDK's
-rocketq.client._backoff): bounds, growth, cap, reset, jitter. Seeded random; nothing sleeps."""
+"""The retry-delay helper the SDK and the services share (rocketq.backoff): bounds, growth, cap,
+reset, jitter. Seeded random; nothing sleeps."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ from types import ModuleType
 
 import pytest
 
-from rocketq.client import _backoff as sdk_backoff
-from services.common import backoff as service_backoff
+from rocketq import backoff
 
 pytestmark = pytest.mark.unit
 
-COPIES = [pytest.param(service_backoff, id="services"), pytest.param(sdk_backoff, id="sdk")]
+COPIES = [pytest.param(backoff, id="rocketq.backoff")]
 
 
 @pytest.mark.parametrize("mod", COPIES)
@@ -94,10 +93,10 @@ def test_multiplier_and_bad_bounds(mod: ModuleType) -> None:
         mod.Backoff(0.1, 1.0, multiplier=0.5)
 
 
-def test_the_services_copy_loads_without_grpc() -> None:
-    """services.common.backoff (and services.common itself) must not pull grpc in."""
+def test_the_helper_loads_without_grpc() -> None:
+    """rocketq.backoff (and the lazy rocketq package) must not pull grpc in."""
     code = (
-        "import sys, services.common.backoff; "
+        "import sys, rocketq.backoff; "
         "bad = [m for m in ('grpc', 'google.protobuf', 'aetcd') if m in sys.modules]; "
         "assert not bad, bad"
     )

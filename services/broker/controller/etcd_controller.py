@@ -40,6 +40,7 @@ from typing import Protocol
 
 from aetcd import transactions as tx
 
+from rocketq.backoff import Backoff
 from services.broker.config import BrokerConfig
 from services.broker.controller import election
 from services.broker.controller.campaign import Campaign, Won
@@ -58,7 +59,6 @@ from services.broker.controller.lease import Lease
 from services.broker.controller.session import EtcdSession, EtcdUnavailable, ProblemLog
 from services.broker.controller.term import Term
 from services.broker.controller.watch import GroupWatch
-from services.common.backoff import Backoff
 from services.common.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
+from rocketq.backoff import Backoff
 from services.broker.controller.session import EtcdUnavailable, ProblemLog
-from services.common.backoff import Backoff
 from services.common.clock import Clock
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from rocketq.backoff import Backoff
 from services.broker.controller.session import EtcdSession, EtcdUnavailable, ProblemLog
-from services.common.backoff import Backoff
 
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0

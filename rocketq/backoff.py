@@ -18,9 +18,9 @@ starts at exactly ``min_s`` would put every peer's first retry at the same insta
 Every delay lies within [``min_s``, ``max_s``].
 
 Pure Python and no I/O: it computes delays, the caller sleeps (so a test steps it with a seeded
-``random.Random`` and never sleeps). The same helper exists for the services as
-``services.common.backoff``: the library never imports ``services``, and the services use only
-the SDK's public API.
+``random.Random`` and never sleeps). One helper for the SDK and the services alike: like
+:mod:`rocketq.validation` it loads no grpc and is shared with the server side, which may import
+the library (never the reverse).
 """
 
 from __future__ import annotations
