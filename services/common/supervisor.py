@@ -174,9 +174,11 @@ def launch(
 
 
 def wait_ready(processes: list[Process], timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Until every process is ready (its ``addr`` set); on an early exit or the timeout, kill
-    them all and raise SpawnError with the log tail of the ones that failed."""
-    waiting = [sp for sp in processes if not sp.addr]
+    """Until every process is ready (its readiness gives an address); on an early exit or the
+    timeout, kill them all and raise SpawnError with the log tail of the ones that failed."""
+    # Readiness gives None until ready; "" is a ready process that serves no address (a
+    # test's worker, whose ready file says {"addr": ""}).
+    waiting = list(processes)
     deadline = time.monotonic() + timeout_s
     while waiting:
         for sp in list(waiting):
@@ -188,7 +190,7 @@ def wait_ready(processes: list[Process], timeout_s: float = READY_TIMEOUT_S) -> 
                 )
             assert sp.readiness is not None
             addr = sp.readiness(sp)
-            if addr:
+            if addr is not None:
                 sp.addr = addr
                 waiting.remove(sp)
         if waiting and time.monotonic() >= deadline:

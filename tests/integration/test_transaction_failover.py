@@ -14,10 +14,8 @@ rolled-back one never, nothing left pending.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,11 +24,11 @@ from rocketq import TransactionProducer
 from rocketq.client.errors import RocketQError
 from rocketq.client.producer import ProducerConfig
 from rocketq.message import Message
-from tests.integration.cluster import ServiceProcess, spawn
 from tests.integration.transaction_support import (
     TX_BROKER_KEYS,
     Deliveries,
     PlannedListener,
+    Worker,
     consuming,
     create_topic,
     free_port,
@@ -39,12 +37,12 @@ from tests.integration.transaction_support import (
     stored_bodies,
     wait_no_pending,
 )
+from tests.integration.transaction_support import start_worker as start_tx_worker
 from tests.support.cluster import Cluster, cluster
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
-WORKER_MODULE = "tests.integration.workers.transaction_worker"
 CHECK_MAX = 200
 """transactionCheckMax here: with a round every 300 ms, the default 15 would discard a message
 checked while no producer of its group is up (a worker process starting on a loaded machine,
@@ -78,46 +76,10 @@ def txc(tmp_path: Path) -> Iterator[Cluster]:
 
 
 # ---- the worker processes ------------------------------------------------------------------
-@dataclass
-class Worker:
-    sp: ServiceProcess
-    events_path: Path
-
-    def events(self) -> list[dict[str, object]]:
-        try:
-            text = self.events_path.read_text()
-        except OSError:
-            return []
-        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
-
-    def has(self, ev: str, body: str | None = None) -> bool:
-        return any(e["ev"] == ev and (body is None or e.get("body") == body) for e in self.events())
-
-    def checked_bodies(self) -> set[str]:
-        return {str(e["body"]) for e in self.events() if e["ev"] == "check"}
-
-
 def start_worker(
     c: Cluster, name: str, group: str, topic: str, plan: str, check_answer: str
 ) -> Worker:
-    events = c.root / f"{name}.events"
-    args = [
-        "--namesrv",
-        c.nameserver.addr,
-        "--group",
-        group,
-        "--topic",
-        topic,
-        "--prefix",
-        name,
-        "--plan",
-        plan,
-        "--check-answer",
-        check_answer,
-        "--events",
-        str(events),
-    ]
-    return Worker(spawn(name, WORKER_MODULE, args, c.root / name), events)
+    return start_tx_worker(c.root, c.nameserver.addr, name, group, topic, plan, check_answer)
 
 
 # ---- 4. the producer killed after its half message --------------------------------------------

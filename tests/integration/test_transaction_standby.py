@@ -15,7 +15,6 @@ where a master joins later uses an in-process standby with a short route poll.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,11 +27,13 @@ from rocketq.client.admin import Admin, TopicConfig
 from rocketq.client.errors import TopicNotFoundError
 from rocketq.client.producer import ProducerConfig
 from rocketq.message import Message, ReceivedMessage
-from tests.integration.cluster import ServiceProcess, spawn, start_broker, start_nameserver
+from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver
 from tests.integration.transaction_support import (
     TX_BROKER_KEYS,
+    Worker,
     create_topic,
     pending_bodies,
+    start_worker,
     stored_bodies,
     wait_no_pending,
 )
@@ -40,30 +41,10 @@ from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
-WORKER_MODULE = "tests.integration.workers.transaction_worker"
 CHECK_MAX = 200
 """transactionCheckMax: high, so a half message is still pending (not discarded) for the whole
 test whether or not a standby is ever asked."""
 RESOLVE_TIMEOUT_S = 20.0
-
-
-@dataclass
-class Worker:
-    sp: ServiceProcess
-    events_path: Path
-
-    def events(self) -> list[dict[str, object]]:
-        try:
-            text = self.events_path.read_text()
-        except OSError:
-            return []
-        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
-
-    def sent(self) -> set[str]:
-        return {str(e["body"]) for e in self.events() if e["ev"] == "sent"}
-
-    def checked(self) -> set[str]:
-        return {str(e["body"]) for e in self.events() if e["ev"] == "check"}
 
 
 @dataclass
@@ -73,13 +54,7 @@ class TxCluster:
     brokers: list[ServiceProcess]
 
     def worker(self, name: str, group: str, topic: str, plan: str, answer: str) -> Worker:
-        """A producer process of ``group``: one transaction per ``plan`` entry (none for an
-        empty plan), every check answered ``answer``."""
-        events = self.root / f"{name}.events"
-        args = ["--namesrv", self.namesrv.addr, "--group", group, "--topic", topic]
-        args += ["--prefix", name, "--plan", plan, "--check-answer", answer]
-        args += ["--events", str(events)]
-        return Worker(spawn(name, WORKER_MODULE, args, self.root / name), events)
+        return start_worker(self.root, self.namesrv.addr, name, group, topic, plan, answer)
 
     def add_broker(self, name: str) -> ServiceProcess:
         broker = start_broker(
@@ -107,7 +82,7 @@ async def crash_after_unknown(c: TxCluster, group: str, topic: str) -> list[str]
     """Producer A: two transactions answered UNKNOW, then SIGKILL; their half messages pend."""
     a = c.worker("a", group, topic, "unknown,unknown", "unknown")
     bodies = ["a-0", "a-1"]
-    await until(lambda: a.sent() >= set(bodies), "A's two transactions", RESOLVE_TIMEOUT_S)
+    await until(lambda: a.sent_bodies() >= set(bodies), "A's two transactions", RESOLVE_TIMEOUT_S)
     a.sp.kill()
     pending = await pending_bodies(c.brokers[0].addr, topic)
     assert set(bodies) <= set(pending), f"A's half messages are not pending: {pending}"
@@ -116,11 +91,13 @@ async def crash_after_unknown(c: TxCluster, group: str, topic: str) -> list[str]
 
 async def assert_resolved_by(c: TxCluster, topic: str, standby: Worker, bodies: list[str]) -> None:
     await until(
-        lambda: standby.checked() >= set(bodies), "checks sent to the standby", RESOLVE_TIMEOUT_S
+        lambda: standby.checked_bodies() >= set(bodies),
+        "checks sent to the standby",
+        RESOLVE_TIMEOUT_S,
     )
     await wait_no_pending(c.brokers[0].addr, topic, timeout_s=RESOLVE_TIMEOUT_S)
     assert await stored_bodies(c.brokers[0].addr, topic) == dict.fromkeys(bodies, 1)
-    assert not standby.sent(), "the standby sent nothing of its own"
+    assert not standby.sent_bodies(), "the standby sent nothing of its own"
 
 
 async def test_standby_started_before_the_crash_is_asked(txc: TxCluster) -> None:
@@ -178,7 +155,7 @@ async def test_standby_learns_a_master_that_joins_later(txc: TxCluster) -> None:
             RESOLVE_TIMEOUT_S,
         )
         a = txc.worker("a", group, topic, "unknown", "unknown")
-        await until(lambda: a.sent() >= {"a-0"}, "A's transaction", RESOLVE_TIMEOUT_S)
+        await until(lambda: a.sent_bodies() >= {"a-0"}, "A's transaction", RESOLVE_TIMEOUT_S)
         a.sp.kill()
         await until(lambda: "a-0" in listener.checked, "a check of a-0", RESOLVE_TIMEOUT_S)
         await wait_no_pending(broker_b.addr, topic, timeout_s=RESOLVE_TIMEOUT_S)

@@ -22,11 +22,13 @@ hold each committed message exactly once and no rolled-back one, whatever a cons
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rocketq import LocalTransactionState
@@ -40,7 +42,7 @@ from rocketq.client.consumer import (
     PushConsumerConfig,
 )
 from rocketq.message import Message, ReceivedMessage, decode_records
-from tests.integration.cluster import free_port
+from tests.integration.cluster import ServiceProcess, free_port, spawn
 from tests.integration.timer_support import wait_assigned
 from tests.support.cluster import wait_routed
 from tests.support.raw_client import RawClient
@@ -273,3 +275,43 @@ async def wait_no_pending(broker_addr: str, topic: str, timeout_s: float) -> Non
 def log_alarms(text: str) -> list[str]:
     """Lines of a service log that mean it hit a bug."""
     return [line for line in text.splitlines() if any(a in line for a in LOG_ALARMS)]
+
+
+# ---- producer worker processes ---------------------------------------------------------------
+WORKER_MODULE = "tests.integration.workers.transaction_worker"
+
+
+@dataclass
+class Worker:
+    """A transactional producer process (:mod:`tests.integration.workers.transaction_worker`)
+    and the events it journals."""
+
+    sp: ServiceProcess
+    events_path: Path
+
+    def events(self) -> list[dict[str, object]]:
+        try:
+            text = self.events_path.read_text()
+        except OSError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+    def has(self, ev: str, body: str | None = None) -> bool:
+        return any(e["ev"] == ev and (body is None or e.get("body") == body) for e in self.events())
+
+    def sent_bodies(self) -> set[str]:
+        return {str(e["body"]) for e in self.events() if e["ev"] == "sent"}
+
+    def checked_bodies(self) -> set[str]:
+        return {str(e["body"]) for e in self.events() if e["ev"] == "check"}
+
+
+def start_worker(
+    root: Path, namesrv: str, name: str, group: str, topic: str, plan: str, check_answer: str
+) -> Worker:
+    """A producer process of ``group``: one transaction per ``plan`` entry (none for an empty
+    plan), every check answered ``check_answer``; its files under ``root/name``."""
+    events = root / f"{name}.events"
+    args = ["--namesrv", namesrv, "--group", group, "--topic", topic, "--prefix", name]
+    args += ["--plan", plan, "--check-answer", check_answer, "--events", str(events)]
+    return Worker(spawn(name, WORKER_MODULE, args, root / name), events)
