@@ -17,10 +17,11 @@ longest common prefix and discards the rest (:func:`consistent_offset`). With st
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
+
+from services.common.atomic_write import write_atomic
 
 EPOCH_ENTRIES_MAX = 100_000
 """A history longer than this is refused on load (a damaged file, not real failovers)."""
@@ -133,20 +134,7 @@ class EpochHistory:
 
     def _write(self, entries: list[EpochEntry]) -> None:
         text = "".join(f"{e.epoch} {e.start_offset}\n" for e in entries)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, text.encode("ascii"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(self.path, text.encode("ascii"))
         self._entries = entries
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rocketq import codec
+from services.common.atomic_write import fsync_dir
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.store.checkpoint import Checkpoint
 from services.store.commitlog import AppendResult, CommitLog, MessageToStore
@@ -202,7 +203,7 @@ class MessageStore:
         if self.epochs.last_epoch is None and not cfg.slave:
             self.epochs.append(0, self.commitlog.max_offset)  # static roles: epoch 0 from here
         cfg.abort_path.touch()
-        _fsync_dir(cfg.store_dir)
+        fsync_dir(cfg.store_dir)
         for problem in report.problems:
             log.warning("store recovery: %s", problem)
         self.recovery = report
@@ -234,7 +235,7 @@ class MessageStore:
             self._flush_logics()
         self.close_files()
         self.config.abort_path.unlink(missing_ok=True)
-        _fsync_dir(self.config.store_dir)
+        fsync_dir(self.config.store_dir)
 
     def close_files(self) -> None:
         """Unmap everything and release the lock (no flush; ``shutdown`` flushes first)."""
@@ -533,11 +534,3 @@ def _physical_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 8 * 1024**3
-
-
-def _fsync_dir(path: os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
