@@ -263,7 +263,7 @@ class CommitLog:
                 self._topic_bytes[topic] = tb
         return tb
 
-    def append_raw(self, physical_offset: int, data: bytes | memoryview) -> None:
+    def append_raw(self, physical_offset: PhysicalOffset, data: bytes | memoryview) -> None:
         """Write replicated bytes at exactly ``physical_offset`` (a slave's path; checked)."""
         if physical_offset != self.max_offset:
             raise ValueError(
@@ -278,14 +278,14 @@ class CommitLog:
 
     # -- read ------------------------------------------------------------------------------
     @property
-    def min_offset(self) -> int:
-        return self.files.min_offset()
+    def min_offset(self) -> PhysicalOffset:
+        return PhysicalOffset(self.files.min_offset())
 
     @property
-    def max_offset(self) -> int:
-        return self.files.max_offset()
+    def max_offset(self) -> PhysicalOffset:
+        return PhysicalOffset(self.files.max_offset())
 
-    def read(self, physical_offset: int, size: int) -> memoryview | None:
+    def read(self, physical_offset: PhysicalOffset, size: int) -> memoryview | None:
         """The ``size`` bytes at ``physical_offset``, or None if they are not (all) on disk."""
         mf = self.files.find(physical_offset)
         if mf is None:
@@ -294,7 +294,9 @@ class CommitLog:
         view = mf.read(pos, size)
         return view if len(view) == size else None
 
-    def read_record(self, physical_offset: int, *, check_crc: bool = True) -> codec.Record | None:
+    def read_record(
+        self, physical_offset: PhysicalOffset, *, check_crc: bool = True
+    ) -> codec.Record | None:
         """Decode the record at ``physical_offset``; None if absent, CorruptRecord if damaged."""
         head = self.read(physical_offset, 8)
         if head is None:
@@ -307,7 +309,7 @@ class CommitLog:
             return None
         return codec.decode_record(data, check_crc=check_crc)
 
-    def read_store_timestamp(self, physical_offset: int, size: int) -> int | None:
+    def read_store_timestamp(self, physical_offset: PhysicalOffset, size: int) -> int | None:
         """STORETIMESTAMP of the record at ``physical_offset`` without decoding the rest."""
         data = self.read(physical_offset, size)
         if data is None:
@@ -317,15 +319,16 @@ class CommitLog:
         except codec.CorruptRecord:  # too short to hold it
             return None
 
-    def next_file_start(self, physical_offset: int) -> int:
+    def next_file_start(self, physical_offset: PhysicalOffset) -> PhysicalOffset:
         """Start of the file after the one holding ``physical_offset``."""
-        return physical_offset + self.file_size_bytes - physical_offset % self.file_size_bytes
+        size = self.file_size_bytes
+        return PhysicalOffset(physical_offset + size - physical_offset % size)
 
     # -- durability / lifecycle ------------------------------------------------------------
     def flush(self) -> int:
         return self.files.flush()
 
-    def truncate(self, physical_offset: int) -> None:
+    def truncate(self, physical_offset: PhysicalOffset) -> None:
         """Drop everything from ``physical_offset`` on (recovery, slave truncation)."""
         self.files.truncate(physical_offset)
 

@@ -63,7 +63,7 @@ _STORE_TS_AT = {bits: codec.store_timestamp_offset(bits) for bits in _HOST_BIT_V
 _PREPARED_AT = {bits: codec.prepared_transaction_offset_at(bits) for bits in _HOST_BIT_VALUES}
 
 
-def read_replica(commitlog: CommitLog, physical_offset: int, max_bytes: int) -> bytes:
+def read_replica(commitlog: CommitLog, physical_offset: PhysicalOffset, max_bytes: int) -> bytes:
     """Up to ``max_bytes`` stored bytes from ``physical_offset``, never past a file's end.
 
     b"" at the max offset (nothing new). :class:`ReplicaRangeError` below the oldest retained
@@ -206,11 +206,11 @@ class ReplicaWriter:
         self.records_appended = 0
 
     @property
-    def dispatched_offset(self) -> int:
+    def dispatched_offset(self) -> PhysicalOffset:
         """End of the last whole record written and dispatched (the partial tail excluded)."""
-        return self.commitlog.max_offset - len(self.pending)
+        return PhysicalOffset(self.commitlog.max_offset - len(self.pending))
 
-    def append(self, physical_offset: int, data: bytes | memoryview) -> int:
+    def append(self, physical_offset: PhysicalOffset, data: bytes | memoryview) -> PhysicalOffset:
         """Write and dispatch a chunk; return the commitlog's new max offset.
 
         ``physical_offset`` must be the commitlog's max offset, else ValueError (or the end of
@@ -219,7 +219,7 @@ class ReplicaWriter:
         """
         cl = self.commitlog
         received = cl.max_offset
-        whole_end = received - len(self.pending)
+        whole_end = self.dispatched_offset
         if physical_offset != received:
             if physical_offset != whole_end:
                 raise ValueError(
@@ -239,7 +239,7 @@ class ReplicaWriter:
         if problem is None:
             self.pending = buf[good:]
             if self.pending:  # a new partial tail: withhold its header (module docstring)
-                tail = whole_end + good
+                tail = PhysicalOffset(whole_end + good)
                 _write_at(cl, tail, bytes(min(_HEADER_BYTES, len(self.pending))))
         else:
             self.pending = b""
@@ -274,7 +274,7 @@ class ReplicaWriter:
             self.dispatcher.dispatch(reqs[i : i + DISPATCH_BATCH_MAX])
         self.records_appended += len(reqs)
 
-    def truncate(self, physical_offset: int, queues: Iterable[ConsumeQueue]) -> None:
+    def truncate(self, physical_offset: PhysicalOffset, queues: Iterable[ConsumeQueue]) -> None:
         """Drop everything at or after ``physical_offset``: commitlog bytes (a partial tail
         too), consume-queue units and index entries built from them.
 
@@ -303,7 +303,7 @@ class ReplicaWriter:
         self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, physical_offset)
 
 
-def _write_at(commitlog: CommitLog, physical_offset: int, data: bytes) -> None:
+def _write_at(commitlog: CommitLog, physical_offset: PhysicalOffset, data: bytes) -> None:
     """Overwrite written bytes in place (a record header never spans two files)."""
     mf = commitlog.files.find(physical_offset)
     assert mf is not None, f"offset {physical_offset} lies inside the commitlog's files"
@@ -325,7 +325,7 @@ def truncate_keeping_position(files: MappedFileQueue, offset: int) -> None:
         files.truncate(offset, written_only=True)
 
 
-def truncate_queue(cq: ConsumeQueue, physical_offset: int) -> None:
+def truncate_queue(cq: ConsumeQueue, physical_offset: PhysicalOffset) -> None:
     """Drop the units of ``cq`` whose record ends past ``physical_offset``.
 
     A queue's units point at increasing physical offsets, so the first unit to drop is found
@@ -355,7 +355,7 @@ def truncate_queue(cq: ConsumeQueue, physical_offset: int) -> None:
             cq.max_physical_end = off + size
 
 
-def _unit(files: MappedFileQueue, queue_offset: int) -> tuple[int, int]:
+def _unit(files: MappedFileQueue, queue_offset: int) -> tuple[PhysicalOffset, int]:
     at = queue_offset * CQ_UNIT_BYTES
     mf = files.find(at)
     assert mf is not None, f"unit {queue_offset} lies inside the queue's files"
