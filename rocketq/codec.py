@@ -557,11 +557,12 @@ def prepared_transaction_offset_at(sys_flag: int) -> int:
 
 def record_spans(
     buf: bytes | memoryview | bytearray, pos: int, total: int, sys_flag: int
-) -> tuple[int, int, int, int]:
+) -> tuple[int, int, int, int, int]:
     """Where the variable fields of the ``total``-byte record at ``pos`` lie, checked.
 
-    Returns ``(body_at, body_end, topic_end, props_at)``: the body is ``buf[body_at:body_end]``,
-    the topic ``buf[body_end + 1:topic_end]``, the properties ``buf[props_at:pos + total]``.
+    Returns ``(body_at, body_end, topic_at, topic_end, props_at)``: the body is
+    ``buf[body_at:body_end]``, the topic ``buf[topic_at:topic_end]``, the properties
+    ``buf[props_at:pos + total]``.
     Every length is checked against TOTALSIZE before it is used; CorruptRecord (without a
     position: the caller knows where the record is) names the first that does not fit.
     ``total`` must not exceed the bytes ``buf`` holds from ``pos``.
@@ -574,7 +575,8 @@ def record_spans(
     body_end = body_at + body_len
     if body_len < 0 or body_end + _AFTER_BODY_BYTES > end:
         raise CorruptRecord(f"body length {body_len} does not fit TOTALSIZE {total}")
-    topic_end = body_end + _TOPIC_LEN_BYTES + buf[body_end]
+    topic_at = body_end + _TOPIC_LEN_BYTES
+    topic_end = topic_at + buf[body_end]
     if topic_end + _PROPS_LEN_BYTES > end:
         raise CorruptRecord(f"topic length {buf[body_end]} does not fit TOTALSIZE {total}")
     props_at = topic_end + _PROPS_LEN_BYTES
@@ -584,7 +586,7 @@ def record_spans(
             f"properties length {props_len} leaves {end - props_at - props_len} bytes "
             f"unaccounted in TOTALSIZE {total}"
         )
-    return body_at, body_end, topic_end, props_at
+    return body_at, body_end, topic_at, topic_end, props_at
 
 
 # ---- decoding ---------------------------------------------------------------------------------
@@ -613,7 +615,7 @@ def decode_record(
     """
     total, sys_flag = _check_head(buf, pos)
     try:
-        body_at, body_end, topic_end, props_at = record_spans(buf, pos, total, sys_flag)
+        body_at, body_end, topic_at, topic_end, props_at = record_spans(buf, pos, total, sys_flag)
     except CorruptRecord as exc:
         raise CorruptRecord(f"at {pos}: {exc}") from None
     fixed = _FIXED[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
@@ -624,7 +626,7 @@ def decode_record(
             f"at {pos}: body CRC mismatch (stored {f[2]}, computed {body_crc(body)})"
         )
     try:
-        topic = bytes(buf[body_end + _TOPIC_LEN_BYTES : topic_end]).decode()
+        topic = bytes(buf[topic_at:topic_end]).decode()
     except UnicodeDecodeError:
         raise CorruptRecord(f"at {pos}: topic is not UTF-8") from None
     # Positional, in Record's field order (cheaper than keywords on this hot path).
@@ -657,7 +659,7 @@ def record_properties_bytes(buf: bytes | memoryview | bytearray, pos: int = 0) -
     """
     total, sys_flag = _check_head(buf, pos)
     try:
-        props_at = record_spans(buf, pos, total, sys_flag)[3]
+        props_at = record_spans(buf, pos, total, sys_flag)[4]
     except CorruptRecord as exc:
         raise CorruptRecord(f"at {pos}: {exc}") from None
     return bytes(buf[props_at : pos + total])

@@ -109,12 +109,14 @@ def _variable_part(
     """Check the body (lengths, CRC), topic and properties of the ``size``-byte record at
     ``pos``; (topic, where the properties start), or the problem."""
     try:
-        body_at, body_end, topic_end, props_at = codec.record_spans(buf, pos, size, sys_flag)
+        body_at, body_end, topic_at, topic_end, props_at = codec.record_spans(
+            buf, pos, size, sys_flag
+        )
     except codec.CorruptRecord as exc:
         return str(exc)
     if zlib.crc32(mv[body_at:body_end]) & 0x7FFFFFFF != crc:
         return "body CRC mismatch"
-    topic_raw = buf[body_end + 1 : topic_end]
+    topic_raw = buf[topic_at:topic_end]
     topic = topics.get(topic_raw)
     if topic is None:
         try:

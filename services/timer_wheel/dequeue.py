@@ -135,7 +135,9 @@ def read_reput(raw: bytes) -> Reput:
     if len(raw) < codec.RECORD_MIN_BYTES:
         raise codec.CorruptRecord(f"record of {len(raw)} bytes is too short")
     sys_flag = codec.peek_sys_flag(raw)
-    body_at, body_end, _topic_end, props_at = codec.record_spans(raw, 0, len(raw), sys_flag)
+    body_at, body_end, _topic_at, _topic_end, props_at = codec.record_spans(
+        raw, 0, len(raw), sys_flag
+    )
     return Reput(
         flag=codec.peek_flag(raw),
         sys_flag=sys_flag,

@@ -571,9 +571,9 @@ def test_record_spans_locate_body_topic_and_properties(
     raw = b"xy" + _encode(born_host=born, store_host=store, body=b"the body", properties=props)
     total, _magic = codec.peek_size_magic(raw, 2)
     sys_flag = codec.peek_sys_flag(raw, 2)
-    body_at, body_end, topic_end, props_at = codec.record_spans(raw, 2, total, sys_flag)
+    body_at, body_end, topic_at, topic_end, props_at = codec.record_spans(raw, 2, total, sys_flag)
     assert raw[body_at:body_end] == b"the body"
-    assert raw[body_end + 1 : topic_end] == b"TopicTest"
+    assert raw[topic_at:topic_end] == b"TopicTest"
     assert raw[props_at : 2 + total] == props
     assert codec.record_properties_bytes(raw, 2) == props
 
