@@ -516,7 +516,10 @@ def _peek(st: struct.Struct, buf: bytes | memoryview | bytearray, at: int) -> in
 
 def peek_size_magic(buf: bytes | memoryview | bytearray, pos: int = 0) -> tuple[int, int]:
     """TOTALSIZE and MAGIC at ``pos`` without decoding anything else."""
-    size, magic = SIZE_MAGIC.unpack_from(buf, pos)
+    try:
+        size, magic = SIZE_MAGIC.unpack_from(buf, pos)
+    except struct.error:
+        raise CorruptRecord(f"at {pos}: fewer than {SIZE_MAGIC.size} bytes left") from None
     return size, magic
 
 
