@@ -28,7 +28,13 @@ A BLANK record fills the tail of a commitlog file that cannot hold the next reco
 
 The fixed part (fields 1–14) is one ``struct.Struct`` per host-address family; the whole record
 (fixed part and the three variable fields) is packed by one cached ``Struct`` per combination of
-lengths, so encoding a message is a single C call.
+lengths (:func:`record_struct`, :func:`pack_record`), so encoding a message is a single C call.
+
+Code that needs a few fields of a stored record without decoding it (recovery, replication,
+the timer wheel's re-put, a property filter) reads them here: the ``peek_*`` functions,
+:func:`record_spans` for the variable fields, :data:`RECORD_HEAD` for loops over many records.
+Every offset is computed from the field formats above it and asserted at import; none is typed
+in elsewhere.
 """
 
 from __future__ import annotations
@@ -130,9 +136,16 @@ _F_HOST_V6 = "16si"  # IPv6 address, port
 _F_STORETIMESTAMP = "q"
 _F_RECONSUMETIMES = "i"
 _F_PREPARED_TX_OFFSET = "q"
+_F_BODY_LEN = "i"  # then the body
+_F_TOPIC_LEN = "B"  # then the topic
+_F_PROPS_LEN = "H"  # then the properties
 
-_HEAD = _F_TOTALSIZE + _F_MAGIC + _F_BODYCRC + _F_QUEUEID + _F_FLAG
-_HEAD += _F_QUEUEOFFSET + _F_PHYSICALOFFSET + _F_SYSFLAG + _F_BORNTIMESTAMP
+_UP_TO_SYSFLAG = _F_TOTALSIZE + _F_MAGIC + _F_BODYCRC + _F_QUEUEID + _F_FLAG
+_UP_TO_SYSFLAG += _F_QUEUEOFFSET + _F_PHYSICALOFFSET + _F_SYSFLAG
+"""Fields 1–8: the same bytes in every record (the host fields after them vary in size)."""
+_HEAD = _UP_TO_SYSFLAG + _F_BORNTIMESTAMP
+_TAIL = _F_RECONSUMETIMES + _F_PREPARED_TX_OFFSET
+"""The last two fixed fields, after the store host: located from the fixed part's end."""
 
 
 def _fixed_format(born_v6: bool, store_v6: bool) -> str:
@@ -142,9 +155,13 @@ def _fixed_format(born_v6: bool, store_v6: bool) -> str:
         + (_F_HOST_V6 if born_v6 else _F_HOST_V4)
         + _F_STORETIMESTAMP
         + (_F_HOST_V6 if store_v6 else _F_HOST_V4)
-        + _F_RECONSUMETIMES
-        + _F_PREPARED_TX_OFFSET
+        + _TAIL
     )
+
+
+def _size(*fragments: str) -> int:
+    """Bytes the big-endian fields ``fragments`` occupy, laid end to end."""
+    return struct.calcsize(">" + "".join(fragments))
 
 
 _FIXED: dict[tuple[bool, bool], struct.Struct] = {
@@ -155,36 +172,77 @@ assert FIXED_BYTES_V4 == 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 =
 FIXED_BYTES_V6 = _FIXED[(True, True)].size
 """The largest fixed part: enough bytes to read any record's header fields."""
 assert FIXED_BYTES_V6 == FIXED_BYTES_V4 + 2 * 12
+_BODY_LEN_BYTES = _size(_F_BODY_LEN)
+_TOPIC_LEN_BYTES = _size(_F_TOPIC_LEN)
+_PROPS_LEN_BYTES = _size(_F_PROPS_LEN)
+assert (_BODY_LEN_BYTES, _TOPIC_LEN_BYTES, _PROPS_LEN_BYTES) == (4, 1, 2)
+_AFTER_BODY_BYTES = _TOPIC_LEN_BYTES + _PROPS_LEN_BYTES
+"""The least a record holds after its body: the topic and properties lengths."""
+_VARIABLE_LENGTHS_BYTES = _BODY_LEN_BYTES + _AFTER_BODY_BYTES
+"""The three length fields of BODY, TOPIC and PROPERTIES."""
+RECORD_MIN_BYTES = FIXED_BYTES_V4 + _VARIABLE_LENGTHS_BYTES
+"""The smallest possible record: IPv4 hosts, empty body, topic and properties."""
+assert RECORD_MIN_BYTES == 91
 
-# Offsets of fields that readers peek at without decoding the whole record.
+# Offsets of fields that readers peek at without decoding the whole record, each computed from
+# the fields before it (never typed in); the asserts pin them to SPEC §11.1's table.
 OFFSET_TOTALSIZE = 0
-OFFSET_MAGIC = struct.calcsize(">" + _F_TOTALSIZE)
-OFFSET_BODYCRC = struct.calcsize(">" + _F_TOTALSIZE + _F_MAGIC)
-OFFSET_QUEUEOFFSET = struct.calcsize(">" + _F_TOTALSIZE + _F_MAGIC + _F_BODYCRC + "ii")
-OFFSET_PHYSICALOFFSET = OFFSET_QUEUEOFFSET + 8
-OFFSET_SYSFLAG = OFFSET_PHYSICALOFFSET + 8
-OFFSET_BORNHOST = struct.calcsize(">" + _HEAD)
-assert (OFFSET_MAGIC, OFFSET_BODYCRC, OFFSET_QUEUEOFFSET, OFFSET_SYSFLAG) == (4, 8, 20, 36)
-assert OFFSET_BORNHOST == 48
+OFFSET_MAGIC = _size(_F_TOTALSIZE)
+OFFSET_BODYCRC = _size(_F_TOTALSIZE, _F_MAGIC)
+OFFSET_QUEUEID = _size(_F_TOTALSIZE, _F_MAGIC, _F_BODYCRC)
+OFFSET_FLAG = _size(_F_TOTALSIZE, _F_MAGIC, _F_BODYCRC, _F_QUEUEID)
+OFFSET_QUEUEOFFSET = _size(_F_TOTALSIZE, _F_MAGIC, _F_BODYCRC, _F_QUEUEID, _F_FLAG)
+OFFSET_PHYSICALOFFSET = OFFSET_QUEUEOFFSET + _size(_F_QUEUEOFFSET)
+OFFSET_SYSFLAG = OFFSET_PHYSICALOFFSET + _size(_F_PHYSICALOFFSET)
+OFFSET_BORNHOST = _size(_HEAD)
+assert (OFFSET_MAGIC, OFFSET_BODYCRC, OFFSET_QUEUEID, OFFSET_FLAG) == (4, 8, 12, 16)
+assert (OFFSET_QUEUEOFFSET, OFFSET_PHYSICALOFFSET) == (20, 28)
+assert (OFFSET_SYSFLAG, OFFSET_BORNHOST) == (36, 48)
+_STORETIMESTAMP_AFTER_V4 = OFFSET_BORNHOST + _size(_F_HOST_V4)
+_STORETIMESTAMP_AFTER_V6 = OFFSET_BORNHOST + _size(_F_HOST_V6)
+assert (_STORETIMESTAMP_AFTER_V4, _STORETIMESTAMP_AFTER_V6) == (56, 68)
+_TAIL_BYTES = _size(_TAIL)
+"""RECONSUMETIMES starts this many bytes before the fixed part's end."""
+_PREPARED_TX_BYTES = _size(_F_PREPARED_TX_OFFSET)
+"""PREPARED TRANSACTION OFFSET starts this many bytes before the fixed part's end."""
+assert (_TAIL_BYTES, _PREPARED_TX_BYTES) == (12, 8)
+HOST_V6_BITS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
+_FIXED_BYTES_BY_HOST_BITS: dict[int, int] = {
+    (SysFlag.BORNHOST_V6 if b else 0) | (SysFlag.STOREHOST_V6 if s else 0): st.size
+    for (b, s), st in _FIXED.items()
+}
 
-_SIZE_MAGIC = struct.Struct(">iI")
+RECORD_HEAD = struct.Struct(">" + _UP_TO_SYSFLAG)
+"""TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG: the fields
+at the same place in every record, for loops that read many records (``unpack_from``)."""
+assert RECORD_HEAD.size == OFFSET_SYSFLAG + _size(_F_SYSFLAG)
+SIZE_MAGIC = struct.Struct(">" + _F_TOTALSIZE + _F_MAGIC)
+"""TOTALSIZE and MAGIC: all a BLANK record holds."""
 _INT = struct.Struct(">i")
 _LONG = struct.Struct(">q")
 
 
+def fixed_bytes(sys_flag: int) -> int:
+    """Size of the fixed part (fields 1–14) of a record with this SYSFLAG: where BODY starts."""
+    return _FIXED_BYTES_BY_HOST_BITS[sys_flag & HOST_V6_BITS]
+
+
 def store_timestamp_offset(sys_flag: int) -> int:
     """Byte offset of STORETIMESTAMP within a record with this SYSFLAG."""
-    return OFFSET_BORNHOST + (20 if sys_flag & SysFlag.BORNHOST_V6 else 8)
+    if sys_flag & SysFlag.BORNHOST_V6:
+        return _STORETIMESTAMP_AFTER_V6
+    return _STORETIMESTAMP_AFTER_V4
 
 
 _RECORD_STRUCTS: dict[tuple[bool, bool, int, int, int], struct.Struct] = {}
 _RECORD_STRUCTS_MAX = 4096
 
 
-def _record_struct(
+def record_struct(
     born_v6: bool, store_v6: bool, body: int, topic: int, props: int
 ) -> struct.Struct:
-    """The whole record as one Struct for these variable-field lengths.
+    """The whole record as one ``Struct`` for these variable-field lengths; its ``size`` is the
+    record's TOTALSIZE. Give it to :func:`pack_record`.
 
     Cached in a plain dict (cheaper per call than ``lru_cache`` on the hot path); real traffic
     has few distinct length combinations, and the cache is simply cleared if it fills up.
@@ -195,7 +253,8 @@ def _record_struct(
         if len(_RECORD_STRUCTS) >= _RECORD_STRUCTS_MAX:
             _RECORD_STRUCTS.clear()
         fixed = _fixed_format(born_v6, store_v6)
-        st = _RECORD_STRUCTS[key] = struct.Struct(f"{fixed}i{body}sB{topic}sH{props}s")
+        layout = f"{fixed}{_F_BODY_LEN}{body}s{_F_TOPIC_LEN}{topic}s{_F_PROPS_LEN}{props}s"
+        st = _RECORD_STRUCTS[key] = struct.Struct(layout)
     return st
 
 
@@ -329,6 +388,65 @@ class CorruptRecord(ValueError):
     """A record failed a check; the message says which and at what offset."""
 
 
+def with_host_bits(sys_flag: int, born_v6: bool, store_v6: bool) -> int:
+    """``sys_flag`` with its two host-family bits set from the addresses, as stored."""
+    sys_flag &= ~HOST_V6_BITS
+    if born_v6:
+        sys_flag |= SysFlag.BORNHOST_V6
+    if store_v6:
+        sys_flag |= SysFlag.STOREHOST_V6
+    return sys_flag
+
+
+def pack_record(
+    st: struct.Struct,
+    crc: int,
+    queue_id: int,
+    flag: int,
+    queue_offset: int,
+    physical_offset: int,
+    sys_flag: int,
+    born_timestamp_ms: int,
+    born_host: HostAddress,
+    store_timestamp_ms: int,
+    store_host: HostAddress,
+    reconsume_times: int,
+    prepared_transaction_offset: int,
+    body: bytes,
+    topic_bytes: bytes,
+    properties: bytes,
+) -> bytes:
+    """Pack one record with ``st`` from :func:`record_struct`: the one packing routine that
+    both :func:`encode_record` and the commitlog's batch append use.
+
+    Unchecked and positional, for the append hot path: ``sys_flag`` must already carry the
+    host bits (:func:`with_host_bits`) and the lengths must be those ``st`` was made for."""
+    return st.pack(
+        st.size,
+        MESSAGE_MAGIC,
+        crc,
+        queue_id,
+        flag,
+        queue_offset,
+        physical_offset,
+        sys_flag,
+        born_timestamp_ms,
+        born_host.ip,
+        born_host.port,
+        store_timestamp_ms,
+        store_host.ip,
+        store_host.port,
+        reconsume_times,
+        prepared_transaction_offset,
+        len(body),
+        body,
+        len(topic_bytes),
+        topic_bytes,
+        len(properties),
+        properties,
+    )
+
+
 def encode_record(
     *,
     topic_bytes: bytes,
@@ -354,31 +472,22 @@ def encode_record(
         raise ValueError(f"properties are {len(properties)} bytes; limit {PROPERTIES_MAX_BYTES}")
     born_v6 = born_host.is_v6
     store_v6 = store_host.is_v6
-    sys_flag &= ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
-    sys_flag |= (SysFlag.BORNHOST_V6 if born_v6 else 0) | (SysFlag.STOREHOST_V6 if store_v6 else 0)
-    st = _record_struct(born_v6, store_v6, len(body), len(topic_bytes), len(properties))
-    return st.pack(
-        st.size,
-        MESSAGE_MAGIC,
+    return pack_record(
+        record_struct(born_v6, store_v6, len(body), len(topic_bytes), len(properties)),
         body_crc(body) if crc is None else crc,
         queue_id,
         flag,
         queue_offset,
         physical_offset,
-        sys_flag,
+        with_host_bits(sys_flag, born_v6, store_v6),
         born_timestamp_ms,
-        born_host.ip,
-        born_host.port,
+        born_host,
         store_timestamp_ms,
-        store_host.ip,
-        store_host.port,
+        store_host,
         reconsume_times,
         prepared_transaction_offset,
-        len(body),
         body,
-        len(topic_bytes),
         topic_bytes,
-        len(properties),
         properties,
     )
 
@@ -387,13 +496,116 @@ def record_size(
     body_len: int, topic_len: int, props_len: int, born_v6: bool, store_v6: bool
 ) -> int:
     """Bytes a record with these lengths occupies (RocketMQ's ``calMsgLength``)."""
-    return _FIXED[(born_v6, store_v6)].size + 4 + body_len + 1 + topic_len + 2 + props_len
+    return (
+        _FIXED[(born_v6, store_v6)].size
+        + _VARIABLE_LENGTHS_BYTES
+        + body_len
+        + topic_len
+        + props_len
+    )
+
+
+# ---- peeking: single fields, without decoding the record ---------------------------------------
+# Each reads at ``pos`` in ``buf`` and raises CorruptRecord if the buffer ends before the field.
+def _peek(st: struct.Struct, buf: bytes | memoryview | bytearray, at: int) -> int:
+    try:
+        return int(st.unpack_from(buf, at)[0])
+    except struct.error:
+        raise CorruptRecord(f"at {at}: the buffer ends inside a record's fixed part") from None
 
 
 def peek_size_magic(buf: bytes | memoryview | bytearray, pos: int = 0) -> tuple[int, int]:
     """TOTALSIZE and MAGIC at ``pos`` without decoding anything else."""
-    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    try:
+        size, magic = SIZE_MAGIC.unpack_from(buf, pos)
+    except struct.error:
+        raise CorruptRecord(f"at {pos}: fewer than {SIZE_MAGIC.size} bytes left") from None
     return size, magic
+
+
+def peek_flag(buf: bytes | memoryview | bytearray, pos: int = 0) -> int:
+    """FLAG (the user's flag) of the record at ``pos``."""
+    return _peek(_INT, buf, pos + OFFSET_FLAG)
+
+
+def peek_physical_offset(buf: bytes | memoryview | bytearray, pos: int = 0) -> int:
+    """PHYSICALOFFSET of the record at ``pos``: where it says it lies in the commitlog."""
+    return _peek(_LONG, buf, pos + OFFSET_PHYSICALOFFSET)
+
+
+def peek_sys_flag(buf: bytes | memoryview | bytearray, pos: int = 0) -> int:
+    """SYSFLAG of the record at ``pos``."""
+    return _peek(_INT, buf, pos + OFFSET_SYSFLAG)
+
+
+def peek_store_timestamp(buf: bytes | memoryview | bytearray, pos: int = 0) -> int:
+    """STORETIMESTAMP (ms) of the record at ``pos``."""
+    return _peek(_LONG, buf, pos + store_timestamp_offset(peek_sys_flag(buf, pos)))
+
+
+def peek_reconsume_times(buf: bytes | memoryview | bytearray, pos: int = 0) -> int:
+    """RECONSUMETIMES of the record at ``pos``."""
+    return _peek(_INT, buf, pos + fixed_bytes(peek_sys_flag(buf, pos)) - _TAIL_BYTES)
+
+
+def peek_prepared_transaction_offset(buf: bytes | memoryview | bytearray, pos: int = 0) -> int:
+    """PREPARED TRANSACTION OFFSET of the record at ``pos``."""
+    return _peek(_LONG, buf, pos + fixed_bytes(peek_sys_flag(buf, pos)) - _PREPARED_TX_BYTES)
+
+
+def prepared_transaction_offset_at(sys_flag: int) -> int:
+    """Byte offset of PREPARED TRANSACTION OFFSET within a record with this SYSFLAG."""
+    return fixed_bytes(sys_flag) - _PREPARED_TX_BYTES
+
+
+def record_spans(
+    buf: bytes | memoryview | bytearray, pos: int, total: int, sys_flag: int
+) -> tuple[int, int, int, int, int]:
+    """Where the variable fields of the ``total``-byte record at ``pos`` lie, checked.
+
+    Returns ``(body_at, body_end, topic_at, topic_end, props_at)``: the body is
+    ``buf[body_at:body_end]``, the topic ``buf[topic_at:topic_end]``, the properties
+    ``buf[props_at:pos + total]``.
+    Every length is checked against TOTALSIZE before it is used; CorruptRecord (without a
+    position: the caller knows where the record is) names the first that does not fit.
+    ``total`` must not exceed the bytes ``buf`` holds from ``pos``.
+    """
+    end = pos + total
+    body_at = pos + _FIXED_BYTES_BY_HOST_BITS[sys_flag & HOST_V6_BITS] + _BODY_LEN_BYTES
+    if body_at + _AFTER_BODY_BYTES > end:
+        raise CorruptRecord(f"TOTALSIZE {total} too small for its host fields")
+    (body_len,) = _INT.unpack_from(buf, body_at - _BODY_LEN_BYTES)
+    body_end = body_at + body_len
+    if body_len < 0 or body_end + _AFTER_BODY_BYTES > end:
+        raise CorruptRecord(f"body length {body_len} does not fit TOTALSIZE {total}")
+    topic_at = body_end + _TOPIC_LEN_BYTES
+    topic_end = topic_at + buf[body_end]
+    if topic_end + _PROPS_LEN_BYTES > end:
+        raise CorruptRecord(f"topic length {buf[body_end]} does not fit TOTALSIZE {total}")
+    props_at = topic_end + _PROPS_LEN_BYTES
+    props_len = (buf[topic_end] << 8) | buf[topic_end + 1]
+    if props_at + props_len != end:
+        raise CorruptRecord(
+            f"properties length {props_len} leaves {end - props_at - props_len} bytes "
+            f"unaccounted in TOTALSIZE {total}"
+        )
+    return body_at, body_end, topic_at, topic_end, props_at
+
+
+# ---- decoding ---------------------------------------------------------------------------------
+def _check_head(buf: bytes | memoryview | bytearray, pos: int) -> tuple[int, int]:
+    """TOTALSIZE and SYSFLAG of the message record at ``pos``, checked against the buffer."""
+    avail = len(buf) - pos
+    if avail < 8:
+        raise CorruptRecord(f"at {pos}: {avail} bytes left, a record needs at least 8")
+    total, magic = SIZE_MAGIC.unpack_from(buf, pos)
+    if magic != MESSAGE_MAGIC:
+        raise CorruptRecord(f"at {pos}: magic 0x{magic:08X} is not a message record")
+    if total > avail:
+        raise CorruptRecord(f"at {pos}: TOTALSIZE {total} exceeds the {avail} bytes available")
+    if total < RECORD_MIN_BYTES:
+        raise CorruptRecord(f"at {pos}: TOTALSIZE {total} is smaller than any record")
+    return total, _INT.unpack_from(buf, pos + OFFSET_SYSFLAG)[0]
 
 
 def decode_record(
@@ -404,86 +616,40 @@ def decode_record(
     Every length is checked against the buffer and TOTALSIZE before it is used, so garbage
     never causes an IndexError or a huge allocation.
     """
-    avail = len(buf) - pos
-    if avail < 8:
-        raise CorruptRecord(f"at {pos}: {avail} bytes left, a record needs at least 8")
-    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
-    if magic != MESSAGE_MAGIC:
-        raise CorruptRecord(f"at {pos}: magic 0x{magic:08X} is not a message record")
-    if total > avail:
-        raise CorruptRecord(f"at {pos}: TOTALSIZE {total} exceeds the {avail} bytes available")
-    if total < FIXED_BYTES_V4 + 7:
-        raise CorruptRecord(f"at {pos}: TOTALSIZE {total} is smaller than any record")
-    (sys_flag,) = _INT.unpack_from(buf, pos + OFFSET_SYSFLAG)
-    born_v6 = bool(sys_flag & SysFlag.BORNHOST_V6)
-    store_v6 = bool(sys_flag & SysFlag.STOREHOST_V6)
-    fixed = _FIXED[(born_v6, store_v6)]
-    if total < fixed.size + 7:
-        raise CorruptRecord(f"at {pos}: TOTALSIZE {total} too small for its host fields")
-    (
-        _total,
-        _magic,
-        crc,
-        queue_id,
-        flag,
-        queue_offset,
-        physical_offset,
-        _sys,
-        born_ts,
-        born_ip,
-        born_port,
-        store_ts,
-        store_ip,
-        store_port,
-        reconsume,
-        prepared,
-    ) = fixed.unpack_from(buf, pos)
-    cur = pos + fixed.size
-    end = pos + total
-    (body_len,) = _INT.unpack_from(buf, cur)
-    cur += 4
-    if body_len < 0 or cur + body_len + 3 > end:
-        raise CorruptRecord(f"at {pos}: body length {body_len} does not fit TOTALSIZE {total}")
-    body = bytes(buf[cur : cur + body_len])
-    cur += body_len
-    topic_len = buf[cur]
-    cur += 1
-    if cur + topic_len + 2 > end:
-        raise CorruptRecord(f"at {pos}: topic length {topic_len} does not fit TOTALSIZE {total}")
-    topic_raw = bytes(buf[cur : cur + topic_len])
-    cur += topic_len
-    props_len = (buf[cur] << 8) | buf[cur + 1]
-    cur += 2
-    if cur + props_len != end:
+    total, sys_flag = _check_head(buf, pos)
+    try:
+        body_at, body_end, topic_at, topic_end, props_at = record_spans(buf, pos, total, sys_flag)
+    except CorruptRecord as exc:
+        raise CorruptRecord(f"at {pos}: {exc}") from None
+    fixed = _FIXED[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
+    f = fixed.unpack_from(buf, pos)  # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, …: the table's order
+    body = bytes(buf[body_at:body_end])
+    if check_crc and zlib.crc32(body) & 0x7FFFFFFF != f[2]:
         raise CorruptRecord(
-            f"at {pos}: properties length {props_len} leaves {end - cur - props_len} bytes "
-            f"unaccounted in TOTALSIZE {total}"
-        )
-    if check_crc and body_crc(body) != crc:
-        raise CorruptRecord(
-            f"at {pos}: body CRC mismatch (stored {crc}, computed {body_crc(body)})"
+            f"at {pos}: body CRC mismatch (stored {f[2]}, computed {body_crc(body)})"
         )
     try:
-        topic = topic_raw.decode()
+        topic = bytes(buf[topic_at:topic_end]).decode()
     except UnicodeDecodeError:
         raise CorruptRecord(f"at {pos}: topic is not UTF-8") from None
+    # Positional, in Record's field order (cheaper than keywords on this hot path).
     return Record(
-        queue_id=queue_id,
-        flag=flag,
-        queue_offset=queue_offset,
-        physical_offset=physical_offset,
-        sys_flag=sys_flag,
-        born_timestamp_ms=born_ts,
-        born_host=HostAddress(born_ip, born_port),
-        store_timestamp_ms=store_ts,
-        store_host=HostAddress(store_ip, store_port),
-        reconsume_times=reconsume,
-        prepared_transaction_offset=prepared,
-        body=body,
-        topic=topic,
-        properties=decode_properties(buf[cur : cur + props_len]),
-        total_size=total,
-        body_crc=crc,
+        f[3],  # queue id
+        f[4],  # flag
+        f[5],  # queue offset
+        f[6],  # physical offset
+        f[7],  # sys flag
+        f[8],  # born timestamp
+        HostAddress(f[9], f[10]),
+        f[11],
+        HostAddress(f[12], f[13]),
+        f[14],
+        f[15],
+        body,
+        topic,
+        decode_properties(buf[props_at : pos + total]),
+        total,
+        f[2],
     )
 
 
@@ -494,28 +660,12 @@ def record_properties_bytes(buf: bytes | memoryview | bytearray, pos: int = 0) -
     broker-side property filter pays only for the bytes it reads. Raises
     :class:`CorruptRecord` if the lengths do not fit the record.
     """
-    avail = len(buf) - pos
-    if avail < FIXED_BYTES_V4 + 7:
-        raise CorruptRecord(f"at {pos}: {avail} bytes left, too few for a record")
-    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
-    (sys_flag,) = _INT.unpack_from(buf, pos + OFFSET_SYSFLAG)
-    fixed = _FIXED[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
-    end = pos + total
-    if magic != MESSAGE_MAGIC or total > avail or total < fixed.size + 7:
-        raise CorruptRecord(f"at {pos}: not a whole message record (TOTALSIZE {total})")
-    cur = pos + fixed.size
-    (body_len,) = _INT.unpack_from(buf, cur)
-    cur += 4 + body_len
-    if body_len < 0 or cur + 3 > end:
-        raise CorruptRecord(f"at {pos}: body length {body_len} does not fit TOTALSIZE {total}")
-    cur += 1 + buf[cur]
-    if cur + 2 > end:
-        raise CorruptRecord(f"at {pos}: topic length does not fit TOTALSIZE {total}")
-    props_len = (buf[cur] << 8) | buf[cur + 1]
-    cur += 2
-    if cur + props_len != end:
-        raise CorruptRecord(f"at {pos}: properties length {props_len} does not fit TOTALSIZE")
-    return bytes(buf[cur:end])
+    total, sys_flag = _check_head(buf, pos)
+    try:
+        props_at = record_spans(buf, pos, total, sys_flag)[4]
+    except CorruptRecord as exc:
+        raise CorruptRecord(f"at {pos}: {exc}") from None
+    return bytes(buf[props_at : pos + total])
 
 
 def iter_records(buf: bytes | memoryview, *, check_crc: bool = True) -> Iterator[Record]:

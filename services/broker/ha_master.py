@@ -69,6 +69,7 @@ from services.common.errors import ServiceError, invalid, precondition, rpc, rpc
 from services.store.epoch_file import EpochEntry, check_history, consistent_offset
 from services.store.errors import ReplicaRangeError
 from services.store.message_store import MessageStore
+from services.store.types import PhysicalOffset
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +124,11 @@ def check_hello(hello: replication_pb2.SlaveHello, config: BrokerConfig) -> list
 
 def truncate_point(
     master: list[EpochEntry],
-    master_min: int,
-    master_max: int,
+    master_min: PhysicalOffset,
+    master_max: PhysicalOffset,
     slave: list[EpochEntry],
-    slave_max: int,
-) -> int:
+    slave_max: PhysicalOffset,
+) -> PhysicalOffset:
     """Where the slave must truncate to, or a ServiceError: FAILED_PRECONDITION when the
     slave has seen a newer epoch than this master, OUT_OF_RANGE when streaming would have to
     start below the master's oldest retained byte."""
@@ -234,7 +235,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         )
         self.start(force=True)
 
-    def demote_now(self) -> int:
+    def demote_now(self) -> PhysicalOffset:
         """Synchronous part of stepping down (the config is already a slave's): fail waiting
         SYNC_MASTER sends with NOT_MASTER, end every slave stream, stop publishing. Returns
         the offset readers may see (the confirm offset when demoted)."""
@@ -302,12 +303,12 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 log.exception("replication housekeeping failed")
 
     # -- store glue ------------------------------------------------------------------------
-    def _apply_bound(self, bound: int | None) -> None:
+    def _apply_bound(self, bound: PhysicalOffset | None) -> None:
         # None lifts the bound (no in-sync slave); the store's confirm listeners wake held
         # pulls whenever the bound advances or is lifted.
         self.store.set_confirm_offset(bound)
 
-    def _record_time_ms(self, offset: int) -> int | None:
+    def _record_time_ms(self, offset: PhysicalOffset) -> int | None:
         try:
             record = self.store.read_record(offset)
         except Exception:  # a BLANK filler or a deleted file: the age is simply unknown
@@ -319,7 +320,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         """Connected slaves, for GetRuntimeStats."""
         return self.tracker.slave_stats()
 
-    def confirm_offset(self) -> int:
+    def confirm_offset(self) -> PhysicalOffset:
         """The confirm offset as GetRuntimeStats reports it."""
         return self.tracker.confirm_offset()
 
@@ -351,7 +352,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             store.commitlog.min_offset,
             store.commitlog.max_offset,
             slave_epochs,
-            hello.max_physical_offset,
+            PhysicalOffset(hello.max_physical_offset),
         )
         link = self.tracker.connect(hello.broker_id, hello.broker_addr, point)
         failure: list[ServiceError] = []
@@ -398,7 +399,12 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                         "after the SlaveHello a slave sends only SlaveAcks",
                     )
                 try:
-                    self.tracker.on_ack(link, req.ack.max_physical_offset, req.ack.flushed_offset)
+                    ack = req.ack
+                    self.tracker.on_ack(
+                        link,
+                        PhysicalOffset(ack.max_physical_offset),
+                        PhysicalOffset(ack.flushed_offset),
+                    )
                 except ValueError as exc:
                     raise ServiceError(
                         grpc.StatusCode.INVALID_ARGUMENT, common_pb2.ILLEGAL_ARGUMENT, str(exc)
@@ -419,7 +425,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         cfg = self.config
         store = self.store
         tracker = self.tracker
-        confirm_sent = -1
+        confirm_sent = PhysicalOffset(-1)
         confirm_sent_s = float("-inf")
         version_sent = self.config_version
         while not link.closed:
@@ -446,7 +452,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 data = self._read(link, want)
                 if data:
                     offset = link.sent_offset
-                    link.sent_offset += len(data)
+                    link.sent_offset = PhysicalOffset(offset + len(data))
                     yield replication_pb2.ReplicationStreamResponse(
                         chunk=replication_pb2.CommitLogChunk(physical_offset=offset, data=data)
                     )

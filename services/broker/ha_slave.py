@@ -54,6 +54,7 @@ from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
 from services.store.epoch_file import EpochEntry
 from services.store.message_store import MessageStore, StoreError, StoreFullError
+from services.store.types import PhysicalOffset
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +89,14 @@ class AckPacer:
         self.clock = clock
         self.heartbeat_ms = heartbeat_ms
         self.coalesce_ms = coalesce_ms
-        self.written = 0
-        self.acked = -1
+        self.written = PhysicalOffset(0)
+        self.acked = PhysicalOffset(-1)
         self._last_sent_ms: float | None = None
 
     def _now_ms(self) -> float:
         return self.clock.monotonic_s() * 1000
 
-    def note_written(self, offset: int) -> None:
+    def note_written(self, offset: PhysicalOffset) -> None:
         self.written = max(self.written, offset)
 
     def wait_ms(self) -> float:
@@ -105,7 +106,7 @@ class AckPacer:
         gap = self.coalesce_ms if self.written > self.acked else self.heartbeat_ms
         return self._last_sent_ms + gap - self._now_ms()
 
-    def sent(self, offset: int) -> None:
+    def sent(self, offset: PhysicalOffset) -> None:
         self.acked = offset
         self._last_sent_ms = self._now_ms()
 
@@ -117,9 +118,9 @@ class SlaveReplica:
         self.config = config
         self.store = store
         self.broker_addr = broker_addr
-        self.master_known_offset = 0
+        self.master_known_offset = PhysicalOffset(0)
         """The highest commitlog offset the master is known to hold (chunk ends, confirms)."""
-        self.confirm_offset: int | None = None
+        self.confirm_offset: PhysicalOffset | None = None
         """The master's last ConfirmOffset on the current stream."""
 
     def hello(self) -> replication_pb2.SlaveHello:
@@ -137,7 +138,7 @@ class SlaveReplica:
     def apply_truncate(self, msg: replication_pb2.TruncateTo) -> None:
         """Drop what the master does not share, take its epoch history, and bound reads."""
         ours = self.store.commitlog.max_offset
-        target = msg.physical_offset
+        target = PhysicalOffset(msg.physical_offset)
         if not 0 <= target <= ours:
             raise ProtocolError(f"TruncateTo {target} but this slave's commitlog ends at {ours}")
         if target < ours:
@@ -151,22 +152,22 @@ class SlaveReplica:
         self.store.set_confirm_offset(target if bound is None else min(bound, target))
         self.master_known_offset = max(self.master_known_offset, target)
 
-    def apply_chunk(self, msg: replication_pb2.CommitLogChunk) -> int:
+    def apply_chunk(self, msg: replication_pb2.CommitLogChunk) -> PhysicalOffset:
         """Write the chunk at our max offset; returns the new max offset."""
         ours = self.store.commitlog.max_offset
         if msg.physical_offset != ours:
             raise ProtocolError(
                 f"chunk at {msg.physical_offset} but this slave's commitlog ends at {ours}"
             )
-        new_max = self.store.append_replica(msg.physical_offset, msg.data)
+        new_max = self.store.append_replica(ours, msg.data)  # == msg.physical_offset
         self.master_known_offset = max(self.master_known_offset, new_max)
         if self.confirm_offset is not None:
             self._bound_reads()  # a confirm that ran ahead of our data covers more now
         return new_max
 
     def apply_confirm(self, msg: replication_pb2.ConfirmOffset) -> None:
-        self.confirm_offset = msg.confirm_offset
-        self.master_known_offset = max(self.master_known_offset, msg.confirm_offset)
+        self.confirm_offset = PhysicalOffset(msg.confirm_offset)
+        self.master_known_offset = max(self.master_known_offset, self.confirm_offset)
         self._bound_reads()
 
     def _bound_reads(self) -> None:
@@ -351,7 +352,7 @@ class ReplicationClient:
             self._call = None
 
     @property
-    def store_max(self) -> int:
+    def store_max(self) -> PhysicalOffset:
         return self.replica.store.commitlog.max_offset
 
     def _apply(self, msg: replication_pb2.ReplicationStreamResponse, pacer: AckPacer) -> None:
@@ -407,7 +408,7 @@ class ReplicationClient:
                 continue
             ack = self.replica.ack()
             await call.write(replication_pb2.ReplicationStreamRequest(ack=ack))
-            pacer.sent(ack.max_physical_offset)
+            pacer.sent(PhysicalOffset(ack.max_physical_offset))
 
     # -- stats -----------------------------------------------------------------------------
     def runtime_extra(self) -> dict[str, str]:

@@ -75,6 +75,7 @@ from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
 from services.broker.config import BrokerConfig
 from services.common.clock import Clock
 from services.common.errors import ServiceError
+from services.store.types import PhysicalOffset
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ PROMOTION_GRACE_S = 5.0
 """After a promotion, how long the previous ISR's members stay published without having
 reconnected (bounded by ``haMaxTimeSlaveNotCatchup``)."""
 
+_START = PhysicalOffset(0)
+_NOTHING_REPLICATED = PhysicalOffset(-1)
+"""replicated_offset() without an in-sync slave: below every end offset a write waits for."""
 PublishIsr: TypeAlias = "Callable[[set[int]], Awaitable[bool]]"
 """Record the in-sync replica ids (the master's own included) in etcd; False when refused."""
 
@@ -114,7 +118,7 @@ async def sync_master_wait(
     ``config.is_master`` afterwards: leadership can be lost during the wait."""
     if waiter is None or config.broker_role != "SYNC_MASTER":
         return None
-    return await waiter.wait_replicated(end_offset)
+    return await waiter.wait_replicated(PhysicalOffset(end_offset))
 
 
 @dataclass(slots=True)
@@ -122,7 +126,7 @@ class Retained:
     """A published ISR member no longer in the local in-sync set, until a smaller set is
     published without it."""
 
-    acked_offset: int
+    acked_offset: PhysicalOffset
     """Its last ack (what it is known to hold): bounds the confirm offset meanwhile."""
     shrink_after_s: float
     """Monotonic time from which it is left out of the wanted set (now, or a grace)."""
@@ -138,7 +142,7 @@ class AppendSamples:
 
     def __init__(
         self,
-        start_offset: int,
+        start_offset: PhysicalOffset,
         *,
         samples_max: int = APPEND_SAMPLES_MAX,
         spacing_s: float = APPEND_SAMPLE_SPACING_S,
@@ -147,11 +151,11 @@ class AppendSamples:
         self.spacing_s = spacing_s
         self.covered_from = start_offset
         """Bytes below this were written before the oldest sample (age unknown here)."""
-        self._ends: list[int] = []
+        self._ends: list[PhysicalOffset] = []
         self._times_s: list[float] = []
         self._bucket_start_s = float("-inf")
 
-    def record(self, end_offset: int, now_s: float) -> None:
+    def record(self, end_offset: PhysicalOffset, now_s: float) -> None:
         """Bytes up to ``end_offset`` have been appended by ``now_s``."""
         ends = self._ends
         if ends and end_offset <= ends[-1]:
@@ -169,7 +173,7 @@ class AppendSamples:
             del ends[:drop]
             del self._times_s[:drop]
 
-    def written_at(self, offset: int) -> float | None:
+    def written_at(self, offset: PhysicalOffset) -> float | None:
         """Latest time by which the byte at ``offset`` was written (a lower bound on its age);
         None when it is older than the ring or beyond the last sample."""
         if offset < self.covered_from:
@@ -189,25 +193,25 @@ class SlaveLink:
 
     broker_id: int
     broker_addr: str
-    start_offset: int
+    start_offset: PhysicalOffset
     """Where its commitlog ended after the TruncateTo; chunks start here."""
     connected_s: float
-    sent_offset: int = 0
+    sent_offset: PhysicalOffset = _START
     """Commitlog offset one past the last byte sent on this stream."""
-    acked_offset: int = 0
+    acked_offset: PhysicalOffset = _START
     """Its last ack (``start_offset`` until the first one)."""
-    flushed_offset: int = 0
+    flushed_offset: PhysicalOffset = _START
     has_acked: bool = False
     last_ack_ms: int = 0
     last_ack_s: float = 0.0
     last_heard_s: float = 0.0
     """Last hello or ack, for dropping silent slaves."""
     in_sync: bool = False
-    confirm_sent: int = -1
+    confirm_sent: PhysicalOffset = _NOTHING_REPLICATED
     """The last ConfirmOffset handed to this stream."""
     caught_up_s: float = 0.0
     """Last time an ack reached ``catchup_target`` (the haMaxTimeSlaveNotCatchup rule)."""
-    catchup_target: int = 0
+    catchup_target: PhysicalOffset = _START
     """The master's max offset as of the previous ack."""
     closed: bool = False
     close_reason: str = ""
@@ -252,7 +256,7 @@ class HaWaiter:
         self.pending = 0
         """Waiters not yet resolved."""
 
-    async def wait_replicated(self, end_offset: int) -> SendStatus:
+    async def wait_replicated(self, end_offset: PhysicalOffset) -> SendStatus:
         """SEND_OK once an in-sync slave acked ``end_offset``; SLAVE_NOT_AVAILABLE at once
         without an in-sync slave; FLUSH_SLAVE_TIMEOUT after ``syncFlushTimeout``."""
         tracker = self._tracker
@@ -276,7 +280,7 @@ class HaWaiter:
             timer.cancel()
             self._compact()
 
-    def resolve(self, replicated_offset: int) -> int:
+    def resolve(self, replicated_offset: PhysicalOffset) -> int:
         """Answer SEND_OK to every waiter at or below ``replicated_offset``; how many."""
         heap = self._by_offset
         done = 0
@@ -329,9 +333,9 @@ class ReplicaTracker:
         config: BrokerConfig,
         clock: Clock,
         *,
-        max_offset: Callable[[], int],
-        apply_bound: Callable[[int | None], None],
-        record_time_ms: Callable[[int], int | None] | None = None,
+        max_offset: Callable[[], PhysicalOffset],
+        apply_bound: Callable[[PhysicalOffset | None], None],
+        record_time_ms: Callable[[PhysicalOffset], int | None] | None = None,
     ) -> None:
         """``max_offset``: the master's commitlog max offset. ``apply_bound``: set (or, with
         None, lift) the store's confirm offset. ``record_time_ms``: store timestamp of the record
@@ -344,7 +348,7 @@ class ReplicaTracker:
         self.links: dict[int, SlaveLink] = {}
         """Live streams by slave broker id (a reconnect replaces its older stream)."""
         self.samples = AppendSamples(max_offset())
-        self.bound: int | None = None
+        self.bound: PhysicalOffset | None = None
         """The confirm offset applied to the store; None = unbounded (no in-sync slave)."""
         self.waiter = HaWaiter(self, clock, lambda: self.config.sync_flush_timeout_ms)
         self.publish_isr: PublishIsr | None = None
@@ -358,7 +362,11 @@ class ReplicaTracker:
 
     # -- the published ISR (controller mode) -----------------------------------------------
     def enable_isr_publishing(
-        self, publish: PublishIsr, previous: set[int], floor_offset: int, old_leader: int = -1
+        self,
+        publish: PublishIsr,
+        previous: set[int],
+        floor_offset: PhysicalOffset,
+        old_leader: int = -1,
     ) -> None:
         """This broker was just promoted: start from an empty local set with ``previous`` (the
         ISR in etcd) published; its members but ``old_leader`` are retained for a grace at
@@ -431,7 +439,7 @@ class ReplicaTracker:
         self.samples = AppendSamples(self._max_offset())
 
     # -- connections -----------------------------------------------------------------------
-    def connect(self, broker_id: int, broker_addr: str, start_offset: int) -> SlaveLink:
+    def connect(self, broker_id: int, broker_addr: str, start_offset: PhysicalOffset) -> SlaveLink:
         """A slave's stream passed its hello; it will be sent bytes from ``start_offset``."""
         old = self.links.get(broker_id)
         if old is not None:
@@ -465,7 +473,9 @@ class ReplicaTracker:
             self.close(link, reason)
 
     # -- events ----------------------------------------------------------------------------
-    def on_ack(self, link: SlaveLink, max_offset: int, flushed_offset: int) -> None:
+    def on_ack(
+        self, link: SlaveLink, max_offset: PhysicalOffset, flushed_offset: PhysicalOffset
+    ) -> None:
         """A SlaveAck. Raises ValueError when it breaks the protocol (decreasing, or beyond
         what was sent)."""
         if max_offset < link.acked_offset:
@@ -495,7 +505,7 @@ class ReplicaTracker:
         if link.in_sync or was:
             self._refresh()
 
-    def on_confirm_sent(self, link: SlaveLink, confirm_offset: int) -> None:
+    def on_confirm_sent(self, link: SlaveLink, confirm_offset: PhysicalOffset) -> None:
         """The sender handed ``confirm_offset`` to ``link``'s stream: sends it covers may
         now be answered."""
         link.confirm_sent = max(link.confirm_sent, confirm_offset)
@@ -535,15 +545,15 @@ class ReplicaTracker:
     def has_in_sync(self) -> bool:
         return any(link.in_sync for link in self.links.values())
 
-    def replicated_offset(self) -> int:
+    def replicated_offset(self) -> PhysicalOffset:
         """What SYNC_MASTER may promise: the highest offset an in-sync slave has both acked and
         been told is confirmed; -1 without an in-sync slave."""
         return max(
             (min(lk.acked_offset, lk.confirm_sent) for lk in self.links.values() if lk.in_sync),
-            default=-1,
+            default=_NOTHING_REPLICATED,
         )
 
-    def confirm_offset(self) -> int:
+    def confirm_offset(self) -> PhysicalOffset:
         """What the in-sync set has acknowledged; the master's max without an in-sync slave."""
         return self.bound if self.bound is not None else self._max_offset()
 
@@ -564,7 +574,9 @@ class ReplicaTracker:
             for link in sorted(self.links.values(), key=lambda lk: lk.broker_id)
         ]
 
-    def lag_seconds(self, acked_offset: int, master_max: int, now_s: float) -> float:
+    def lag_seconds(
+        self, acked_offset: PhysicalOffset, master_max: PhysicalOffset, now_s: float
+    ) -> float:
         """Age of the oldest byte not acked (0 when the slave has everything)."""
         if acked_offset >= master_max:
             return 0.0
@@ -577,7 +589,7 @@ class ReplicaTracker:
         return 0.0
 
     # -- internals -------------------------------------------------------------------------
-    def _qualifies(self, link: SlaveLink, now_s: float, master_max: int) -> bool:
+    def _qualifies(self, link: SlaveLink, now_s: float, master_max: PhysicalOffset) -> bool:
         cfg = self.config
         if not link.has_acked or now_s - link.last_ack_s > cfg.ha_housekeeping_interval_ms / 1000:
             return False

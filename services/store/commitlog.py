@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rocketq import codec
-from rocketq.codec import BLANK_MAGIC, END_FILE_MIN_BLANK_BYTES, MESSAGE_MAGIC, HostAddress
+from rocketq.codec import BLANK_MAGIC, END_FILE_MIN_BLANK_BYTES, HostAddress
 from services.common import failpoints
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.store.mapped_file import DiskFullError, MappedFile, MappedFileQueue
@@ -32,7 +32,11 @@ DEFAULT_COMMITLOG_FILE_BYTES = 1024 * 1024 * 1024
 TRANSACTION_MASK = codec.SysFlag.TRANSACTION_MASK
 NOT_QUEUED = frozenset({codec.SysFlag.TRANSACTION_PREPARED, codec.SysFlag.TRANSACTION_ROLLBACK})
 """Transaction types whose records get no consume-queue unit and queue offset 0."""
-_BLANK_HEAD = codec._SIZE_MAGIC  # TOTALSIZE + MAGIC of a blank record
+_BLANK_HEAD = codec.SIZE_MAGIC  # TOTALSIZE + MAGIC of a blank record
+_HOST_V6_BITS = codec.HOST_V6_BITS
+_BORN_V6 = codec.SysFlag.BORNHOST_V6
+_NOT_QUEUED_OFFSET = QueueOffset(0)
+"""The queue offset stored in records that get no consume-queue unit."""
 
 
 @dataclass(slots=True)
@@ -107,31 +111,31 @@ class CommitLog:
         and :class:`DiskFullError` (queue offsets given back; bytes of an earlier file of the
         batch may remain for the caller to cut) if the volume has no room.
         """
-        encoded_topics = [self._encode_topic(m.topic) for m in messages]
-        limit = self.file_size_bytes - END_FILE_MIN_BLANK_BYTES
-        for m, tb in zip(messages, encoded_topics, strict=True):
-            size = codec.record_size(
-                len(m.body), len(tb), len(m.properties), m.born_host.is_v6, self.store_host.is_v6
-            )
-            if size > limit:
-                raise MessageTooLarge(
-                    f"a {size}-byte record cannot fit a {self.file_size_bytes}-byte commitlog file"
-                )
-        now = self.clock.now_ms()
-        now = max(now, self.last_store_timestamp_ms)  # store times never go backwards in the log
+        encoded_topics = self._encode_topics(messages)
+        now = max(self.clock.now_ms(), self.last_store_timestamp_ms)  # never backwards in the log
         self.last_store_timestamp_ms = now
-        results: list[AppendResult] = []
+        requests = self._append_records(messages, encoded_topics, now)
+        failpoints.inject("commitlog_after_append")
+        host = self.store_host
+        results = [
+            AppendResult(r.commitlog_offset, r.msg_size, r.queue_offset, now, host)
+            for r in requests
+        ]
+        return results, requests
+
+    def _append_records(
+        self, messages: Sequence[MessageToStore], encoded_topics: list[bytes], now: int
+    ) -> list[DispatchRequest]:
+        """The append loop: pack each record where it lands, assign its offsets, seal a full
+        file with a BLANK and go on in the next. One writer, so offsets are dense."""
         requests: list[DispatchRequest] = []
         mf = self.files.writable_file(self.files.max_offset())
         pending: list[bytes] = []
         pending_bytes = 0
         offsets = self.queue_offsets
-        host = self.store_host
-        store_v6 = host.is_v6
-        record_struct = codec._record_struct
-        v6_bits = codec.SysFlag.BORNHOST_V6 | codec.SysFlag.STOREHOST_V6
-        store_bit = codec.SysFlag.STOREHOST_V6 if store_v6 else 0
-        crc = codec.body_crc
+        host, store_v6 = self.store_host, self.store_host.is_v6
+        record_struct, pack, crc = codec.record_struct, codec.pack_record, codec.body_crc
+        store_bits = codec.with_host_bits(0, False, store_v6)
         for m, tb in zip(messages, encoded_topics, strict=True):
             born = m.born_host
             born_v6 = len(born.ip) == 16
@@ -139,27 +143,19 @@ class CommitLog:
             st = record_struct(born_v6, store_v6, len(body), len(tb), len(props))
             size = st.size
             if size + END_FILE_MIN_BLANK_BYTES > mf.free_bytes - pending_bytes:
-                try:
-                    self._seal(mf, pending, pending_bytes)
-                except DiskFullError:
-                    self.unassign_queue_offsets(requests)
-                    raise
-                mf = self.files.writable_file()
-                pending, pending_bytes = [], 0
-            phys = mf.file_from_offset + mf.wrote_position + pending_bytes
-            key = (m.topic, m.queue_id)
+                mf, pending_bytes = self._roll(mf, pending, requests), 0
+            phys = PhysicalOffset(mf.file_from_offset + mf.wrote_position + pending_bytes)
             if m.sys_flag & TRANSACTION_MASK in NOT_QUEUED:
-                qoff = 0  # half/rollback records never enter a consume queue (RocketMQ's rule)
+                qoff = _NOT_QUEUED_OFFSET  # half/rollback records never enter a consume queue
             else:
-                qoff = offsets.get(key, 0)
+                key = (m.topic, m.queue_id)
+                qoff = QueueOffset(offsets.get(key, 0))
                 offsets[key] = qoff + 1
-            sys_flag = (m.sys_flag & ~v6_bits) | store_bit
-            if born_v6:
-                sys_flag |= codec.SysFlag.BORNHOST_V6
+            # with_host_bits, inlined: one call less per message on the hot path
+            sys_flag = (m.sys_flag & ~_HOST_V6_BITS) | store_bits | (_BORN_V6 if born_v6 else 0)
             pending.append(
-                st.pack(
-                    size,
-                    MESSAGE_MAGIC,
+                pack(
+                    st,
                     crc(body),
                     m.queue_id,
                     m.flag,
@@ -167,38 +163,67 @@ class CommitLog:
                     phys,
                     sys_flag,
                     m.born_timestamp_ms,
-                    born.ip,
-                    born.port,
+                    born,
                     now,
-                    host.ip,
-                    host.port,
+                    host,
                     m.reconsume_times,
                     m.prepared_transaction_offset,
-                    len(body),
                     body,
-                    len(tb),
                     tb,
-                    len(props),
                     props,
                 )
             )
             pending_bytes += size
-            results.append(AppendResult(PhysicalOffset(phys), size, QueueOffset(qoff), now, host))
             requests.append(
                 DispatchRequest(
                     m.topic,
                     m.queue_id,
-                    PhysicalOffset(phys),
+                    phys,
                     size,
                     m.tags_code,
                     now,
-                    QueueOffset(qoff),
+                    qoff,
                     m.keys,
                     m.uniq_key,
                     sys_flag,
                     m.prepared_transaction_offset,
                 )
             )
+        self._write_pending(mf, pending, requests)
+        return requests
+
+    def _encode_topics(self, messages: Sequence[MessageToStore]) -> list[bytes]:
+        """Every message's topic as bytes, after checking that every record fits a file
+        (:class:`MessageTooLarge` otherwise: the batch is refused before anything is assigned)."""
+        encoded_topics = [self._encode_topic(m.topic) for m in messages]
+        limit = self.file_size_bytes - END_FILE_MIN_BLANK_BYTES
+        store_v6 = self.store_host.is_v6
+        for m, tb in zip(messages, encoded_topics, strict=True):
+            size = codec.record_size(
+                len(m.body), len(tb), len(m.properties), m.born_host.is_v6, store_v6
+            )
+            if size > limit:
+                raise MessageTooLarge(
+                    f"a {size}-byte record cannot fit a {self.file_size_bytes}-byte commitlog file"
+                )
+        return encoded_topics
+
+    def _roll(
+        self, mf: MappedFile, pending: list[bytes], requests: list[DispatchRequest]
+    ) -> MappedFile:
+        """Seal ``mf`` (write and clear ``pending``, then a BLANK) and return the next file."""
+        try:
+            self._seal(mf, pending)
+        except DiskFullError:
+            self.unassign_queue_offsets(requests)
+            raise
+        pending.clear()
+        return self.files.writable_file()
+
+    def _write_pending(
+        self, mf: MappedFile, pending: list[bytes], requests: list[DispatchRequest]
+    ) -> None:
+        """Write the batch's last records into ``mf``; on a full disk give the offsets back."""
         if pending:
             try:
                 mf.append(b"".join(pending))
@@ -206,8 +231,6 @@ class CommitLog:
                 self.unassign_queue_offsets(requests)
                 raise
         self.warmer.advise(mf)
-        failpoints.inject("commitlog_after_append")
-        return results, requests
 
     def unassign_queue_offsets(self, requests: Sequence[DispatchRequest]) -> None:
         """Give back the queue offsets ``requests`` took: their batch was refused (the volume
@@ -221,7 +244,7 @@ class CommitLog:
             else:
                 offsets.pop((r.topic, r.queue_id), None)
 
-    def _seal(self, mf: MappedFile, pending: list[bytes], pending_bytes: int) -> None:
+    def _seal(self, mf: MappedFile, pending: list[bytes]) -> None:
         """Write what is pending, then fill the file's tail with a BLANK record."""
         if pending:
             mf.append(b"".join(pending))
@@ -240,7 +263,7 @@ class CommitLog:
                 self._topic_bytes[topic] = tb
         return tb
 
-    def append_raw(self, physical_offset: int, data: bytes | memoryview) -> None:
+    def append_raw(self, physical_offset: PhysicalOffset, data: bytes | memoryview) -> None:
         """Write replicated bytes at exactly ``physical_offset`` (a slave's path; checked)."""
         if physical_offset != self.max_offset:
             raise ValueError(
@@ -255,14 +278,14 @@ class CommitLog:
 
     # -- read ------------------------------------------------------------------------------
     @property
-    def min_offset(self) -> int:
-        return self.files.min_offset()
+    def min_offset(self) -> PhysicalOffset:
+        return PhysicalOffset(self.files.min_offset())
 
     @property
-    def max_offset(self) -> int:
-        return self.files.max_offset()
+    def max_offset(self) -> PhysicalOffset:
+        return PhysicalOffset(self.files.max_offset())
 
-    def read(self, physical_offset: int, size: int) -> memoryview | None:
+    def read(self, physical_offset: PhysicalOffset, size: int) -> memoryview | None:
         """The ``size`` bytes at ``physical_offset``, or None if they are not (all) on disk."""
         mf = self.files.find(physical_offset)
         if mf is None:
@@ -271,7 +294,9 @@ class CommitLog:
         view = mf.read(pos, size)
         return view if len(view) == size else None
 
-    def read_record(self, physical_offset: int, *, check_crc: bool = True) -> codec.Record | None:
+    def read_record(
+        self, physical_offset: PhysicalOffset, *, check_crc: bool = True
+    ) -> codec.Record | None:
         """Decode the record at ``physical_offset``; None if absent, CorruptRecord if damaged."""
         head = self.read(physical_offset, 8)
         if head is None:
@@ -284,26 +309,26 @@ class CommitLog:
             return None
         return codec.decode_record(data, check_crc=check_crc)
 
-    def read_store_timestamp(self, physical_offset: int, size: int) -> int | None:
+    def read_store_timestamp(self, physical_offset: PhysicalOffset, size: int) -> int | None:
         """STORETIMESTAMP of the record at ``physical_offset`` without decoding the rest."""
         data = self.read(physical_offset, size)
-        if data is None or len(data) < codec.OFFSET_SYSFLAG + 4:
+        if data is None:
             return None
-        sys_flag = int.from_bytes(data[codec.OFFSET_SYSFLAG : codec.OFFSET_SYSFLAG + 4], "big")
-        at = codec.store_timestamp_offset(sys_flag)
-        if at + 8 > len(data):
+        try:
+            return codec.peek_store_timestamp(data)
+        except codec.CorruptRecord:  # too short to hold it
             return None
-        return int.from_bytes(data[at : at + 8], "big", signed=True)
 
-    def next_file_start(self, physical_offset: int) -> int:
+    def next_file_start(self, physical_offset: PhysicalOffset) -> PhysicalOffset:
         """Start of the file after the one holding ``physical_offset``."""
-        return physical_offset + self.file_size_bytes - physical_offset % self.file_size_bytes
+        size = self.file_size_bytes
+        return PhysicalOffset(physical_offset + size - physical_offset % size)
 
     # -- durability / lifecycle ------------------------------------------------------------
     def flush(self) -> int:
         return self.files.flush()
 
-    def truncate(self, physical_offset: int) -> None:
+    def truncate(self, physical_offset: PhysicalOffset) -> None:
         """Drop everything from ``physical_offset`` on (recovery, slave truncation)."""
         self.files.truncate(physical_offset)
 

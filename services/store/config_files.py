@@ -18,12 +18,11 @@ leaves either the old or the new file, never a torn one.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
-from services.common import failpoints
+from services.common import atomic_write
 
 TOPICS = "topics.json"
 SUBSCRIPTION_GROUPS = "subscriptionGroup.json"
@@ -39,31 +38,11 @@ class ConfigFileError(ValueError):
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    failpoints.inject("config_before_rename")
-    if path.exists():
-        bak = path.with_name(path.name + ".bak")
-        try:
-            os.link(path, bak.with_name(bak.name + ".new"))
-            os.replace(bak.with_name(bak.name + ".new"), bak)
-        except OSError:
-            pass  # the backup is a convenience; never fail a config write for it
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content; the
+    previous version is kept as ``name.bak``."""
+    atomic_write.write_atomic(
+        path, data, keep_backup=True, failpoint_before_rename="config_before_rename"
+    )
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -38,6 +38,7 @@ CQ_UNIT_BYTES = CQ_UNIT.size
 assert CQ_UNIT_BYTES == 20
 DEFAULT_UNITS_PER_FILE = 300_000
 PRE_BLANK_SIZE = 0x7FFFFFFF
+_FIRST = QueueOffset(0)
 
 
 class ConsumeQueue:
@@ -70,13 +71,16 @@ class ConsumeQueue:
         return QueueOffset(self.files.max_offset() // CQ_UNIT_BYTES)
 
     # -- write -----------------------------------------------------------------------------
-    def put(self, queue_offset: int, commitlog_offset: int, size: int, tags_code: int) -> bool:
+    def put(
+        self, queue_offset: QueueOffset, commitlog_offset: PhysicalOffset, size: int, tags_code: int
+    ) -> bool:
         """Write one unit at ``queue_offset``; False if already present (idempotent re-dispatch)."""
-        return self.put_many(
-            queue_offset, CQ_UNIT.pack(commitlog_offset, size, tags_code), commitlog_offset + size
-        )
+        unit = CQ_UNIT.pack(commitlog_offset, size, tags_code)
+        return self.put_many(queue_offset, unit, PhysicalOffset(commitlog_offset + size))
 
-    def put_many(self, first_queue_offset: int, units: bytes, physical_end: int) -> bool:
+    def put_many(
+        self, first_queue_offset: QueueOffset, units: bytes, physical_end: PhysicalOffset
+    ) -> bool:
         """Write consecutive packed units starting at ``first_queue_offset``.
 
         Units already on disk are skipped; a gap (the queue starts later than its files, e.g.
@@ -124,8 +128,11 @@ class ConsumeQueue:
             start += n
 
     # -- read ------------------------------------------------------------------------------
-    def unit(self, queue_offset: int) -> tuple[int, int, int] | None:
-        """(commitlog offset, size, tags code) of one unit, or None outside the queue."""
+    def unit(self, queue_offset: int) -> tuple[PhysicalOffset, int, int] | None:
+        """(commitlog offset, size, tags code) of one unit, or None outside the queue.
+
+        ``queue_offset`` is a :class:`QueueOffset`; typed ``int`` because the binary searches
+        here probe computed midpoints (and the admin service passes wire values)."""
         if queue_offset < self.min_offset or queue_offset >= self.max_offset:
             return None
         at = queue_offset * CQ_UNIT_BYTES
@@ -138,7 +145,7 @@ class ConsumeQueue:
         off, size, tags = CQ_UNIT.unpack(data)
         return off, size, tags
 
-    def units_from(self, queue_offset: int, max_units: int) -> memoryview:
+    def units_from(self, queue_offset: QueueOffset, max_units: int) -> memoryview:
         """Raw units from ``queue_offset``, up to ``max_units`` and never past a file's end."""
         at = queue_offset * CQ_UNIT_BYTES
         mf = self.files.find(at)
@@ -146,12 +153,14 @@ class ConsumeQueue:
             return memoryview(b"")
         return mf.read(at - mf.file_from_offset, max_units * CQ_UNIT_BYTES)
 
-    def iter_units(self, start: int = 0) -> Iterator[tuple[QueueOffset, int, int, int]]:
+    def iter_units(
+        self, start: QueueOffset = _FIRST
+    ) -> Iterator[tuple[QueueOffset, PhysicalOffset, int, int]]:
         """Every written unit from queue offset ``start``: (queue offset, offset, size, tags)."""
-        qoff = max(start, self.min_offset)
+        qoff: int = max(start, self.min_offset)
         end = self.max_offset
         while qoff < end:
-            chunk = self.units_from(qoff, min(end - qoff, 4096))
+            chunk = self.units_from(QueueOffset(qoff), min(end - qoff, 4096))
             if not chunk:
                 return
             for off, size, tags in CQ_UNIT.iter_unpack(chunk):
@@ -159,7 +168,7 @@ class ConsumeQueue:
                 qoff += 1
 
     def offset_by_time(
-        self, timestamp_ms: int, store_time: Callable[[int, int], int | None]
+        self, timestamp_ms: int, store_time: Callable[[PhysicalOffset, int], int | None]
     ) -> QueueOffset:
         """First queue offset whose record was stored at or after ``timestamp_ms``.
 
@@ -206,7 +215,7 @@ class ConsumeQueue:
             full = lo == n_units
         return end_at
 
-    def recover(self, commitlog_max_offset: int) -> None:
+    def recover(self, commitlog_max_offset: PhysicalOffset) -> None:
         """Find the last valid unit; drop units pointing at or past the commitlog's end."""
         self.files.truncate(self.find_written_end())
         # Now drop units whose record lies beyond the commitlog (its tail was torn).
@@ -223,7 +232,7 @@ class ConsumeQueue:
         if self.files.files and self.min_logic_offset < self.files.min_offset():
             self.min_logic_offset = self.files.min_offset()
 
-    def correct_min_offset(self, commitlog_min_offset: int) -> None:
+    def correct_min_offset(self, commitlog_min_offset: PhysicalOffset) -> None:
         """Advance the logical minimum past units whose records retention deleted."""
         lo, hi = int(self.min_offset), int(self.max_offset)
         while lo < hi:
@@ -235,7 +244,7 @@ class ConsumeQueue:
                 hi = mid
         self.min_logic_offset = lo * CQ_UNIT_BYTES
 
-    def delete_files_before(self, commitlog_min_offset: int) -> int:
+    def delete_files_before(self, commitlog_min_offset: PhysicalOffset) -> int:
         """Delete whole files whose every unit points below ``commitlog_min_offset``."""
         count = 0
         for mf in self.files.files[:-1]:

@@ -18,7 +18,7 @@ from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK
 from services.store.consume_queue import CQ_UNIT
 from services.store.consume_queue_store import ConsumeQueueStore
 from services.store.index_service import IndexService
-from services.store.types import DispatchRequest
+from services.store.types import DispatchRequest, PhysicalOffset
 
 ArrivalListener = Callable[[Sequence[DispatchRequest]], None]
 """Called with every dispatched batch, after its units are readable."""
@@ -31,7 +31,7 @@ class Dispatcher:
         self.queues = queues
         self.index = index
         self.listeners: list[ArrivalListener] = []
-        self.dispatched_offset = 0
+        self.dispatched_offset = PhysicalOffset(0)
         """Physical offset just past the last dispatched record."""
 
     def dispatch(self, requests: Sequence[DispatchRequest]) -> None:
@@ -42,7 +42,8 @@ class Dispatcher:
         if self.index is not None:
             self.index.build_index_batch(list(requests))
         last = requests[-1]
-        self.dispatched_offset = max(self.dispatched_offset, last.commitlog_offset + last.msg_size)
+        end = PhysicalOffset(last.commitlog_offset + last.msg_size)
+        self.dispatched_offset = max(self.dispatched_offset, end)
         for listener in self.listeners:
             listener(requests)
 
@@ -67,5 +68,6 @@ class Dispatcher:
                 j += 1
             last = requests[j - 1]
             cq = self.queues.find_or_create(key_topic, key_qid)
-            cq.put_many(first.queue_offset, b"".join(units), last.commitlog_offset + last.msg_size)
+            end = PhysicalOffset(last.commitlog_offset + last.msg_size)
+            cq.put_many(first.queue_offset, b"".join(units), end)
             i = j

@@ -17,10 +17,12 @@ longest common prefix and discards the rest (:func:`consistent_offset`). With st
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
+
+from services.common.atomic_write import write_atomic
+from services.store.types import PhysicalOffset
 
 EPOCH_ENTRIES_MAX = 100_000
 """A history longer than this is refused on load (a damaged file, not real failovers)."""
@@ -92,7 +94,7 @@ class EpochHistory:
         self._entries = entries
         return self.entries
 
-    def append(self, epoch: int, start_offset: int) -> None:
+    def append(self, epoch: int, start_offset: PhysicalOffset) -> None:
         """Record that ``epoch`` starts writing at ``start_offset`` (persisted before returning).
 
         Appending the newest epoch again at its own start is a no-op. A new epoch starting where
@@ -116,7 +118,7 @@ class EpochHistory:
         entries.append(EpochEntry(epoch, start_offset))
         self._write(entries)
 
-    def truncate_from(self, offset: int) -> None:
+    def truncate_from(self, offset: PhysicalOffset) -> None:
         """Drop entries starting at or after ``offset`` (the commitlog was cut back there)."""
         kept = [e for e in self._entries if e.start_offset < offset]
         if len(kept) != len(self._entries):
@@ -133,26 +135,16 @@ class EpochHistory:
 
     def _write(self, entries: list[EpochEntry]) -> None:
         text = "".join(f"{e.epoch} {e.start_offset}\n" for e in entries)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, text.encode("ascii"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(self.path, text.encode("ascii"))
         self._entries = entries
 
 
 def consistent_offset(
-    master: Sequence[EpochEntry], master_max: int, slave: Sequence[EpochEntry], slave_max: int
-) -> int:
+    master: Sequence[EpochEntry],
+    master_max: PhysicalOffset,
+    slave: Sequence[EpochEntry],
+    slave_max: PhysicalOffset,
+) -> PhysicalOffset:
     """Where a slave must truncate its commitlog to agree with its master.
 
     The end of the longest common prefix of the two histories: entries are compared pairwise
@@ -166,7 +158,7 @@ def consistent_offset(
             break
         common += 1
     if common == 0:
-        return 0
+        return PhysicalOffset(0)
     master_end = master[common].start_offset if common < len(master) else master_max
     slave_end = slave[common].start_offset if common < len(slave) else slave_max
-    return max(0, min(master_end, slave_end, slave_max))
+    return PhysicalOffset(max(0, min(master_end, slave_end, slave_max)))

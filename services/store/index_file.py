@@ -123,6 +123,8 @@ _PAGE_BYTES = 4096
 sparse page the volume has no room for is a SIGBUS, so space is reserved before each put)."""
 _INT32_MAX = 2**31 - 1
 _SECOND_MS = 1000
+_NO_OFFSET = PhysicalOffset(0)
+"""The end offset a first index file inherits: nothing indexed before it."""
 
 
 def index_file_size_bytes(
@@ -166,7 +168,7 @@ class IndexFile:
         index_num: int = DEFAULT_INDEX_NUM,
         *,
         inherit_end_timestamp_ms: int = 0,
-        inherit_end_phy_offset: int = 0,
+        inherit_end_phy_offset: PhysicalOffset = _NO_OFFSET,
         readonly: bool = False,
     ) -> None:
         """Open ``path`` if it exists, else create it (sparse, header written).
@@ -217,7 +219,7 @@ class IndexFile:
             )
         return fd
 
-    def _create(self, end_timestamp_ms: int, end_phy_offset: int) -> int:
+    def _create(self, end_timestamp_ms: int, end_phy_offset: PhysicalOffset) -> int:
         # Built under a temporary name and renamed, so a crash never leaves a real-named file
         # without a header; ftruncate makes it sparse (the slot and entry areas cost no disk).
         tmp = self._path.with_name(self._path.name + ".tmp")
@@ -363,7 +365,7 @@ class IndexFile:
     def put_key(
         self,
         key: str | int,
-        phy_offset: int,
+        phy_offset: PhysicalOffset,
         store_timestamp_ms: int,
         *,
         update_end: bool = True,
@@ -458,7 +460,7 @@ class IndexFile:
         self._entries[n0 : n0 + m] = records  # (a) entries
         self._slots[sorted_slots[run_end]] = sorted_numbers[run_end]  # (b) slots, one per run
         if first:  # (c) header
-            self._write_begin(begin_ts, int(phys[0]))
+            self._write_begin(begin_ts, PhysicalOffset(int(phys[0])))
         self._write_counts(self._hash_slot_count + int(np.count_nonzero(heads == 0)), n0 + m)
         self._dirty = True
         return m
@@ -494,7 +496,7 @@ class IndexFile:
                 exc.errno, f"{exc.strerror}: cannot reserve {end - start} bytes in {self._path}"
             ) from exc
 
-    def _write_begin(self, timestamp_ms: int, phy_offset: int) -> None:
+    def _write_begin(self, timestamp_ms: int, phy_offset: PhysicalOffset) -> None:
         self._begin_ts = timestamp_ms
         self._begin_phy = phy_offset
         _I64.pack_into(self._mm, BEGIN_TIMESTAMP_AT, timestamp_ms)
@@ -505,7 +507,7 @@ class IndexFile:
         self._next_no = next_no
         _COUNTS.pack_into(self._mm, HASH_SLOT_COUNT_AT, self._hash_slot_count, next_no)
 
-    def set_end(self, phy_offset: int, store_timestamp_ms: int) -> None:
+    def set_end(self, phy_offset: PhysicalOffset, store_timestamp_ms: int) -> None:
         """Record that the message at ``phy_offset`` is fully indexed (header end fields).
 
         Kept monotonic, so a clock that stepped back cannot shrink the file's time range.
@@ -536,7 +538,7 @@ class IndexFile:
             _log.warning("index file %s: rolled back %d torn slot(s)", self._path, torn.size)
         return int(torn.size)
 
-    def truncate_from(self, phy_offset: int) -> int:
+    def truncate_from(self, phy_offset: PhysicalOffset) -> int:
         """Forget every entry pointing at ``phy_offset`` or beyond; return how many.
 
         Recovery calls this after cutting a torn commitlog tail, so no entry points past the

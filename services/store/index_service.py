@@ -163,14 +163,14 @@ class IndexService:
             self._slot_num,
             self._index_num,
             inherit_end_timestamp_ms=prev.end_timestamp_ms if prev else 0,
-            inherit_end_phy_offset=prev.end_phy_offset if prev else 0,
+            inherit_end_phy_offset=prev.end_phy_offset if prev else PhysicalOffset(0),
         )
         self._files.append(new)
         _log.info("created index file %s", new.path)
         return new
 
     @staticmethod
-    def _should_index(req: DispatchRequest, end_phy_offset: int) -> bool:
+    def _should_index(req: DispatchRequest, end_phy_offset: PhysicalOffset) -> bool:
         # Below endPhyoffset the record is already indexed (recovery re-dispatches from an older
         # checkpoint). Equal is not skipped: 0 is both "nothing yet" and "the record at 0".
         # build_index_batch inlines this test; keep the two alike.
@@ -249,7 +249,8 @@ class IndexService:
             assert count > 0, "a writable file always has room for one entry"
             # The last record in this chunk may continue in the next file; marking it here is
             # still safe, since a record *at* endPhyoffset is indexed again after a crash.
-            target.set_end(int(offsets[done + count - 1]), int(stamps[done : done + count].max()))
+            end = PhysicalOffset(int(offsets[done + count - 1]))
+            target.set_end(end, int(stamps[done : done + count].max()))
             done += count
 
     def query(
@@ -274,7 +275,7 @@ class IndexService:
                 )
         return out
 
-    def truncate(self, phy_offset: int) -> int:
+    def truncate(self, phy_offset: PhysicalOffset) -> int:
         """Drop entries pointing at ``phy_offset`` or beyond (recovery cut the log there).
 
         Files wholly beyond it are deleted; the file that straddles it is cut back.
@@ -294,7 +295,7 @@ class IndexService:
             _log.warning("index: dropped %d entries at or past offset %d", dropped, phy_offset)
         return dropped
 
-    def delete_files_before(self, min_commitlog_offset: int) -> int:
+    def delete_files_before(self, min_commitlog_offset: PhysicalOffset) -> int:
         """Delete files whose endPhyoffset is below ``min_commitlog_offset``; never the last one."""
         self._ensure_loaded()
         doomed = [f for f in self._files[:-1] if f.end_phy_offset < min_commitlog_offset]

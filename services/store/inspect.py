@@ -34,6 +34,7 @@ from services.store.consume_queue import CQ_UNIT_BYTES, PRE_BLANK_SIZE, ConsumeQ
 from services.store.index_file import IndexFile
 from services.store.mapped_file import MappedFileQueue
 from services.store.recovery import scan
+from services.store.types import PhysicalOffset
 
 
 @dataclass
@@ -104,7 +105,7 @@ def iter_commitlog(layout: StoreLayout, problems: list[str]) -> Iterator[dict[st
     """Every record (and blank) of the commitlog as a plain dict, in order."""
     cl = _open_commitlog(layout, problems)
     try:
-        for item in scan(cl, cl.files.min_offset(), problems):
+        for item in scan(cl, cl.min_offset, problems):
             rec = item.record
             if rec is None:
                 yield {"offset": item.offset, "size": item.size, "blank": True}
@@ -215,10 +216,10 @@ def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> tuple[dict[int, _R
     records: dict[int, _Rec] = {}
     unqueued: set[int] = set()
     next_qoff: dict[tuple[str, int], int] = {}
-    report.commitlog_min = cl.files.min_offset()
-    end = report.commitlog_min
-    for item in scan(cl, report.commitlog_min, report.problems):
-        end = item.offset + item.size
+    report.commitlog_min = cl.min_offset
+    end = cl.min_offset
+    for item in scan(cl, cl.min_offset, report.problems):
+        end = PhysicalOffset(item.offset + item.size)
         rec = item.record
         if rec is None:
             continue
@@ -291,15 +292,15 @@ def _verify_queues(
                     seen.add(off)
         finally:
             cq.close()
-    missing = [off for off in records if off not in seen and off not in unqueued]
+    missing = [phys for phys in records if phys not in seen and phys not in unqueued]
     live_topics = _topic_table(layout, problems)
     if live_topics is not None:
-        deleted = [off for off in missing if records[off][0] not in live_topics]
+        deleted = [phys for phys in missing if records[phys][0] not in live_topics]
         report.deleted_topic_records = len(deleted)
-        missing = [off for off in missing if records[off][0] in live_topics]
-    for off in missing[:20]:
-        t, q, qo, _s, _k = records[off]
-        problems.append(f"commitlog {off}: {t}/{q} offset {qo} is in no consume queue unit")
+        missing = [phys for phys in missing if records[phys][0] in live_topics]
+    for phys in missing[:20]:
+        t, q, qo, _s, _k = records[phys]
+        problems.append(f"commitlog {phys}: {t}/{q} offset {qo} is in no consume queue unit")
     if len(missing) > 20:
         problems.append(f"… and {len(missing) - 20} more records missing from consume queues")
 

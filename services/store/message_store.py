@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rocketq import codec
+from services.common.atomic_write import fsync_dir
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.store.checkpoint import Checkpoint
 from services.store.commitlog import AppendResult, CommitLog, MessageToStore
@@ -37,7 +38,7 @@ from services.store.mapped_file import DiskFullError
 from services.store.recovery import RecoveryReport, recover_commitlog, recover_logics
 from services.store.replica import ReplicaWriter, read_replica
 from services.store.retention import DiskUsage, RetentionService, disk_used_ratio
-from services.store.types import DispatchRequest, QueueOffset
+from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class MessageStore:
         self.replica = ReplicaWriter(self.commitlog, self.dispatcher)
         self.epochs = EpochHistory(config.store_dir / "epoch")
         """Which failover epoch wrote which commitlog range (replication; issue 8 bumps it)."""
-        self.confirm_offset: int | None = None
+        self.confirm_offset: PhysicalOffset | None = None
         """Replication bound on reads: records ending past it are not served. None: none."""
         self.confirm_listeners: list[ConfirmListener] = []
         self._lock_fd: int | None = None
@@ -202,7 +203,7 @@ class MessageStore:
         if self.epochs.last_epoch is None and not cfg.slave:
             self.epochs.append(0, self.commitlog.max_offset)  # static roles: epoch 0 from here
         cfg.abort_path.touch()
-        _fsync_dir(cfg.store_dir)
+        fsync_dir(cfg.store_dir)
         for problem in report.problems:
             log.warning("store recovery: %s", problem)
         self.recovery = report
@@ -234,7 +235,7 @@ class MessageStore:
             self._flush_logics()
         self.close_files()
         self.config.abort_path.unlink(missing_ok=True)
-        _fsync_dir(self.config.store_dir)
+        fsync_dir(self.config.store_dir)
 
     def close_files(self) -> None:
         """Unmap everything and release the lock (no flush; ``shutdown`` flushes first)."""
@@ -306,12 +307,14 @@ class MessageStore:
         return PutResult(status, results)
 
     # -- replication (DESIGN.md §6; the logic lives in replica.py) -------------------------
-    def read_replica(self, physical_offset: int, max_bytes: int) -> bytes:
+    def read_replica(self, physical_offset: PhysicalOffset, max_bytes: int) -> bytes:
         """Master: stored commitlog bytes from ``physical_offset`` (at most ``max_bytes``, never
         across a file end, b"" when nothing is new). ReplicaRangeError outside the commitlog."""
         return read_replica(self.commitlog, physical_offset, max_bytes)
 
-    def append_replica(self, physical_offset: int, data: bytes | memoryview) -> int:
+    def append_replica(
+        self, physical_offset: PhysicalOffset, data: bytes | memoryview
+    ) -> PhysicalOffset:
         """Slave: write a replicated chunk and dispatch its whole records as the master did.
 
         ``physical_offset`` must be the commitlog's max offset, else ValueError. Returns the new
@@ -353,7 +356,7 @@ class MessageStore:
             self._disk_full = False
             log.info("the store's volume has room again: writes resumed")
 
-    def truncate_replica(self, physical_offset: int) -> None:
+    def truncate_replica(self, physical_offset: PhysicalOffset) -> None:
         """Slave: drop commitlog bytes at/after ``physical_offset`` with the consume-queue units
         and index entries built from them. The epoch history is left to the caller."""
         if not self._open:
@@ -362,11 +365,11 @@ class MessageStore:
         self.flusher.flushed_offset = min(self.flusher.flushed_offset, physical_offset)
 
     @property
-    def replica_dispatched_offset(self) -> int:
+    def replica_dispatched_offset(self) -> PhysicalOffset:
         """Slave: end of the last whole record written and dispatched (a partial tail excluded)."""
         return self.replica.dispatched_offset
 
-    def set_confirm_offset(self, offset: int | None) -> None:
+    def set_confirm_offset(self, offset: PhysicalOffset | None) -> None:
         """Bound reads at ``offset`` (None: unbounded); listeners run when the bound advances."""
         old = self.confirm_offset
         self.confirm_offset = offset
@@ -392,10 +395,13 @@ class MessageStore:
         return cq.offset_by_time(timestamp_ms, self.commitlog.read_store_timestamp)
 
     def read_record(self, physical_offset: int) -> codec.Record | None:
-        """The record at a physical offset (view by offset message id)."""
+        """The record at a physical offset (view by offset message id).
+
+        Takes a plain ``int``: the broker's handlers pass wire values (offset message ids,
+        request fields) straight in; this is where they become a :class:`PhysicalOffset`."""
         if physical_offset < self.commitlog.min_offset:
             return None
-        return self.commitlog.read_record(physical_offset)
+        return self.commitlog.read_record(PhysicalOffset(physical_offset))
 
     def query_by_key(
         self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
@@ -428,7 +434,9 @@ class MessageStore:
         tags_filter: TagsFilter | None = None,
         record_filter: RecordFilter | None = None,
     ) -> GetResult:
-        """Read up to ``max_msgs`` records from ``offset``, with SPEC §6.7's statuses."""
+        """Read up to ``max_msgs`` records from queue offset ``offset``, with SPEC §6.7's
+        statuses. ``offset`` is a plain ``int`` from the wire (a Pull request's queue offset);
+        it becomes a :class:`QueueOffset` here."""
         cq = self.queues.find(topic, queue_id)
         if cq is None:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
@@ -442,7 +450,7 @@ class MessageStore:
         if offset > max_off:
             nxt = 0 if min_off == 0 else max_off
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, nxt, min_off, max_off)
-        units = cq.units_from(offset, max(16000 // CQ_UNIT_BYTES, max_msgs * 20))
+        units = cq.units_from(QueueOffset(offset), max(16000 // CQ_UNIT_BYTES, max_msgs * 20))
         if not units:
             nxt = offset + cq.units_per_file - offset % cq.units_per_file
             return GetResult(GetStatus.OFFSET_FOUND_NULL, nxt, min_off, max_off)
@@ -533,11 +541,3 @@ def _physical_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 8 * 1024**3
-
-
-def _fsync_dir(path: os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -62,12 +62,12 @@ class RecoveryReport:
 class ScanItem:
     """One step of a commitlog scan: a record, or a blank file tail."""
 
-    offset: int
+    offset: PhysicalOffset
     size: int
     record: codec.Record | None
 
 
-def scan(commitlog: CommitLog, start: int, problems: list[str]) -> Iterator[ScanItem]:
+def scan(commitlog: CommitLog, start: PhysicalOffset, problems: list[str]) -> Iterator[ScanItem]:
     """Yield every valid record (and blank) from ``start`` until the first invalid bytes.
 
     The scan stops at zeros (never written), a torn or corrupt record, or the end of files;
@@ -88,7 +88,7 @@ def scan(commitlog: CommitLog, start: int, problems: list[str]) -> Iterator[Scan
                 if pos + size != size_bytes:
                     problems.append(f"commitlog {here}: blank record does not reach file end")
                     return
-                yield ScanItem(here, size, None)
+                yield ScanItem(PhysicalOffset(here), size, None)
                 pos = size_bytes
                 break
             try:
@@ -102,32 +102,32 @@ def scan(commitlog: CommitLog, start: int, problems: list[str]) -> Iterator[Scan
             except codec.CorruptRecord as exc:
                 problems.append(f"commitlog: {exc}".replace("at 0:", f"at {here}:"))
                 return
-            yield ScanItem(here, size, rec)
+            yield ScanItem(PhysicalOffset(here), size, rec)
             pos += size
         if pos + 8 > size_bytes and pos != size_bytes:
             problems.append(f"commitlog {mf.file_from_offset + pos}: file ends inside a record")
             return
-        start = mf.file_from_offset + size_bytes
+        start = PhysicalOffset(mf.file_from_offset + size_bytes)
         mf = files.find(start)
 
 
-def _scan_start(commitlog: CommitLog, abnormal: bool, checkpoint: Checkpoint) -> int:
+def _scan_start(commitlog: CommitLog, abnormal: bool, checkpoint: Checkpoint) -> PhysicalOffset:
     files = commitlog.files.files
     if not files:
-        return 0
+        return PhysicalOffset(0)
     index = max(0, len(files) - NORMAL_RECOVERY_FILES)
     if abnormal:
         # Walk back to a file whose first record predates the checkpoint's oldest flush time.
         limit = checkpoint.min_timestamp_ms
         i = index
         while i > 0:
-            first = files[i].file_from_offset
+            first = PhysicalOffset(files[i].file_from_offset)  # a commitlog file starts there
             ts = commitlog.read_store_timestamp(first, codec.FIXED_BYTES_V6)
             if ts is not None and limit and ts <= limit:
                 break
             i -= 1
         index = i
-    return files[index].file_from_offset
+    return PhysicalOffset(files[index].file_from_offset)
 
 
 def recover_commitlog(
@@ -139,7 +139,7 @@ def recover_commitlog(
     end = start
     last_ts = 0
     for item in scan(commitlog, start, report.problems):
-        end = item.offset + item.size
+        end = PhysicalOffset(item.offset + item.size)
         report.records_scanned += item.record is not None
         if item.record is not None:
             last_ts = item.record.store_timestamp_ms
@@ -173,7 +173,7 @@ def recover_logics(
     # Dispatch runs in commitlog order, so the furthest any queue reaches is where the
     # dispatched prefix ends. No queue pointing anywhere means rebuild everything.
     ends = [cq.max_physical_end for cq in queues if cq.max_physical_end]
-    redispatch_from = max(max(ends) if ends else cl_min, cl_min)
+    redispatch_from = PhysicalOffset(max(max(ends) if ends else cl_min, cl_min))
     if queues.rebuild_needed:
         redispatch_from = cl_min  # a queue was set aside: rebuild it (the others skip units)
         queues.rebuild_needed = False
@@ -182,7 +182,7 @@ def recover_logics(
         # Dispatch writes the consume queues first, then the index: a crash between the two
         # leaves records the queues hold and the index lacks. The index's endPhyoffset is a
         # record start — unless its header is damaged, and then it is not trusted.
-        indexed = max(int(dispatcher.index.max_indexed_offset), cl_min)
+        indexed = max(dispatcher.index.max_indexed_offset, cl_min)
         if indexed < redispatch_from and _is_record_start(commitlog, indexed):
             redispatch_from = indexed
     batch: list[DispatchRequest] = []
@@ -219,7 +219,7 @@ def recover_logics(
     dispatcher.dispatched_offset = cl_end
 
 
-def _is_record_start(commitlog: CommitLog, offset: int) -> bool:
+def _is_record_start(commitlog: CommitLog, offset: PhysicalOffset) -> bool:
     try:
         rec = commitlog.read_record(offset)
     except codec.CorruptRecord:
@@ -230,7 +230,7 @@ def _is_record_start(commitlog: CommitLog, offset: int) -> bool:
 _GARBAGE_CHUNK_BYTES = 4 * 1024 * 1024
 
 
-def _garbage_after(commitlog: CommitLog, end: int) -> int:
+def _garbage_after(commitlog: CommitLog, end: PhysicalOffset) -> int:
     """Non-zero bytes after ``end``: torn writes, contiguous from ``end`` to an all-zero chunk."""
     garbage = 0
     mf = commitlog.files.find(end)

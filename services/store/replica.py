@@ -50,25 +50,20 @@ DISPATCH_BATCH_MAX = 4096
 """Records handed to the dispatcher at once (bounds one event-loop step on a big chunk)."""
 TOPIC_CACHE_MAX = 100_000
 
-# TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG: the first 40 bytes.
-_HEAD = struct.Struct(">iIiiiqqi")
-assert _HEAD.size == codec.OFFSET_SYSFLAG + 4
-_SIZE_MAGIC = struct.Struct(">iI")
-_INT = struct.Struct(">i")
-_LONG = struct.Struct(">q")
-_MIN_RECORD_BYTES = codec.FIXED_BYTES_V4 + 7
-_HEADER_BYTES = 8
+_HEADER_BYTES = codec.SIZE_MAGIC.size
 """TOTALSIZE + MAGIC: withheld from the commitlog while their record is partial."""
-_BORN_V6 = codec.SysFlag.BORNHOST_V6
-_STORE_V6 = codec.SysFlag.STOREHOST_V6
-_STORE_TS = codec.store_timestamp_offset(0)
-_STORE_TS_V6_BORN = codec.store_timestamp_offset(_BORN_V6)
 _TAGS = (codec.Prop.TAGS + codec.NAME_VALUE_SEPARATOR).encode()
 _KEYS = (codec.Prop.KEYS + codec.NAME_VALUE_SEPARATOR).encode()
 _UNIQ = (codec.Prop.UNIQ_KEY + codec.NAME_VALUE_SEPARATOR).encode()
+_LONG = struct.Struct(">q")
+_HOST_BITS = codec.HOST_V6_BITS
+_HOST_BIT_VALUES = (0, codec.SysFlag.BORNHOST_V6, codec.SysFlag.STOREHOST_V6, _HOST_BITS)
+# The codec's field offsets for each host family, looked up per record without a call.
+_STORE_TS_AT = {bits: codec.store_timestamp_offset(bits) for bits in _HOST_BIT_VALUES}
+_PREPARED_AT = {bits: codec.prepared_transaction_offset_at(bits) for bits in _HOST_BIT_VALUES}
 
 
-def read_replica(commitlog: CommitLog, physical_offset: int, max_bytes: int) -> bytes:
+def read_replica(commitlog: CommitLog, physical_offset: PhysicalOffset, max_bytes: int) -> bytes:
     """Up to ``max_bytes`` stored bytes from ``physical_offset``, never past a file's end.
 
     b"" at the max offset (nothing new). :class:`ReplicaRangeError` below the oldest retained
@@ -103,24 +98,25 @@ def _prop(buf: bytes, name: bytes, i: int, start: int, end: int) -> str:
 
 
 def _variable_part(
-    buf: bytes, mv: memoryview, cur: int, end: int, crc: int, topics: dict[bytes, str]
+    buf: bytes,
+    mv: memoryview,
+    pos: int,
+    size: int,
+    sys_flag: int,
+    crc: int,
+    topics: dict[bytes, str],
 ) -> tuple[str, int] | str:
-    """Check body (length, CRC), topic and properties lengths of the record ending at ``end``
-    whose fixed part ends at ``cur``; (topic, where the properties start), or the problem."""
-    if cur + 7 > end:
-        return "too small for its host fields"
-    (body_len,) = _INT.unpack_from(buf, cur)
-    cur += 4
-    if body_len < 0 or cur + body_len + 3 > end:
-        return f"body length {body_len} does not fit"
-    if zlib.crc32(mv[cur : cur + body_len]) & 0x7FFFFFFF != crc:
+    """Check the body (lengths, CRC), topic and properties of the ``size``-byte record at
+    ``pos``; (topic, where the properties start), or the problem."""
+    try:
+        body_at, body_end, topic_at, topic_end, props_at = codec.record_spans(
+            buf, pos, size, sys_flag
+        )
+    except codec.CorruptRecord as exc:
+        return str(exc)
+    if zlib.crc32(mv[body_at:body_end]) & 0x7FFFFFFF != crc:
         return "body CRC mismatch"
-    cur += body_len
-    topic_len = buf[cur]
-    cur += 1
-    if cur + topic_len + 2 > end:
-        return f"topic length {topic_len} does not fit"
-    topic_raw = buf[cur : cur + topic_len]
+    topic_raw = buf[topic_at:topic_end]
     topic = topics.get(topic_raw)
     if topic is None:
         try:
@@ -129,12 +125,7 @@ def _variable_part(
             return "topic is not UTF-8"
         if len(topics) < TOPIC_CACHE_MAX:
             topics[topic_raw] = topic
-    cur += topic_len
-    props_len = (buf[cur] << 8) | buf[cur + 1]
-    cur += 2
-    if cur + props_len != end:
-        return f"properties length {props_len} does not fit"
-    return topic, cur
+    return topic, props_at
 
 
 def decode_chunk(
@@ -150,14 +141,15 @@ def decode_chunk(
     mv = memoryview(buf)
     n = len(buf)
     pos = 0
-    head = _HEAD.unpack_from
+    head = codec.RECORD_HEAD.unpack_from
+    size_magic = codec.SIZE_MAGIC.unpack_from
     long_at = _LONG.unpack_from
     find = buf.find
     tags_hash = codec.tags_hash
-    while n - pos >= 8:
+    while n - pos >= _HEADER_BYTES:
         here = base + pos
         room = file_size_bytes - here % file_size_bytes
-        size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        size, magic = size_magic(buf, pos)
         if magic == BLANK_MAGIC:
             if size != room:
                 return pos, reqs, f"at {here}: a {size}-byte BLANK does not end its file ({room})"
@@ -167,19 +159,17 @@ def decode_chunk(
             continue
         if magic != MESSAGE_MAGIC:
             return pos, reqs, f"at {here}: magic 0x{magic:08X} starts neither record nor BLANK"
-        if size < _MIN_RECORD_BYTES or size > room or 0 < room - size < _HEADER_BYTES:
+        if size < codec.RECORD_MIN_BYTES or size > room or 0 < room - size < _HEADER_BYTES:
             return pos, reqs, f"at {here}: TOTALSIZE {size} does not fit ({room} bytes left)"
         if n - pos < size:
             break
         _size, _magic, crc, queue_id, _flag, queue_offset, phys, sys_flag = head(buf, pos)
         if phys != here:
             return pos, reqs, f"at {here}: the record says it is at {phys}"
-        fixed = codec.FIXED_BYTES_V4 + (12 if sys_flag & _BORN_V6 else 0)
-        fixed += 12 if sys_flag & _STORE_V6 else 0
         end = pos + size
-        checked = _variable_part(buf, mv, pos + fixed, end, crc, topics)
+        checked = _variable_part(buf, mv, pos, size, sys_flag, crc, topics)
         if isinstance(checked, str):
-            return pos, reqs, f"at {here}: {checked} (TOTALSIZE {size})"
+            return pos, reqs, f"at {here}: {checked}"
         topic, cur = checked
         i = find(_TAGS, cur, end)
         tags_code = tags_hash(_prop(buf, _TAGS, i, cur, end)) if i >= 0 else 0
@@ -187,7 +177,6 @@ def decode_chunk(
         keys = _prop(buf, _KEYS, i, cur, end) if i >= 0 else ""
         i = find(_UNIQ, cur, end)
         uniq = _prop(buf, _UNIQ, i, cur, end) if i >= 0 else ""
-        store_ms = long_at(buf, pos + (_STORE_TS_V6_BORN if sys_flag & _BORN_V6 else _STORE_TS))
         reqs.append(
             DispatchRequest(
                 topic,
@@ -195,12 +184,12 @@ def decode_chunk(
                 PhysicalOffset(here),
                 size,
                 tags_code,
-                store_ms[0],
+                long_at(buf, pos + _STORE_TS_AT[sys_flag & _HOST_BITS])[0],
                 QueueOffset(queue_offset),
                 keys,
                 uniq,
                 sys_flag,
-                long_at(buf, pos + fixed - 8)[0],
+                long_at(buf, pos + _PREPARED_AT[sys_flag & _HOST_BITS])[0],
             )
         )
         pos = end
@@ -219,11 +208,11 @@ class ReplicaWriter:
         self.records_appended = 0
 
     @property
-    def dispatched_offset(self) -> int:
+    def dispatched_offset(self) -> PhysicalOffset:
         """End of the last whole record written and dispatched (the partial tail excluded)."""
-        return self.commitlog.max_offset - len(self.pending)
+        return PhysicalOffset(self.commitlog.max_offset - len(self.pending))
 
-    def append(self, physical_offset: int, data: bytes | memoryview) -> int:
+    def append(self, physical_offset: PhysicalOffset, data: bytes | memoryview) -> PhysicalOffset:
         """Write and dispatch a chunk; return the commitlog's new max offset.
 
         ``physical_offset`` must be the commitlog's max offset, else ValueError (or the end of
@@ -232,7 +221,7 @@ class ReplicaWriter:
         """
         cl = self.commitlog
         received = cl.max_offset
-        whole_end = received - len(self.pending)
+        whole_end = self.dispatched_offset
         if physical_offset != received:
             if physical_offset != whole_end:
                 raise ValueError(
@@ -252,7 +241,7 @@ class ReplicaWriter:
         if problem is None:
             self.pending = buf[good:]
             if self.pending:  # a new partial tail: withhold its header (module docstring)
-                tail = whole_end + good
+                tail = PhysicalOffset(whole_end + good)
                 _write_at(cl, tail, bytes(min(_HEADER_BYTES, len(self.pending))))
         else:
             self.pending = b""
@@ -287,7 +276,7 @@ class ReplicaWriter:
             self.dispatcher.dispatch(reqs[i : i + DISPATCH_BATCH_MAX])
         self.records_appended += len(reqs)
 
-    def truncate(self, physical_offset: int, queues: Iterable[ConsumeQueue]) -> None:
+    def truncate(self, physical_offset: PhysicalOffset, queues: Iterable[ConsumeQueue]) -> None:
         """Drop everything at or after ``physical_offset``: commitlog bytes (a partial tail
         too), consume-queue units and index entries built from them.
 
@@ -316,7 +305,7 @@ class ReplicaWriter:
         self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, physical_offset)
 
 
-def _write_at(commitlog: CommitLog, physical_offset: int, data: bytes) -> None:
+def _write_at(commitlog: CommitLog, physical_offset: PhysicalOffset, data: bytes) -> None:
     """Overwrite written bytes in place (a record header never spans two files)."""
     mf = commitlog.files.find(physical_offset)
     assert mf is not None, f"offset {physical_offset} lies inside the commitlog's files"
@@ -338,7 +327,7 @@ def truncate_keeping_position(files: MappedFileQueue, offset: int) -> None:
         files.truncate(offset, written_only=True)
 
 
-def truncate_queue(cq: ConsumeQueue, physical_offset: int) -> None:
+def truncate_queue(cq: ConsumeQueue, physical_offset: PhysicalOffset) -> None:
     """Drop the units of ``cq`` whose record ends past ``physical_offset``.
 
     A queue's units point at increasing physical offsets, so the first unit to drop is found
@@ -368,7 +357,7 @@ def truncate_queue(cq: ConsumeQueue, physical_offset: int) -> None:
             cq.max_physical_end = off + size
 
 
-def _unit(files: MappedFileQueue, queue_offset: int) -> tuple[int, int]:
+def _unit(files: MappedFileQueue, queue_offset: int) -> tuple[PhysicalOffset, int]:
     at = queue_offset * CQ_UNIT_BYTES
     mf = files.find(at)
     assert mf is not None, f"unit {queue_offset} lies inside the queue's files"

@@ -24,11 +24,10 @@ A crash leaves either the old or the new checkpoint, plus perhaps a stale ``.tmp
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from services.common import failpoints
+from services.common.atomic_write import tmp_path, write_atomic
 
 CHECKPOINT_VERSION = 1
 
@@ -56,7 +55,7 @@ class Checkpoint:
 
     @property
     def _tmp_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".tmp")
+        return tmp_path(self.path)
 
     def load(self) -> bool:
         """Read the file into the fields; return False (fields untouched) if there is none.
@@ -109,23 +108,7 @@ class Checkpoint:
     def save(self) -> None:
         """Write the fields atomically and durably (tmp, fsync, rename, directory fsync)."""
         data = json.dumps(self.to_json(), separators=(",", ":")).encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._tmp_path
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:  # a regular file takes it all at once; loop in case it does not
-                view = view[os.write(fd, view) :]
-            failpoints.inject("timer_before_checkpoint")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(self.path, data, failpoint_before_fsync="timer_before_checkpoint")
 
 
 def _int(value: object) -> int:

@@ -119,13 +119,6 @@ class BrokerSender:
             raise from_rpc_error(err, addr) from None
 
 
-_INT = struct.Struct(">i")
-_LONG = struct.Struct(">q")
-_OFFSET_FLAG = 16
-_HOST_V6_EXTRA = 12
-"""An IPv6 host field is 12 bytes longer than an IPv4 one."""
-
-
 @dataclass(slots=True)
 class Reput:
     """What a re-put needs of a stored timer record (the hot path skips a full decode)."""
@@ -140,27 +133,18 @@ class Reput:
 
 def read_reput(raw: bytes) -> Reput:
     """The fields of the record ``raw`` a re-put copies; CorruptRecord if they do not fit."""
-    if len(raw) < codec.FIXED_BYTES_V4 + 7:
+    if len(raw) < codec.RECORD_MIN_BYTES:
         raise codec.CorruptRecord(f"record of {len(raw)} bytes is too short")
-    sys_flag = _INT.unpack_from(raw, codec.OFFSET_SYSFLAG)[0]
-    fixed = codec.FIXED_BYTES_V4
-    fixed += _HOST_V6_EXTRA if sys_flag & codec.SysFlag.BORNHOST_V6 else 0
-    fixed += _HOST_V6_EXTRA if sys_flag & codec.SysFlag.STOREHOST_V6 else 0
-    body_len = _INT.unpack_from(raw, fixed)[0]
-    body_at = fixed + 4
-    topic_at = body_at + body_len
-    if body_len < 0 or topic_at + 3 > len(raw):
-        raise codec.CorruptRecord(f"body length {body_len} does not fit the record")
-    props_at = topic_at + 1 + raw[topic_at] + 2
-    props_len = (raw[props_at - 2] << 8) | raw[props_at - 1]
-    if props_at + props_len != len(raw):
-        raise codec.CorruptRecord("properties length does not fit the record")
+    sys_flag = codec.peek_sys_flag(raw)
+    body_at, body_end, _topic_at, _topic_end, props_at = codec.record_spans(
+        raw, 0, len(raw), sys_flag
+    )
     return Reput(
-        flag=_INT.unpack_from(raw, _OFFSET_FLAG)[0],
+        flag=codec.peek_flag(raw),
         sys_flag=sys_flag,
-        physical_offset=_LONG.unpack_from(raw, codec.OFFSET_PHYSICALOFFSET)[0],
-        reconsume_times=_INT.unpack_from(raw, fixed - 12)[0],
-        body=raw[body_at:topic_at],
+        physical_offset=codec.peek_physical_offset(raw),
+        reconsume_times=codec.peek_reconsume_times(raw),
+        body=raw[body_at:body_end],
         properties=codec.decode_properties(raw[props_at:]),
     )
 

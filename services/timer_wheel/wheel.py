@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from services.common.atomic_write import replace_atomic
 from services.timer_wheel.timer_log import TimerLog, TimerStoreError
 
 SLOT = struct.Struct(
@@ -280,16 +281,7 @@ class TimerWheel:
 def _open_sized(path: Path, file_bytes: int) -> int:
     """Open the wheel file, creating it sparse at ``file_bytes`` (tmp + rename) if missing."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, file_bytes)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        replace_atomic(path, lambda fd: os.ftruncate(fd, file_bytes))
     fd = os.open(path, os.O_RDWR)
     size = os.fstat(fd).st_size
     if size != file_bytes:
@@ -299,11 +291,3 @@ def _open_sized(path: Path, file_bytes: int) -> int:
             "with another timerWheelSlots setting"
         )
     return fd
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -527,3 +527,78 @@ def test_decode_rejects_non_utf8_topic() -> None:
 def test_uniq_key_property_name() -> None:
     rec = codec.decode_record(_encode(properties=codec.encode_properties({Prop.UNIQ_KEY: "U1"})))
     assert rec.uniq_key == "U1"
+
+
+# ---- peeking single fields ---------------------------------------------------------------------
+_HOST_COMBINATIONS = [
+    (V4_BORN, V4_STORE),
+    (V6_BORN, V4_STORE),
+    (V4_BORN, V6_STORE),
+    (V6_BORN, V6_STORE),
+]
+
+
+@pytest.mark.parametrize(("born", "store"), _HOST_COMBINATIONS)
+def test_peeks_agree_with_a_full_decode(born: HostAddress, store: HostAddress) -> None:
+    raw = b"junk" + _encode(born_host=born, store_host=store, sys_flag=SysFlag.TRANSACTION_COMMIT)
+    rec = codec.decode_record(raw, 4)
+    assert codec.peek_size_magic(raw, 4) == (rec.total_size, MESSAGE_MAGIC)
+    assert codec.peek_flag(raw, 4) == rec.flag
+    assert codec.peek_physical_offset(raw, 4) == rec.physical_offset
+    assert codec.peek_sys_flag(raw, 4) == rec.sys_flag
+    assert codec.peek_store_timestamp(raw, 4) == rec.store_timestamp_ms
+    assert codec.peek_reconsume_times(raw, 4) == rec.reconsume_times
+    assert codec.peek_prepared_transaction_offset(raw, 4) == rec.prepared_transaction_offset
+    head = codec.RECORD_HEAD.unpack_from(raw, 4)
+    assert head == (
+        rec.total_size,
+        MESSAGE_MAGIC,
+        rec.body_crc,
+        rec.queue_id,
+        rec.flag,
+        rec.queue_offset,
+        rec.physical_offset,
+        rec.sys_flag,
+    )
+    assert codec.fixed_bytes(rec.sys_flag) == codec._FIXED[(born.is_v6, store.is_v6)].size
+
+
+@pytest.mark.parametrize(("born", "store"), _HOST_COMBINATIONS)
+def test_record_spans_locate_body_topic_and_properties(
+    born: HostAddress, store: HostAddress
+) -> None:
+    props = codec.encode_properties({"TAGS": "tagA"})
+    raw = b"xy" + _encode(born_host=born, store_host=store, body=b"the body", properties=props)
+    total, _magic = codec.peek_size_magic(raw, 2)
+    sys_flag = codec.peek_sys_flag(raw, 2)
+    body_at, body_end, topic_at, topic_end, props_at = codec.record_spans(raw, 2, total, sys_flag)
+    assert raw[body_at:body_end] == b"the body"
+    assert raw[topic_at:topic_end] == b"TopicTest"
+    assert raw[props_at : 2 + total] == props
+    assert codec.record_properties_bytes(raw, 2) == props
+
+
+def test_record_spans_name_the_length_that_does_not_fit() -> None:
+    raw = bytearray(_encode())
+    struct.pack_into(">i", raw, codec.FIXED_BYTES_V4, len(raw))  # body length past the end
+    with pytest.raises(CorruptRecord, match="body length"):
+        codec.record_spans(raw, 0, len(raw), 0)
+    with pytest.raises(CorruptRecord, match="host fields"):
+        codec.record_spans(raw, 0, codec.FIXED_BYTES_V4 + 2, 0)
+
+
+def test_peeks_raise_corrupt_record_on_a_short_buffer() -> None:
+    raw = _encode()
+    with pytest.raises(CorruptRecord):
+        codec.peek_store_timestamp(raw[:50])
+    with pytest.raises(CorruptRecord):
+        codec.peek_physical_offset(raw[:30])
+
+
+def test_field_offsets_match_the_spec_table() -> None:
+    # SPEC §11.1: fields 1–8 are 4, 4, 4, 4, 4, 8, 8, 4 bytes.
+    assert codec.OFFSET_QUEUEID == 12 and codec.OFFSET_FLAG == 16
+    assert codec.OFFSET_PHYSICALOFFSET == 28 and codec.OFFSET_SYSFLAG == 36
+    assert codec.store_timestamp_offset(0) == 56
+    assert codec.store_timestamp_offset(SysFlag.BORNHOST_V6) == 68
+    assert codec.record_size(0, 0, 0, False, False) == codec.RECORD_MIN_BYTES

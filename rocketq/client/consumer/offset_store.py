@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
+from rocketq.client._atomic_write import write_atomic
 from rocketq.client.errors import NotFoundError, RocketQError
 from rocketq.message import MessageQueue
 
@@ -368,7 +369,6 @@ class LocalFileOffsetStore(_OffsetTable):
         self.group = group
         self.path = local_offset_store_dir(base_dir) / safe_id / group / OFFSETS_FILE_NAME
         self.bak_path = self.path.with_name(OFFSETS_FILE_NAME + ".bak")
-        self._tmp_path = self.path.with_name(OFFSETS_FILE_NAME + ".tmp")
         self._file_lock = threading.Lock()
         self._version = 0  # bumped by every change of the table
         self._persisted_version = 0
@@ -462,16 +462,4 @@ class LocalFileOffsetStore(_OffsetTable):
 
     def _write_file(self, text: str) -> None:
         with self._file_lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self._tmp_path, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            if self.path.exists():
-                os.replace(self.path, self.bak_path)
-            os.replace(self._tmp_path, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            write_atomic(self.path, text.encode("utf-8"), backup_path=self.bak_path)
