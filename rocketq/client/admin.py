@@ -74,6 +74,7 @@ from rocketq.client._admin_messages import (
     resend_dead_letter,
     view_message,
 )
+from rocketq.client._admin_replicas import Members, read_members
 from rocketq.client._admin_tx import HalfMessage, HalfMessages, half_messages
 from rocketq.client._admin_types import (
     ApplyResult,
@@ -109,7 +110,6 @@ from rocketq.client._admin_types import (
 )
 from rocketq.client._channels import open_channel
 from rocketq.client.errors import (
-    BrokerUnavailableError,
     InvalidArgumentError,
     NameServerUnavailableError,
     NotFoundError,
@@ -169,8 +169,6 @@ DEAD_LETTERS_MAX_NUM_MAX = 256
 
 _T = TypeVar("_T")
 _A = TypeVar("_A")
-Members = list[tuple[int, str]]
-"""(broker id, address) of a group's live members, in the order a read tries them."""
 _NAMESRV_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -302,31 +300,9 @@ class Admin:
     async def _read_members(
         self, name: str, members: Members, call: Callable[[str, str], Awaitable[_T]]
     ) -> _T:
-        """The first answer of ``call(name, addr)`` over ``members`` (master first), all within
-        the call's timeout; a member that is unreachable or silent gives way to the next. A
-        slave's answer is noted in :attr:`replica_fallbacks`."""
-        if not members:
-            raise BrokerUnavailableError(f"broker group {name!r} has no live member")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout_s
-        master_addr, master_error = dict(members).get(0, "(none registered)"), "not registered"
-        for i, (broker_id, addr) in enumerate(members):
-            left_s = max(0.0, deadline - loop.time())
-            # a hung master must leave a slave time to answer: it gets half of what is left
-            budget_s = left_s if i == len(members) - 1 else left_s / 2
-            try:
-                answer = await asyncio.wait_for(call(name, addr), budget_s)
-            except (BrokerUnavailableError, TimeoutError) as exc:
-                if i == len(members) - 1:
-                    raise
-                if broker_id == 0:
-                    master_error = str(exc) or f"no answer within {budget_s:.1f} s"
-                continue
-            if broker_id != 0:
-                fallback = ReplicaFallback(name, master_addr, master_error, addr, broker_id)
-                self.replica_fallbacks.append(fallback)
-            return answer
-        raise AssertionError("unreachable: the last member's failure is raised")
+        """The first answer of ``call(name, addr)`` over ``members``, master first
+        (:func:`~rocketq.client._admin_replicas.read_members`)."""
+        return await read_members(self, name, members, call)
 
     async def _route_members(self, topic: str) -> dict[str, Members]:
         """Broker name -> members to read from (master first) of every group hosting
