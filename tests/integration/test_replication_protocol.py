@@ -409,7 +409,8 @@ async def test_sync_config_tables_and_slave_offsets(
 ) -> None:
     master = master_factory()
 
-    await _produce(master.addr, 0)
+    # 10 messages in each queue: a commit beyond a queue's end is stored as the end (issue 21)
+    await _produce(master.addr, 20)
     async with RawClient(master.addr) as c:
         msg = c.messaging
         for qid, offset in ((0, 10), (1, 10)):
