@@ -9,6 +9,7 @@ what brokers take in ``etcdEndpoints``.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import urllib.request
@@ -36,11 +37,25 @@ def etcd_binary() -> str:
     return found
 
 
+FREE_PORT_RANGE = (20_000, 32_000)
+"""Where :func:`free_port` looks: below Linux's ephemeral range (32768-60999), from which every
+outgoing connection takes its source port - a port the kernel handed out as "free" there can
+be taken by a client's connection before etcd binds it (seen in CI: "address already in use")."""
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on right now (etcd cannot take port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nobody listens on right now, for a process that must be told its port
+    (etcd cannot take port 0; a broker restarted on the same address)."""
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(*FREE_PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free loopback port in {FREE_PORT_RANGE} after 100 tries")
 
 
 def healthy(addr: str) -> bool:
