@@ -175,13 +175,17 @@ async def _failover(group: Group) -> None:
             sp.resume()
     master.wait_exit()
 
-    # -- replica 2 is elected; sends succeed there -----------------------------------------------
+    # -- an in-sync slave is elected; sends succeed there -----------------------------------------
+    # Replicas 2 and 3 hold the same data, so the ranking prefers 2; but on a loaded machine the
+    # pause can outlast the 2 s lease, and then whichever slave re-grants its lease first is the
+    # only live candidate. Either is a correct election; the switchover then targets the other.
     rid, st = await wait_master(replicas, first_epoch)
-    assert rid == 2, rid
+    assert rid in (2, 3), rid
+    other = 5 - rid
     second_epoch = st.epoch
-    new_master = replicas[2]
+    new_master = replicas[rid]
     await until(
-        lambda: _eq(master_in_route(ns.addr), new_master.addr), "route moved to replica 2", 15
+        lambda: _eq(master_in_route(ns.addr), new_master.addr), f"route moved to replica {rid}", 15
     )
     await wait_in_sync(new_master.addr, 1)
     assert await send(new_master.addr, "e2", 20) == [messaging_pb2.SEND_OK] * 20
@@ -193,18 +197,18 @@ async def _failover(group: Group) -> None:
     assert st1.broker_id == 1 and st1.role == admin_pb2.SLAVE and st1.epoch == second_epoch
     assert "truncating the commitlog" in old.log_tail(400)
 
-    # -- switchover to replica 3 -------------------------------------------------------------------
+    # -- switchover to the other slave -------------------------------------------------------------
     async with RawClient(new_master.addr) as rc:
         resp = await rc.admin.Switchover(
-            admin_pb2.SwitchoverRequest(target_replica_id=3, timeout_ms=15_000), timeout=20
+            admin_pb2.SwitchoverRequest(target_replica_id=other, timeout_ms=15_000), timeout=20
         )
-    assert resp.new_master_replica_id == 3 and resp.epoch > second_epoch
-    assert resp.new_master_addr == replicas[3].addr
+    assert resp.new_master_replica_id == other and resp.epoch > second_epoch
+    assert resp.new_master_addr == replicas[other].addr
     rid, st = await wait_master(replicas, second_epoch)
-    assert rid == 3
-    await wait_in_sync(replicas[3].addr, 2)
-    assert await send(replicas[3].addr, "e3", 10) == [messaging_pb2.SEND_OK] * 10
-    end = (await runtime_stats(replicas[3].addr)).commitlog_max_offset
+    assert rid == other
+    await wait_in_sync(replicas[other].addr, 2)
+    assert await send(replicas[other].addr, "e3", 10) == [messaging_pb2.SEND_OK] * 10
+    end = (await runtime_stats(replicas[other].addr)).commitlog_max_offset
 
     async def all_at_end() -> bool:
         got = [await runtime_stats(sp.addr) for sp in replicas.values()]
@@ -213,7 +217,7 @@ async def _failover(group: Group) -> None:
     await until(all_at_end, "every replica at the master's end", 15)
     for sp in replicas.values():
         assert sp.stop() == 0
-    reference = commitlog_bytes(stores[3], end)
+    reference = commitlog_bytes(stores[other], end)
     for r, store in stores.items():
         assert commitlog_bytes(store, end) == reference, f"replica {r} differs"
         report = verify(detect_layout(store))
