@@ -37,8 +37,13 @@ fmt: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# Two workers, each taking whole test modules (--dist loadfile), so a module's cluster fixture is
+# started once: most tests wait on server processes, and CI has 2 cores. TEST_WORKERS=0 runs
+# everything in one process.
+TEST_WORKERS ?= 2
+
 test: setup  ## every tier: unit, integration, e2e, robustness
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 test-unit: setup
 	$(PY) -m pytest -q -m unit

@@ -178,6 +178,9 @@ async def test_all_18_levels_on_a_fast_clock(fast: TimerCluster) -> None:
 # ---- 100 000 timers ---------------------------------------------------------------------------
 
 
+# Sending 100 000 single messages takes 40-120 s of real time and depends on the machine's load
+# (CI runs two test workers on 2 cores); the time is what the test spends, not what it checks.
+@pytest.mark.timeout(600)
 async def test_100k_timers_over_the_next_minute(tmp_path: Path) -> None:
     with cluster(tmp_path, timer_wheel=True, clock_speed=MANY_SPEED) as tc:
         topic, queues = "TimerMany", 8
