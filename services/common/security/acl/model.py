@@ -120,7 +120,11 @@ def write_raw(path: Path, raw: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def parse_users(raw: dict[str, Any], path: Path, environ: Any = None) -> dict[str, User]:
+def parse_users(
+    raw: dict[str, Any], path: Path, environ: Any = None, resolve_secrets: bool = True
+) -> dict[str, User]:
+    """Users of the file's JSON; ``resolve_secrets=False`` checks the shape only (the CLI,
+    whose environment is not the services')."""
     env = os.environ if environ is None else environ
     users: dict[str, User] = {}
     for ak, entry in raw["users"].items():
@@ -130,7 +134,12 @@ def parse_users(raw: dict[str, Any], path: Path, environ: Any = None) -> dict[st
         role = entry.get("role", "user")
         if role not in ROLES:
             raise AclFileError(f"{where}: role {role!r} is not one of {', '.join(ROLES)}")
-        secret = _secret(entry, env, where)
+        if resolve_secrets:
+            secret = _secret(entry, env, where)
+        elif not any(entry.get(k) for k in ("secretKey", "secretKeyFile", "secretKeyEnv")):
+            raise AclFileError(f"{where}: no secretKey, secretKeyFile or secretKeyEnv")
+        else:
+            secret = ""
         try:
             topics = {str(k): Perm.parse(str(v)) for k, v in entry.get("topics", {}).items()}
             groups = {str(k): Perm.parse(str(v)) for k, v in entry.get("groups", {}).items()}
