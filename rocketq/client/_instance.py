@@ -352,7 +352,8 @@ class ClientInstance:
                 "ClientInstance.get must be called inside a running event loop (from a coroutine)"
             ) from None
         table = cls._registry.setdefault(loop, {})
-        key = (config.namesrv_addrs, config.client_id)
+        # clients with other credentials or TLS files must not share channels (sec)
+        key = (config.namesrv_addrs, config.client_id, config.security)
         inst = table.get(key)
         if inst is None:
             inst = cls(config)

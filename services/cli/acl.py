@@ -45,7 +45,8 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _save(path: Path, raw: dict[str, Any]) -> None:
     try:
-        parse_users(raw, path, resolve_secrets=False)  # never write a file the services would refuse
+        # never write a file the services would refuse
+        parse_users(raw, path, resolve_secrets=False)
     except AclFileError as exc:
         raise click.ClickException(str(exc)) from None
     write_raw(path, raw)
