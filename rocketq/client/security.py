@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -158,55 +158,66 @@ def security_channel(
     """An asyncio channel to ``addr`` with TLS and signing as ``security`` (default:
     :func:`default_security`) says; RocketQ's services open their own channels with it too."""
     sec = security if security is not None else default_security()
-    interceptors = _signing_interceptors(sec) if sec.signs else None
     if sec.tls_enabled:
         ca, key, cert = sec.read_tls_files()
         creds = grpc.ssl_channel_credentials(ca, key, cert)
-        return grpc.aio.secure_channel(addr, creds, options=options, interceptors=interceptors)
-    return grpc.aio.insecure_channel(addr, options=options, interceptors=interceptors)
+        channel = grpc.aio.secure_channel(addr, creds, options=options)
+    else:
+        channel = grpc.aio.insecure_channel(addr, options=options)
+    if sec.signs:
+        return cast(
+            grpc.aio.Channel, _SignedChannel(channel, Signer(sec.access_key, sec.secret_key))
+        )
+    return channel
 
 
-def _signing_interceptors(sec: ClientSecurity) -> list[Any]:
-    """One interceptor per call shape (grpc.aio files each under one shape only)."""
-    signer = Signer(sec.access_key, sec.secret_key)
-    return [
-        _SignUnaryUnary(signer),
-        _SignUnaryStream(signer),
-        _SignStreamUnary(signer),
-        _SignStreamStream(signer),
-    ]
+class _SignedCall:
+    """A multi-callable that adds the signed headers to each call's metadata."""
 
+    __slots__ = ("_inner", "_signer")
 
-class _Signing:
-    def __init__(self, signer: Signer) -> None:
+    def __init__(self, inner: Any, signer: Signer) -> None:
+        self._inner = inner
         self._signer = signer
 
-    def _signed(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._signer.metadata())
-        return grpc.aio.ClientCallDetails(
-            details.method, details.timeout, metadata, details.credentials,
-            details.wait_for_ready,
-        )  # fmt: skip
+    def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        signed = self._signer.metadata()
+        if metadata:
+            signed = (*tuple(metadata), *signed)
+        return self._inner(*args, metadata=signed, **kwargs)
 
 
-class _SignUnaryUnary(_Signing, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._signed(details), request)
+class _SignedChannel:
+    """A channel whose calls carry the signature headers.
 
+    Wrapping the multi-callables the stubs get costs one function call per RPC; grpc.aio's
+    client interceptors, the obvious alternative, cost about a sixth of a small call's CPU.
+    """
 
-class _SignUnaryStream(_Signing, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._signed(details), request)
+    def __init__(self, inner: grpc.aio.Channel, signer: Signer) -> None:
+        self._inner = inner
+        self._signer = signer
 
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _SignedCall(self._inner.unary_unary(*args, **kwargs), self._signer)
 
-class _SignStreamUnary(_Signing, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._signed(details), requests)
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _SignedCall(self._inner.unary_stream(*args, **kwargs), self._signer)
 
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _SignedCall(self._inner.stream_unary(*args, **kwargs), self._signer)
 
-class _SignStreamStream(_Signing, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._signed(details), requests)
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _SignedCall(self._inner.stream_stream(*args, **kwargs), self._signer)
+
+    async def __aenter__(self) -> _SignedChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # close, get_state, channel_ready ...
+        return getattr(self._inner, name)
 
 
 _PLAINTEXT_ON_TLS = ("Socket closed", "Connection reset", "connection reset")

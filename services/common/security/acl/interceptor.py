@@ -22,6 +22,7 @@ import grpc
 import structlog
 
 from rocketq._api.rocketq.v1 import common_pb2
+from rocketq.client.security import AUTHORIZATION_HEADER, DATE_HEADER
 from services.common.errors import ServiceError
 from services.common.rpc_guard import _responses
 from services.common.security.acl.auth import AuthError, authenticate
@@ -32,6 +33,8 @@ from services.common.security.acl.store import AclStore
 audit = structlog.get_logger("rocketq.audit")
 
 AUDIT_REFUSALS_PER_S = 50
+VERIFIED_CACHE_MAX = 4096
+"""Verified (authorization, date) pairs kept: one per client per second in use."""
 _ROLE_RANK = {"user": 0, "admin": 1, "internal": 2}
 
 
@@ -42,6 +45,8 @@ class AclGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._window_s = 0
         self._refusals_in_window = 0
         self._dropped = 0
+        self._cache: dict[tuple[str, str], User] = {}
+        self._cache_users: object = None
 
     async def intercept_service(
         self,
@@ -55,7 +60,7 @@ class AclGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         metadata = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
         try:
-            user: User | None = authenticate(metadata, self.store.users())
+            user: User | None = self._authenticated(metadata)
             refusal: ServiceError | None = None
         except AuthError as exc:
             user = None
@@ -66,6 +71,23 @@ class AclGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if user is not None:
             refusal = self._role_refusal(user, rule, method)
         return self._wrap(handler, method, rule, user, refusal)
+
+    def _authenticated(self, metadata: dict[str, str]) -> User:
+        """The request's user; a signature already verified is looked up, not recomputed
+        (clients sign once a second, so nearly every call is a hit). The cache starts over when
+        the ACL file is reloaded and when it is full."""
+        users = self.store.users()
+        if users is not self._cache_users:
+            self._cache.clear()
+            self._cache_users = users
+        key = (metadata.get(AUTHORIZATION_HEADER, ""), metadata.get(DATE_HEADER, ""))
+        user = self._cache.get(key)
+        if user is None:
+            user = authenticate(metadata, users)
+            if len(self._cache) >= VERIFIED_CACHE_MAX:
+                self._cache.clear()
+            self._cache[key] = user
+        return user
 
     def _role_refusal(self, user: User, rule: Rule, method: str) -> ServiceError | None:
         if rule.role in ("admin", "internal") and _ROLE_RANK[user.role] < _ROLE_RANK[rule.role]:
