@@ -21,6 +21,8 @@ from rocketq._api.rocketq.v1 import (
     messaging_pb2_grpc,
     nameserver_pb2,
     nameserver_pb2_grpc,
+    replication_pb2,
+    replication_pb2_grpc,
 )
 from rocketq.client.admin import Admin
 from rocketq.client.consumer import (
@@ -34,7 +36,7 @@ from rocketq.client.security import ClientSecurity, Signer
 from rocketq.message import Message
 from services.cli.main import cli
 from services.common.launch import set_flags
-from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver
+from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver, start_slave
 from tests.support.cluster import stop_all
 from tests.support.until import until
 
@@ -45,8 +47,10 @@ APP = ClientSecurity(access_key="app1", secret_key="app1-secret")
 
 
 class Env:
-    def __init__(self, root: Path, acl_file: Path, ns: ServiceProcess, broker: ServiceProcess):
-        self.root, self.acl_file, self.ns, self.broker = root, acl_file, ns, broker
+    def __init__(
+        self, acl_file: Path, ns: ServiceProcess, broker: ServiceProcess, slave: ServiceProcess
+    ) -> None:
+        self.acl_file, self.ns, self.broker, self.slave = acl_file, ns, broker, slave
 
     @property
     def namesrv(self) -> list[str]:
@@ -80,9 +84,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     ns = start_nameserver(root, *set_flags(keys))
     procs = [ns]
     try:
-        # the broker registers with the nameserver as the internal user: routes prove it
+        # the brokers register with the nameserver as the internal user (routes prove it) and
+        # the slave replicates from its master as that user
         procs.append(start_broker(root, [ns.addr], "broker-a", None, **keys))
-        yield Env(root, acl_file, ns, procs[1])
+        procs.append(start_slave(root, [ns.addr], "broker-a", 1, None, **keys))
+        yield Env(acl_file, ns, procs[1], procs[2])
     finally:
         stop_all(list(reversed(procs)))
 
@@ -125,6 +131,31 @@ async def test_signed_clients_round_trip_within_their_permissions(env: Env) -> N
     finally:
         await consumer.close()
     assert sorted(got) == [f"o{i}" for i in range(5)]
+
+    def max_offsets(addr: str) -> list[int]:
+        with grpc.insecure_channel(addr) as ch:
+            stub = messaging_pb2_grpc.MessagingStub(ch)
+            return [
+                stub.GetMaxOffset(
+                    messaging_pb2.GetMaxOffsetRequest(topic="orders", queue_id=q),
+                    metadata=Signer("app1", "app1-secret").metadata(),
+                ).offset
+                for q in range(4)
+            ]
+
+    master = max_offsets(env.broker.addr)
+    await until(lambda: max_offsets(env.slave.addr) == master, "the slave caught up", 15)
+
+
+def test_replication_needs_the_internal_role(env: Env) -> None:
+    with grpc.insecure_channel(env.broker.addr) as ch:
+        stub = replication_pb2_grpc.ReplicationStub(ch)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.SyncConfig(
+                replication_pb2.SyncConfigRequest(), metadata=Signer("ops", "ops-secret").metadata()
+            )
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "needs the internal role" in (caught.value.details() or "")
 
 
 def _raw_call(addr: str, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcError:
