@@ -2,8 +2,9 @@
 RocketMQ 5 ``authorization`` format, per-topic and per-group permissions, default deny, the
 services' own calls under an internal user, ``rocketq acl`` changes taking effect live.
 
-One cluster for the module: a nameserver and a broker with ``aclEnable``, sharing one ACL file
-whose internal user's secret comes from a file (the services read it; clients never see it).
+One cluster for the module: a nameserver, a master, its slave and a timer wheel with
+``aclEnable``, sharing one ACL file whose internal user's secret comes from a file (the
+services read it; clients never see it).
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ from rocketq.client.security import ClientSecurity, Signer
 from rocketq.message import Message
 from services.cli.main import cli
 from services.common.launch import set_flags
-from tests.integration.cluster import ServiceProcess, start_broker, start_nameserver, start_slave
+from tests.integration.cluster import (
+    ServiceProcess,
+    start_broker,
+    start_nameserver,
+    start_slave,
+    start_timer_wheel,
+)
 from tests.support.cluster import stop_all
 from tests.support.until import until
 
@@ -88,6 +95,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         # the slave replicates from its master as that user
         procs.append(start_broker(root, [ns.addr], "broker-a", None, **keys))
         procs.append(start_slave(root, [ns.addr], "broker-a", 1, None, **keys))
+        # the timer wheel pulls its system topic and re-puts due messages as that user too
+        procs.append(
+            start_timer_wheel(root, [ns.addr], "timer-0", None, timerPrecisionMs=100, **keys)
+        )
         yield Env(acl_file, ns, procs[1], procs[2])
     finally:
         stop_all(list(reversed(procs)))
@@ -109,7 +120,8 @@ async def _route_ready(env: Env, topic: str) -> None:
 async def test_signed_clients_round_trip_within_their_permissions(env: Env) -> None:
     await _route_ready(env, "orders")
     async with Producer(ProducerConfig("pg-orders", env.namesrv, security=APP)) as producer:
-        sent = [await producer.send(Message("orders", f"o{i}".encode())) for i in range(5)]
+        sent = [await producer.send(Message("orders", f"o{i}".encode())) for i in range(4)]
+        sent.append(await producer.send(Message("orders", b"o4", delay_ms=300)))
     assert all(r.msg_id for r in sent)
     cfg = LitePullConsumerConfig(
         "billing",
@@ -127,7 +139,7 @@ async def test_signed_clients_round_trip_within_their_permissions(env: Env) -> N
             got.extend(m.body.decode() for m in await consumer.poll(200))
             return len(got) >= 5
 
-        await until(all_polled, "the five orders consumed by billing", 20)
+        await until(all_polled, "the five orders (one through the timer wheel) consumed", 20)
     finally:
         await consumer.close()
     assert sorted(got) == [f"o{i}" for i in range(5)]
