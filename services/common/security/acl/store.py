@@ -21,6 +21,10 @@ RECHECK_INTERVAL_S = 1.0
 class AclStore:
     def __init__(self, path: str) -> None:
         self.path = Path(path)
+        if not self.path.is_file():
+            raise ConfigError(
+                f"aclFile {path} does not exist; create it with `rocketq acl user add`"
+            )
         self._checked_at = time.monotonic()
         self._stamp = self._stat()
         try:
