@@ -5,7 +5,7 @@
 | listenAddress / listenPort  | 0.0.0.0 / 9876 | gRPC address; port 0 = any free           |
 | scanNotActiveBrokerInterval | 10000   | ms between scans that drop silent brokers        |
 | logLevel                    | INFO    | DEBUG, INFO, WARNING, ERROR, CRITICAL            |
-| tlsCertFile, tlsKeyFile, tlsCaFile, tlsClientAuth, aclEnable, aclFile | | TLS and ACL (services/common/security) |
+| tls*, acl*                  |         | TLS and ACL keys (services/common/security/keys) |
 
 Environment variables: ``ROCKETQ_NAMESERVER_<KEY>`` (``ROCKETQ_NAMESERVER_LISTENPORT``).
 """
