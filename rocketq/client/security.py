@@ -153,7 +153,10 @@ def default_security() -> ClientSecurity:
 
 
 def security_channel(
-    addr: str, options: list[tuple[str, int]], security: ClientSecurity | None = None
+    addr: str,
+    options: list[tuple[str, int]],
+    security: ClientSecurity | None = None,
+    interceptors: list[Any] | None = None,
 ) -> grpc.aio.Channel:
     """An asyncio channel to ``addr`` with TLS and signing as ``security`` (default:
     :func:`default_security`) says; RocketQ's services open their own channels with it too."""
@@ -161,9 +164,9 @@ def security_channel(
     if sec.tls_enabled:
         ca, key, cert = sec.read_tls_files()
         creds = grpc.ssl_channel_credentials(ca, key, cert)
-        channel = grpc.aio.secure_channel(addr, creds, options=options)
+        channel = grpc.aio.secure_channel(addr, creds, options=options, interceptors=interceptors)
     else:
-        channel = grpc.aio.insecure_channel(addr, options=options)
+        channel = grpc.aio.insecure_channel(addr, options=options, interceptors=interceptors)
     if sec.signs:
         return cast(
             grpc.aio.Channel, _SignedChannel(channel, Signer(sec.access_key, sec.secret_key))
