@@ -8,9 +8,11 @@ with PUB|SUB on the topic and SUB on every group, so each request is signed, ver
 checked against its topic and group). Each run: 16 sync senders of 1 KiB messages
 (per-request cost: handshake-free but signed and encrypted), an AccumulatingProducer (batched
 sends), then a push consumer draining the backlog they left (timed from its first message to the
-last); two interleaved rounds, the best figure of each mode kept. The goal is a ratio
->= 0.9; figures are printed, never asserted. One Python client process against one broker on
-this machine: on a shared machine they say more about the machine than about RocketQ.
+last); two interleaved rounds, the best figure of each mode kept. Then the CPU one small RPC
+costs in each mode (tools/bench/_security_cpu.py), which a loaded machine disturbs less. The
+goal is a ratio >= 0.9; figures are printed, never asserted. One Python client process against
+one broker on this machine: on a shared machine they say more about the machine than about
+RocketQ.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from rocketq.message import ReceivedMessage
 from services.common import launch
 from services.common.security.certs import TestCA
 from services.common.supervisor import Process
+from tools.bench._security_cpu import cpu_per_call
 
 TOPIC = "SecurityBench"
 
@@ -118,6 +121,7 @@ async def _run(
     print(f"  push consumer draining the backlog (~{backlog} messages)", flush=True)
     out["consume msgs/s"] = await _drain(ns, backlog, dur_s * 4)
     set_default_security(None)
+    print("  " + ", ".join(f"{k} {v:.0f}" for k, v in out.items()), flush=True)
     return out
 
 
@@ -184,7 +188,15 @@ def main() -> None:
                 _best(secure, asyncio.run(_run(ns, admin, user, dur_s)))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print("\nTLS + ACL vs plaintext (goal: ratio >= 0.9)")
+    print("\nCPU per small RPC, client + server in one process (best of the rounds)", flush=True)
+    cpu_base = Path(tempfile.mkdtemp(prefix="rocketq-seccpu-"))
+    try:
+        cpu = cpu_per_call(cpu_base, 2000 if args.quick else 6000, args.rounds)
+    finally:
+        shutil.rmtree(cpu_base, ignore_errors=True)
+    for name, us in cpu.items():
+        print(f"  {name:<8} {us:6.0f} us  (plain / this = {cpu['plain'] / us:.2f})")
+    print("\nTLS + ACL vs plaintext, throughput (goal: ratio >= 0.9)")
     for name, value in plain.items():
         ratio = secure[name] / value if value else 0.0
         verdict = "met" if ratio >= 0.9 else "NOT met"
