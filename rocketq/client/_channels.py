@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import grpc
 
+from rocketq.client.security import ClientSecurity, security_channel
+
 #: Transport limit for one request or response.
 CHANNEL_MESSAGE_MAX_BYTES = 16 * 1024 * 1024
 
@@ -30,6 +32,7 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
-def open_channel(addr: str) -> grpc.aio.Channel:
-    """An insecure asyncio channel to ``addr`` ("host:port") with :data:`CHANNEL_OPTIONS`."""
-    return grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+def open_channel(addr: str, security: ClientSecurity | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to ``addr`` ("host:port") with :data:`CHANNEL_OPTIONS`: TLS and
+    signed requests as ``security`` (default: the process's :func:`default_security`) says."""
+    return security_channel(addr, CHANNEL_OPTIONS, security)  # sec: rocketq/client/security.py

@@ -52,6 +52,7 @@ from rocketq.client._channels import open_channel
 from rocketq.client._nameserver import NameServerClient, parse_addrs
 from rocketq.client._route import TopicRoute
 from rocketq.client.errors import BrokerUnavailableError, RocketQError, TopicNotFoundError
+from rocketq.client.security import ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,9 @@ class ClientConfig:
     """How often a heartbeat goes to every broker in use (SPEC §4.2)."""
     request_timeout_ms: int = 3_000
     """Deadline of a nameserver request and of a heartbeat's acknowledgement."""
+    security: ClientSecurity | None = None
+    """TLS files and access key (rocketq.client.security); None = the process default, which
+    the ROCKETQ_TLS_* / ROCKETQ_ACCESS_KEY environment sets."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "namesrv_addrs", tuple(parse_addrs(self.namesrv_addrs)))
@@ -150,8 +154,8 @@ class ProducerHandle(Protocol):
 class _Channel:
     """One channel to one address and the stubs over it."""
 
-    def __init__(self, addr: str) -> None:
-        self.channel = open_channel(addr)
+    def __init__(self, addr: str, security: ClientSecurity | None = None) -> None:
+        self.channel = open_channel(addr, security)
         self.messaging: messaging_pb2_grpc.MessagingAsyncStub = messaging_pb2_grpc.MessagingStub(
             self.channel
         )  # type: ignore[assignment]
@@ -348,7 +352,8 @@ class ClientInstance:
                 "ClientInstance.get must be called inside a running event loop (from a coroutine)"
             ) from None
         table = cls._registry.setdefault(loop, {})
-        key = (config.namesrv_addrs, config.client_id)
+        # clients with other credentials or TLS files must not share channels (sec)
+        key = (config.namesrv_addrs, config.client_id, config.security)
         inst = table.get(key)
         if inst is None:
             inst = cls(config)
@@ -359,7 +364,9 @@ class ClientInstance:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
         self.client_id = config.client_id
-        self.namesrv = NameServerClient(list(config.namesrv_addrs), config.request_timeout_ms)
+        self.namesrv = NameServerClient(
+            list(config.namesrv_addrs), config.request_timeout_ms, security=config.security
+        )
         self._registry_key: tuple[asyncio.AbstractEventLoop, tuple[object, ...]] | None = None
         self._users = 0
         self._closed = False
@@ -551,7 +558,7 @@ class ClientInstance:
         if ch is None:
             if self._closed:
                 raise RuntimeError("this ClientInstance is closed")
-            ch = self._channels[addr] = _Channel(addr)
+            ch = self._channels[addr] = _Channel(addr, self.config.security)
         return ch
 
     def messaging(self, addr: str) -> messaging_pb2_grpc.MessagingAsyncStub:

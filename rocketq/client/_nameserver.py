@@ -29,6 +29,7 @@ from rocketq.client.errors import (
     TopicNotFoundError,
     from_rpc_error,
 )
+from rocketq.client.security import ClientSecurity, transport_hint
 
 # Codes after which another nameserver may answer where this one did not.
 _SWITCH_CODES = frozenset(
@@ -81,8 +82,13 @@ class NameServerClient:
     """Asks the nameservers for routes, switching on failure or timeout (SPEC §2.5)."""
 
     def __init__(
-        self, addrs: Sequence[str] | str, timeout_ms: int = 3000, rng: random.Random | None = None
+        self,
+        addrs: Sequence[str] | str,
+        timeout_ms: int = 3000,
+        rng: random.Random | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
+        self.security = security
         self.chooser = NameServerChooser(parse_addrs(addrs), rng)
         self.timeout_ms = timeout_ms
         self._addr = ""
@@ -96,7 +102,7 @@ class NameServerClient:
     def _stub_for(self, addr: str) -> nameserver_pb2_grpc.NameServerAsyncStub:
         if self._stub is None or addr != self._addr:
             old = self._channel
-            self._channel = open_channel(addr)
+            self._channel = open_channel(addr, self.security)
             self._stub = nameserver_pb2_grpc.NameServerStub(self._channel)  # type: ignore[assignment]
             self._addr = addr
             if old is not None:
@@ -114,7 +120,8 @@ class NameServerClient:
             except grpc.RpcError as err:
                 if err.code() not in _SWITCH_CODES:
                     raise from_rpc_error(err, addr) from None
-                failures.append(f"{addr}: {err.code().name} {err.details() or ''}".strip())
+                text = err.details() or ""
+                failures.append(f"{addr}: {err.code().name} {text}{transport_hint(text)}".strip())
                 self.chooser.failed(addr)
         raise NameServerUnavailableError(
             "no nameserver answered (" + "; ".join(failures) + "); check namesrv_addrs and that "

@@ -116,6 +116,7 @@ from rocketq.client.errors import (
     RocketQError,
     from_rpc_error,
 )
+from rocketq.client.security import ClientSecurity, transport_hint
 from rocketq.message import ReceivedMessage
 from rocketq.validation import (
     check_group,
@@ -193,7 +194,13 @@ class Admin:
     Every call waits at most ``timeout_ms`` per request.
     """
 
-    def __init__(self, namesrv_addrs: Iterable[str] | str, timeout_ms: int = 5000) -> None:
+    def __init__(
+        self,
+        namesrv_addrs: Iterable[str] | str,
+        timeout_ms: int = 5000,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        self._security = security
         if isinstance(namesrv_addrs, str):
             namesrv_addrs = [namesrv_addrs]
         addrs = [a.strip() for s in namesrv_addrs for a in s.replace(",", ";").split(";")]
@@ -230,7 +237,7 @@ class Admin:
                 task = asyncio.ensure_future(self._channels.pop(oldest).close())
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
-            channel = open_channel(addr)
+            channel = open_channel(addr, self._security)
             self._channels[addr] = channel
         return channel
 
@@ -262,7 +269,8 @@ class Admin:
                 self._namesrv_index = (self._namesrv_index + 1) % n
         detail = last.details() if last is not None else ""
         raise NameServerUnavailableError(
-            f"no nameserver answered ({', '.join(self._namesrv_addrs)}): {detail}",
+            f"no nameserver answered ({', '.join(self._namesrv_addrs)}): {detail}"
+            f"{transport_hint(detail)}",
             code="UNAVAILABLE",
         )
 

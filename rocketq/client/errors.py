@@ -32,6 +32,7 @@ import grpc
 from grpc_status import rpc_status
 
 from rocketq._api.rocketq.v1 import common_pb2
+from rocketq.client.security import transport_hint
 
 
 class RocketQError(Exception):
@@ -180,6 +181,6 @@ def from_rpc_error(err: grpc.RpcError, target: str = "") -> RocketQError:
             cls = BrokerUnavailableError
     where = f" (from {target})" if target else ""
     if code == grpc.StatusCode.UNAVAILABLE and detail is None:
-        text = f"cannot reach {target or 'the server'}: {text}"
+        text = f"cannot reach {target or 'the server'}: {text}{transport_hint(text)}"
         where = ""
     return cls(f"{text}{where}", code=code.name, reason=reason, metadata=metadata, target=target)

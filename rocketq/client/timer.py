@@ -27,6 +27,7 @@ import grpc
 from rocketq._api.rocketq.v1 import timer_pb2, timer_pb2_grpc
 from rocketq.client._channels import open_channel
 from rocketq.client.errors import InvalidArgumentError, from_rpc_error
+from rocketq.client.security import ClientSecurity
 from rocketq.validation import check_topic
 
 __all__ = ["CancelledTimer", "TimerClient", "TimerQueueProgress", "TimerStats"]
@@ -137,7 +138,10 @@ class TimerClient:
     most ``timeout_ms``.
     """
 
-    def __init__(self, addr: str, timeout_ms: int = 5000) -> None:
+    def __init__(
+        self, addr: str, timeout_ms: int = 5000, security: ClientSecurity | None = None
+    ) -> None:
+        self._security = security
         addr = addr.strip()
         if not addr:
             raise InvalidArgumentError("no timer-wheel address given; pass host:port")
@@ -163,7 +167,7 @@ class TimerClient:
 
     def _stub(self) -> Any:
         if self._channel is None:
-            self._channel = open_channel(self._addr)
+            self._channel = open_channel(self._addr, self._security)
         return timer_pb2_grpc.TimerAdminStub(self._channel)
 
     async def _guard(self, call: Awaitable[_T]) -> _T:

@@ -28,6 +28,7 @@ from rocketq._api.rocketq.v1 import (
     nameserver_pb2,
     nameserver_pb2_grpc,
 )
+from rocketq.client.security import security_channel
 from services.broker.admin_common import require_master
 from services.broker.config import BrokerConfig
 from services.common.errors import invalid, not_found, unavailable
@@ -119,7 +120,7 @@ class ClusterFanout:
         """The first answer of the configured nameservers, asked in order."""
         errors: list[str] = []
         for addr in self.config.namesrv_addrs:
-            async with grpc.aio.insecure_channel(addr) as channel:
+            async with security_channel(addr, []) as channel:
                 stub = nameserver_pb2_grpc.NameServerStub(channel)
                 try:
                     info: nameserver_pb2.GetClusterInfoResponse = await stub.GetClusterInfo(
@@ -149,7 +150,7 @@ class ClusterFanout:
 
         if not addr:
             return failed(StatusCode.UNAVAILABLE, f"broker {name} has no live master (id 0)")
-        async with grpc.aio.insecure_channel(addr) as channel:
+        async with security_channel(addr, []) as channel:
             method = getattr(admin_pb2_grpc.AdminStub(channel), rpc_name)
             try:
                 response = await method(request, timeout=self.timeout_ms / 1000)

@@ -33,6 +33,7 @@ from rocketq import codec
 from rocketq.validation import MESSAGE_MAX_BYTES
 from services.common import config
 from services.common.config import Key, KeyTable, log_level_key, parse_addrs, parse_bool, parse_path
+from services.common.security.keys import security_keys
 from services.store.config import StoreConfig
 from services.store.flush import FlushDiskType
 
@@ -181,6 +182,13 @@ class BrokerConfig:
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
     mode ``broker_id`` changes at runtime (0 while this replica leads), ``replica_id`` never."""
     write_fence: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
+    # -- security (sec): TLS and ACL keys, services/common/security/settings.py --
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_client_auth: str = "none"
+    acl_enable: bool = False
+    acl_file: str = ""
     """Not a key: in controller mode, True only while this replica holds a valid leader lease;
     ``is_master`` is False whenever it is False, so a master that lost its lease (or woke from a
     pause longer than it) refuses writes at once."""
@@ -381,6 +389,7 @@ TABLE = KeyTable(
         Key("maxTransferCountOnMessageInMemory", "max_transfer_count_on_message_in_memory", int),
         Key("maxTransferBytesOnMessageInMemory", "max_transfer_bytes_on_message_in_memory", int),
         log_level_key(),
+        *security_keys(),  # sec
     ],
 )
 
@@ -408,6 +417,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "maxTransferCountOnMessageInMemory",
         "maxTransferBytesOnMessageInMemory",
         "logLevel",
+        *(k.name for k in security_keys()),  # sec: certificates reload by themselves
     }
 )
 

@@ -50,6 +50,7 @@ from pathlib import Path
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2, replication_pb2, replication_pb2_grpc
+from rocketq.client.security import security_channel
 from rocketq.validation import TIMER_TOPIC
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager, offset_key, split_key
@@ -359,7 +360,7 @@ class ConfigSync:
         if self._channel is None or addr != self._channel_addr:
             if self._channel is not None:
                 await self._channel.close()
-            self._channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+            self._channel = security_channel(addr, CHANNEL_OPTIONS)
             self._channel_addr = addr
         return self._channel
 

@@ -49,6 +49,7 @@ import grpc
 
 from rocketq import backoff
 from rocketq._api.rocketq.v1 import replication_pb2, replication_pb2_grpc
+from rocketq.client.security import security_channel
 from services.broker.config import BrokerConfig
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
@@ -313,7 +314,7 @@ class ReplicationClient:
     async def _use_channel(self, addr: str) -> None:
         if self._channel is not None:
             await self._channel.close()
-        self._channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+        self._channel = security_channel(addr, CHANNEL_OPTIONS)
         self.master_addr_in_use = addr
 
     async def _stream(self, addr: str) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import grpc
 
 from rocketq._api.rocketq.v1 import nameserver_pb2, nameserver_pb2_grpc
+from rocketq.client.security import security_channel
 from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class BrokerRegistrar:
     async def start(self) -> None:
         """Register with every nameserver now, then every period in a background task."""
         for addr in self.namesrv_addrs:
-            self._channels[addr] = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+            self._channels[addr] = security_channel(addr, CHANNEL_OPTIONS)
         await self._register_all()
         self._task = asyncio.create_task(self._run(), name="nameserver-registration")
 

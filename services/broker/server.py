@@ -56,6 +56,7 @@ from services.broker.transaction_half import TransactionIndex
 from services.common import grpc_server
 from services.common.bootstrap import ServiceSpec, run_service
 from services.common.clock import clock_from_env
+from services.common.security.settings import ServiceSecurity
 from services.store.message_store import MessageStore
 
 log = logging.getLogger("rocketq.broker")
@@ -71,7 +72,9 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.clock = clock_from_env()  # ROCKETQ_CLOCK_SPEED runs long delays fast in tests
-        self.server = grpc_server.create_server()
+        self.security = ServiceSecurity(config, "broker")  # sec: TLS and ACL
+        self.security.install_client_default()  # registration, replication, fan-out channels
+        self.server = grpc_server.create_server(self.security)
         self.advertised_addr = ""
         self.tasks: list[asyncio.Task[None]] = []
         self.stopped = asyncio.Event()
@@ -107,7 +110,7 @@ class Broker:
         appends. Then recover the store. Returns its config dir."""
         cfg = self.config
         health, port = grpc_server.finish_setup(
-            self.server, SERVICE_NAMES, f"{cfg.listen_host}:{cfg.listen_port}"
+            self.server, SERVICE_NAMES, f"{cfg.listen_host}:{cfg.listen_port}", self.security
         )
         self.health = health
         self.advertised_addr = f"{cfg.advertised_host}:{port}"

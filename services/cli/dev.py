@@ -57,6 +57,7 @@ from services.cli._children import (
     write_pids,
 )
 from services.cli.dev_ha import HaPorts, dev_up_ha
+from services.cli.dev_tls import dev_tls, tls_client_env
 from services.common.supervisor import Process
 
 
@@ -106,6 +107,8 @@ def dev() -> None:
 )
 @click.option("--etcd-port", type=int, default=0, show_default=True,
               help="With --ha: etcd client port; 0 = any free.")  # fmt: skip
+@click.option("--tls", is_flag=True,
+              help="Make a throwaway CA under DIR/tls; every port serves mutual TLS.")  # fmt: skip
 def dev_up(
     base: Path,
     namesrv_port: int,
@@ -121,6 +124,7 @@ def dev_up(
     ha: bool,
     replicas: int,
     etcd_port: int,
+    tls: bool,
 ) -> None:
     """Start a nameserver, a broker (and --slaves N slaves of it, or with --ha an etcd and
     --replicas N replicas that elect their master) and a timer-wheel with data under --dir,
@@ -132,6 +136,13 @@ def dev_up(
             f"stop it with: rocketq dev down --dir {base}"
         )
     with_timer = not no_timer
+    tls_sets: list[str] = []
+    if tls:  # sec: a throwaway CA, mutual TLS on every port
+        if ha:
+            raise click.UsageError("--tls is not available with --ha yet")
+        tls_sets = dev_tls(base)
+        overrides = (*overrides, *tls_sets)
+        timer_overrides = (*timer_overrides, *tls_sets)
     if ha:
         if slaves:
             raise click.UsageError("--slaves is for static roles; with --ha use --replicas N")
@@ -153,8 +164,9 @@ def dev_up(
     timer_args = _timer_args(base, timer_port, timer_overrides) if with_timer else None
     slave_args = [_slave_args(base, k, slave_port, overrides) for k in range(1, slaves + 1)]
     children = _start_all(
-        base, namesrv_port, broker_args, timer_args, demo=not no_demo, slave_args=slave_args
-    )
+        base, namesrv_port, broker_args, timer_args, demo=not no_demo, slave_args=slave_args,
+        namesrv_sets=tls_sets,
+    )  # fmt: skip
     ns, br = children[0], children[1]
     addrs = {c.name: c.addr for c in children}
     if detach:
@@ -163,6 +175,9 @@ def dev_up(
     _say_no_timer(with_timer)
     slave_addrs = [c.addr for c in children if c.name.startswith(SLAVE_PREFIX)]
     _summary(base, ns.addr, br.addr, addrs.get("timer", ""), detach, slave_addrs)
+    if tls:
+        click.echo(f"TLS: every port requires a client certificate; clients use\n"
+                   f"  export {tls_client_env(base)}")  # fmt: skip
     if not detach:
         supervise(children)
 
@@ -207,13 +222,17 @@ def _start_all(
     *,
     demo: bool,
     slave_args: list[list[str]] | None = None,
+    namesrv_sets: list[str] | None = None,
 ) -> list[Process]:
     """Nameserver, broker, its slaves, then (if ``timer_args``) the timer-wheel, each waited
     for by its ready file; then the demo round trip. On any failure, stop what started and
     re-raise."""
     children: list[Process] = []
     try:
-        ns = spawn("namesrv", ["--listen", f"127.0.0.1:{namesrv_port}"], base)
+        ns_args = ["--listen", f"127.0.0.1:{namesrv_port}"]
+        for item in namesrv_sets or []:
+            ns_args += ["--set", item]
+        ns = spawn("namesrv", ns_args, base)
         children.append(ns)
         children.append(spawn("broker", ["--set", f"namesrvAddr={ns.addr}", *broker_args], base))
         for k, args in enumerate(slave_args or [], start=1):

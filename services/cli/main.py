@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from rocketq.cli.main import cli as client_cli
+from services.cli.acl import acl
 from services.cli.dev import dev
 from services.cli.servers import SERVER_COMMANDS
 from services.cli.store import store
@@ -13,7 +14,7 @@ from services.cli.store import store
 
 def build() -> click.Group:
     """The whole ``rocketq`` group: every client command, then the servers, dev and store."""
-    for command in (*SERVER_COMMANDS, dev, store):
+    for command in (*SERVER_COMMANDS, dev, store, acl):
         client_cli.add_command(command)
     return client_cli
 

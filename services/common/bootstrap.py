@@ -122,6 +122,9 @@ def run_service(spec: ServiceSpec[C], argv: list[str] | None = None) -> int:
     logs.configure(spec.service, getattr(cfg, "log_level", "INFO"), **spec.log_context(cfg))
     try:
         asyncio.run(serve(lambda: spec.app(cfg), args.ready_file, spec.service))
+    except ConfigError as exc:  # found while starting: a TLS or ACL file that cannot be used
+        print(f"{spec.prog}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     except OSError as exc:
         log.error("%s cannot start: %s", spec.service, exc)
         return EXIT_START_FAILED

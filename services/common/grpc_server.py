@@ -9,12 +9,16 @@ RocketQ's own size check, not the transport, answers an oversized send with a cl
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.rpc_guard import DecodeGuard
+
+if TYPE_CHECKING:
+    from services.common.security.settings import ServiceSecurity
 
 #: Transport limit for requests and responses: a 4 MiB batch plus headroom for its framing.
 GRPC_MESSAGE_MAX_BYTES = 16 * 1024 * 1024
@@ -29,10 +33,12 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
-def create_server() -> grpc.aio.Server:
+def create_server(security: ServiceSecurity | None = None) -> grpc.aio.Server:
     """A server with RocketQ's transport options and the :class:`DecodeGuard` (undecodable
-    requests answered INVALID_ARGUMENT); add servicers, then :func:`finish_setup`."""
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeGuard()])
+    requests answered INVALID_ARGUMENT), then access control when ``security`` enables it;
+    add servicers, then :func:`finish_setup`."""
+    extra = security.interceptors() if security is not None else []  # sec: ACL
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeGuard(), *extra])
 
 
 class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]
@@ -61,9 +67,13 @@ class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]
 
 
 def finish_setup(
-    server: grpc.aio.Server, service_names: Iterable[str], listen: str
+    server: grpc.aio.Server,
+    service_names: Iterable[str],
+    listen: str,
+    security: ServiceSecurity | None = None,
 ) -> tuple[health.aio.HealthServicer, int]:
-    """Register health and reflection and bind ``listen`` ("host:port", port 0 = any free).
+    """Register health and reflection and bind ``listen`` ("host:port", port 0 = any free),
+    with TLS when ``security`` configures it.
 
     Returns the health servicer (to flip to NOT_SERVING on shutdown) and the bound port.
     """
@@ -73,7 +83,7 @@ def finish_setup(
     reflection.enable_server_reflection(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
-    port = server.add_insecure_port(listen)
+    port = security.add_port(server, listen) if security else server.add_insecure_port(listen)
     if port == 0:
         raise OSError(f"cannot listen on {listen}: the address is taken or not local")
     return health_servicer, port

@@ -5,6 +5,7 @@
 | listenAddress / listenPort  | 0.0.0.0 / 9876 | gRPC address; port 0 = any free           |
 | scanNotActiveBrokerInterval | 10000   | ms between scans that drop silent brokers        |
 | logLevel                    | INFO    | DEBUG, INFO, WARNING, ERROR, CRITICAL            |
+| tls*, acl*                  |         | TLS and ACL keys (services/common/security/keys) |
 
 Environment variables: ``ROCKETQ_NAMESERVER_<KEY>`` (``ROCKETQ_NAMESERVER_LISTENPORT``).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from services.common import config
 from services.common.config import Key, KeyTable, log_level_key
+from services.common.security.keys import security_keys
 
 DEFAULT_PORT = 9876
 DEFAULT_SCAN_INTERVAL_MS = 10_000
@@ -28,6 +30,13 @@ class NameServerConfig:
     listen_port: int = DEFAULT_PORT
     scan_interval_ms: int = DEFAULT_SCAN_INTERVAL_MS
     log_level: str = "INFO"
+    # -- security (sec): TLS and ACL keys, services/common/security/settings.py --
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_client_auth: str = "none"
+    acl_enable: bool = False
+    acl_file: str = ""
 
     @property
     def listen(self) -> str:
@@ -47,6 +56,7 @@ TABLE = KeyTable(
             low=1,
         ),
         log_level_key(),
+        *security_keys(),  # sec
     ],
 )
 

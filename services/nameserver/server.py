@@ -20,6 +20,7 @@ from rocketq._api.rocketq.v1 import nameserver_pb2, nameserver_pb2_grpc
 from services.common import grpc_server
 from services.common.bootstrap import ServiceSpec, advertised_host, run_service, split_listen
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.security.settings import ServiceSecurity
 from services.nameserver import config
 from services.nameserver.config import NameServerConfig
 from services.nameserver.route_table import RouteTable, log_removed
@@ -38,7 +39,8 @@ class NameServer:
     def __init__(self, cfg: NameServerConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         self.cfg = cfg
         self.table = RouteTable(clock)
-        self.server = grpc_server.create_server()
+        self.security = ServiceSecurity(cfg, "nameserver")  # sec: TLS and ACL
+        self.server = grpc_server.create_server(self.security)
         self.addr = ""
         self._scan: asyncio.Task[None] | None = None
 
@@ -46,7 +48,9 @@ class NameServer:
         cfg = self.cfg
         service = NameServerService(self.table)
         nameserver_pb2_grpc.add_NameServerServicer_to_server(service, self.server)
-        self.health, port = grpc_server.finish_setup(self.server, [SERVICE_NAME], cfg.listen)
+        self.health, port = grpc_server.finish_setup(
+            self.server, [SERVICE_NAME], cfg.listen, self.security
+        )
         await self.server.start()
         await grpc_server.set_serving(self.health, [SERVICE_NAME])
         self.addr = f"{advertised_host(cfg.listen_host)}:{port}"

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from services.common import config
 from services.common.config import Key, KeyTable, log_level_key, parse_addrs, parse_path
+from services.common.security.keys import security_keys
 
 DEFAULT_PORT = 10931
 POSITIVE = 1
@@ -59,6 +60,13 @@ class TimerConfig:
     pull_suspend_ms: int = 15_000
     """Long-poll hold of an empty pull (the call's deadline is 5 s longer)."""
     log_level: str = "INFO"
+    # -- security (sec): TLS and ACL keys, services/common/security/settings.py --
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_client_auth: str = "none"
+    acl_enable: bool = False
+    acl_file: str = ""
 
     @property
     def window_ms(self) -> int:
@@ -97,6 +105,7 @@ TABLE = KeyTable(
         _positive("timerRequestTimeoutMs", "request_timeout_ms"),
         _positive("timerPullSuspendMs", "pull_suspend_ms"),
         log_level_key(),
+        *security_keys(),  # sec
     ],
 )
 

@@ -29,6 +29,7 @@ from rocketq._api.rocketq.v1 import timer_pb2, timer_pb2_grpc
 from services.common import grpc_server
 from services.common.bootstrap import ServiceSpec, advertised_host, run_service, split_listen
 from services.common.clock import Clock, clock_from_env
+from services.common.security.settings import ServiceSecurity
 from services.timer_wheel import config as config_mod
 from services.timer_wheel.config import TimerConfig
 from services.timer_wheel.dequeue import BrokerSender, Dequeuer
@@ -50,7 +51,9 @@ class TimerWheel:
         self.clock = clock_from_env() if clock is None else clock
         self.store = TimerStore(cfg, self.clock)
         self.consumer = TimerConsumer(self.store, cfg)
-        self.server = grpc_server.create_server()
+        self.security = ServiceSecurity(cfg, "timer-wheel")  # sec: TLS and ACL
+        self.security.install_client_default()  # its consumer and producer sign and use TLS
+        self.server = grpc_server.create_server(self.security)
         self.dequeuer: Dequeuer | None = None
         self.hand: asyncio.Task[None] | None = None
         self.health: health.aio.HealthServicer | None = None
@@ -71,7 +74,9 @@ class TimerWheel:
         self.dequeuer = Dequeuer(store, sender, self.clock, cfg)
         admin = TimerAdminService(store, self.consumer, self.dequeuer)
         timer_pb2_grpc.add_TimerAdminServicer_to_server(admin, self.server)
-        self.health, port = grpc_server.finish_setup(self.server, [SERVICE_NAME], cfg.listen)
+        self.health, port = grpc_server.finish_setup(
+            self.server, [SERVICE_NAME], cfg.listen, self.security
+        )
         await self.server.start()
         admin.ready = True
         await grpc_server.set_serving(self.health, [SERVICE_NAME])

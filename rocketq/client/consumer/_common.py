@@ -31,6 +31,7 @@ from rocketq.client.errors import (
     SubscriptionInconsistentError,
     TopicNotFoundError,
 )
+from rocketq.client.security import ClientSecurity
 from rocketq.message import MessageQueue
 
 DEFAULT_INSTANCE_NAME = "DEFAULT"
@@ -55,6 +56,7 @@ def client_config(
     poll_name_server_interval_ms: int,
     heartbeat_broker_interval_ms: int,
     request_timeout_ms: int,
+    security: ClientSecurity | None = None,
 ) -> ClientConfig:
     """The ClientInstance settings of a consumer (SPEC §6.3 step 2)."""
     if message_model is MessageModel.CLUSTERING and instance_name == DEFAULT_INSTANCE_NAME:
@@ -66,6 +68,7 @@ def client_config(
         poll_name_server_interval_ms=poll_name_server_interval_ms,
         heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
         request_timeout_ms=request_timeout_ms,
+        security=security,
     )
 
 

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from rocketq.client.consumer.allocate import AllocateStrategy
+from rocketq.client.security import ClientSecurity
 from rocketq.message import MessageQueue, ReceivedMessage
 from rocketq.validation import check_group
 
@@ -295,6 +296,9 @@ class PushConsumerConfig:
     heartbeat_broker_interval_ms: int = 30_000
     """Heartbeat period to every broker in use."""
     request_timeout_ms: int = 3_000
+    security: ClientSecurity | None = None
+    """TLS files and access key (rocketq.client.security); None = the process default, which
+    the ROCKETQ_TLS_* / ROCKETQ_ACCESS_KEY environment sets."""
     """Timeout of non-held calls (offsets, consumer lists, send-back)."""
 
     def __post_init__(self) -> None:
@@ -392,6 +396,9 @@ class LitePullConsumerConfig:
     heartbeat_broker_interval_ms: int = 30_000
     """Heartbeat period to every broker in use."""
     request_timeout_ms: int = 3_000
+    security: ClientSecurity | None = None
+    """TLS files and access key (rocketq.client.security); None = the process default, which
+    the ROCKETQ_TLS_* / ROCKETQ_ACCESS_KEY environment sets."""
     """Timeout of non-held calls (offsets, consumer lists)."""
 
     def __post_init__(self) -> None:

@@ -238,6 +238,7 @@ class PushConsumer:
                 poll_name_server_interval_ms=cfg.poll_name_server_interval_ms,
                 heartbeat_broker_interval_ms=cfg.heartbeat_broker_interval_ms,
                 request_timeout_ms=cfg.request_timeout_ms,
+                security=cfg.security,
             )
         )
         self._instance = instance

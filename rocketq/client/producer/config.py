@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from rocketq.client._instance import ClientConfig, local_ip
 from rocketq.client._nameserver import parse_addrs
+from rocketq.client.security import ClientSecurity
 from rocketq.validation import AUTO_CREATE_TOPIC_KEY, MESSAGE_MAX_BYTES, check_group
 
 
@@ -51,6 +52,9 @@ class ProducerConfig:
     async_in_flight_max: int = 10_000
     """Async and oneway sends not yet finished; beyond this send_async raises
     ResourceExhaustedError (RocketMQ's backPressureForAsyncSendNum)."""
+    security: ClientSecurity | None = None
+    """TLS files and access key (rocketq.client.security); None = the process default, which
+    the ROCKETQ_TLS_* / ROCKETQ_ACCESS_KEY environment sets."""
 
     def __post_init__(self) -> None:
         check_group(self.group, "producer group")
@@ -80,6 +84,7 @@ class ProducerConfig:
             poll_name_server_interval_ms=self.poll_name_server_interval_ms,
             heartbeat_broker_interval_ms=self.heartbeat_broker_interval_ms,
             request_timeout_ms=self.request_timeout_ms,
+            security=self.security,
         )
 
 

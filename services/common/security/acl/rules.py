@@ -1,0 +1,96 @@
+"""What each RPC needs: nothing (health, reflection), a signed request from any user, the
+``admin`` or ``internal`` role, or a permission on the topics and groups its request names.
+
+A method of a RocketQ service missing from :data:`RULES` needs ``admin``: an RPC added later is
+closed until someone decides who may call it (default deny).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.security.acl.model import Perm
+
+Need = tuple[str, str, Perm]
+"""("topic" | "group", name, the permission needed)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    role: str  # "open" | "any" | "admin" | "internal"
+    needs: Callable[[Any], Iterator[Need]] | None = None
+
+
+OPEN = Rule("open")
+ANY = Rule("any")
+ADMIN = Rule("admin")
+INTERNAL = Rule("internal")
+OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+def _send(req: Any) -> Iterator[Need]:
+    for topic in {m.topic for m in req.messages}:
+        yield ("topic", topic, Perm.PUB)
+
+
+def _topic_sub(req: Any) -> Iterator[Need]:
+    yield ("topic", req.topic, Perm.SUB)
+
+
+def _group_sub(req: Any) -> Iterator[Need]:
+    yield ("group", req.consumer_group, Perm.SUB)
+
+
+def _topic_group_sub(req: Any) -> Iterator[Need]:
+    yield from _group_sub(req)
+    yield from _topic_sub(req)
+
+
+def _locks(req: Any) -> Iterator[Need]:
+    yield from _group_sub(req)
+    for topic in {q.topic for q in req.queues}:
+        yield ("topic", topic, Perm.SUB)
+
+
+_M = "/rocketq.v1.Messaging/"
+_N = "/rocketq.v1.NameServer/"
+RULES: dict[str, Rule] = {
+    _M + "Send": Rule("res", _send),
+    _M + "Pull": Rule("res", _topic_group_sub),
+    _M + "UpdateConsumerOffset": Rule("res", _topic_group_sub),
+    _M + "QueryConsumerOffset": Rule("res", _topic_group_sub),
+    _M + "GetMaxOffset": Rule("res", _topic_sub),
+    _M + "GetMinOffset": Rule("res", _topic_sub),
+    _M + "SearchOffsetByTimestamp": Rule("res", _topic_sub),
+    _M + "LockBatch": Rule("res", _locks),
+    _M + "UnlockBatch": Rule("res", _locks),
+    _M + "ConsumerSendBack": Rule("res", _group_sub),
+    _M + "GetConsumerIdList": Rule("res", _group_sub),
+    _M + "QueryMessageByKey": Rule("res", _topic_sub),
+    _M + "QueryMessageById": Rule("res", _topic_sub),
+    # The producer group of a transaction is not a permission of its own; the half message
+    # was only stored if the user could publish to its topic.
+    _M + "EndTransaction": ANY,
+    # One stream per client for heartbeats and pushed commands; what it subscribes to is
+    # checked where it pulls.
+    _M + "ClientStream": ANY,
+    _M + "ViewMessage": ADMIN,  # an offset id names no topic: any topic's message could be read
+    _N + "GetRouteInfoByTopic": ANY,
+    _N + "GetClusterInfo": ANY,
+    _N + "GetAllTopics": ANY,
+    _N + "RegisterBroker": INTERNAL,
+    _N + "UnregisterBroker": INTERNAL,
+    "/rocketq.v1.Replication/Stream": INTERNAL,
+    "/rocketq.v1.Replication/SyncConfig": INTERNAL,
+}
+
+
+def rule_for(method: str) -> Rule:
+    rule = RULES.get(method)
+    if rule is not None:
+        return rule
+    if method.startswith(OPEN_SERVICES):
+        return OPEN
+    return ADMIN  # Admin, TimerAdmin and anything added later
