@@ -258,6 +258,46 @@ def record_struct(
     return st
 
 
+# ---- sent batches (DESIGN.md §12): records as a producer encodes them ------------------------
+SENT_HEAD = struct.Struct(">" + _HEAD)
+"""TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG,
+BORNTIMESTAMP: what a broker reads of each record of a sent batch (``unpack_from``)."""
+_BEFORE_QUEUEID = len(_F_TOTALSIZE + _F_MAGIC + _F_BODYCRC)
+SENT_STAMP = struct.Struct(">" + _fixed_format(False, False)[1 + _BEFORE_QUEUEID :])
+"""QUEUEID through PREPARED TRANSACTION OFFSET of an IPv4 record: what the store writes into a
+sent record in place (``pack_into`` at :data:`OFFSET_QUEUEID`)."""
+assert OFFSET_QUEUEID + SENT_STAMP.size == FIXED_BYTES_V4
+_NO_HOST = b"\0\0\0\0"
+
+
+def encode_sent_record(
+    topic_bytes: bytes, body: bytes, properties: bytes, flag: int, sys_flag: int, born_ms: int
+) -> bytes:
+    """One record of a sent batch (SendRequest.records): the producer's fields filled, the
+    broker's zero. ``sys_flag`` may carry only SysFlag.COMPRESSED."""
+    st = record_struct(False, False, len(body), len(topic_bytes), len(properties))
+    return st.pack(
+        st.size, MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, sys_flag,
+        born_ms, _NO_HOST, 0, 0, _NO_HOST, 0, 0, 0,
+        len(body), body, len(topic_bytes), topic_bytes, len(properties), properties,
+    )  # fmt: skip
+
+
+def count_records(buf: bytes | memoryview) -> int:
+    """How many records ``buf`` holds, walking TOTALSIZE only (no checks: for a sender's own
+    batch)."""
+    n = pos = 0
+    end = len(buf)
+    unpack = _INT.unpack_from
+    while pos + 4 <= end:
+        (total,) = unpack(buf, pos)
+        if total <= 0:
+            break
+        pos += total
+        n += 1
+    return n
+
+
 def body_crc(body: bytes) -> int:
     """CRC32 of the body, masked to a non-negative Java int as RocketMQ stores it."""
     return zlib.crc32(body) & 0x7FFFFFFF
