@@ -326,8 +326,21 @@ class HostAddress:
         return len(self.ip) == 16
 
     def __str__(self) -> str:
-        ip = ipaddress.ip_address(self.ip)
-        return f"[{ip}]:{self.port}" if self.is_v6 else f"{ip}:{self.port}"
+        # Consumers turn two hosts of every pulled record into text, and a queue's records
+        # share a handful of hosts: remember them rather than ask ipaddress each time.
+        key = (self.ip, self.port)
+        text = _HOST_TEXT.get(key)
+        if text is None:
+            ip = ipaddress.ip_address(self.ip)
+            text = f"[{ip}]:{self.port}" if self.is_v6 else f"{ip}:{self.port}"
+            if len(_HOST_TEXT) >= _HOST_TEXT_MAX:
+                _HOST_TEXT.clear()
+            _HOST_TEXT[key] = text
+        return text
+
+
+_HOST_TEXT: dict[tuple[bytes, int], str] = {}
+_HOST_TEXT_MAX = 4096
 
 
 LOCALHOST = HostAddress(b"\x7f\x00\x00\x01", 0)

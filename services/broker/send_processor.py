@@ -70,6 +70,7 @@ from rocketq.validation import (
 from services.broker.config import BrokerConfig
 from services.broker.ha_tracker import HaWaiter, leadership_lost_error, sync_master_wait
 from services.broker.model import TopicConfig
+from services.broker.send_errors import store_call
 from services.broker.send_records import (
     BadBatch,
     ParsedBatch,
@@ -94,7 +95,7 @@ from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import ServiceError, denied, invalid, not_found
 from services.store.commitlog import AppendResult, MessageToStore, SentBatch, SentRecord
 from services.store.flush import FlushDiskType
-from services.store.message_store import MessageStore, StoreClosedError, StoreFullError
+from services.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -276,9 +277,9 @@ class SendProcessor:
         plan = self.build(request, peer)
         to_store, sent = plan.to_store, plan.sent
         if sent is not None:
-            results = _store_call(lambda: self.store.append_sent(sent), sent.topic)
+            results = store_call(lambda: self.store.append_sent(sent), sent.topic)
         elif to_store:
-            results = _store_call(lambda: self.store.append(to_store), to_store[0].topic)
+            results = store_call(lambda: self.store.append(to_store), to_store[0].topic)
         else:
             results = []
         if plan.sources:
@@ -730,38 +731,6 @@ def _answer_with_repeats(
             queue_id=qid,
             queue_offset=r.queue_offset,
         )
-
-
-def _store_call(append: Callable[[], list[AppendResult]], topic: str) -> list[AppendResult]:
-    """A store append with store exceptions turned into ServiceError."""
-    try:
-        return append()
-    except Exception as exc:
-        raise _service_error(exc, topic) from None
-
-
-def _service_error(exc: BaseException, topic: str) -> ServiceError:
-    """What the caller is told when the store refuses an append."""
-    if isinstance(exc, ServiceError):
-        return exc
-    if isinstance(exc, StoreFullError):
-        return ServiceError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED, common_pb2.DISK_FULL, str(exc), topic=topic
-        )
-    if isinstance(exc, StoreClosedError):
-        return ServiceError(
-            grpc.StatusCode.UNAVAILABLE, common_pb2.SERVICE_NOT_AVAILABLE, str(exc), topic=topic
-        )
-    if isinstance(exc, ValueError):  # MessageTooLarge: a record larger than a commitlog file
-        return ServiceError(
-            grpc.StatusCode.INVALID_ARGUMENT, common_pb2.MESSAGE_TOO_LARGE, str(exc), topic=topic
-        )
-    log.error("store append failed", exc_info=exc)
-    return ServiceError(
-        grpc.StatusCode.INTERNAL,
-        common_pb2.ERROR_REASON_UNSPECIFIED,
-        f"store append failed: {type(exc).__name__}: {exc}",
-    )
 
 
 def _max_reconsume(request: messaging_pb2.SendRequest, is_retry: bool) -> str | None:
