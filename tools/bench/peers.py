@@ -129,18 +129,28 @@ def table(rows: list[Phases], peers: set[str]) -> str:
     best_p = max((r.produce_tps for r in peer_rows), default=0.0)
     best_c = max((r.consume_tps for r in peer_rows), default=0.0)
     best_l = min((r.p99_ms for r in peer_rows if r.p99_ms > 0), default=0.0)
-    head = (
-        f"| {'system (mode)':<36} | produce msgs/s (vs best peer) | consume msgs/s (vs best) "
-        "| sync send p50 / p99 ms (p99 vs best) |"
-    )
-    lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
-    for r in rows:
-        lines.append(
-            f"| {r.name:<36} | {r.produce_tps:>10,.0f} ({_ratio(r.produce_tps, best_p, True)})"
-            f"{'':>11} | {r.consume_tps:>10,.0f} ({_ratio(r.consume_tps, best_c, True)})"
-            f"{'':>6} | {r.p50_ms:6.3f} / {r.p99_ms:6.3f} ({_ratio(r.p99_ms, best_l, False)})"
-            f"{'':>9} |"
-        )
+    head = [
+        "system (mode)",
+        "produce msgs/s (vs best peer)",
+        "consume msgs/s (vs best peer)",
+        "sync send p50 / p99 ms (p99 vs best peer)",
+    ]
+    cells = [
+        [
+            r.name,
+            f"{r.produce_tps:,.0f} ({_ratio(r.produce_tps, best_p, True).strip()})",
+            f"{r.consume_tps:,.0f} ({_ratio(r.consume_tps, best_c, True).strip()})",
+            f"{r.p50_ms:.3f} / {r.p99_ms:.3f} ({_ratio(r.p99_ms, best_l, False).strip()})",
+        ]
+        for r in rows
+    ]
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
+
+    def line(c: list[str]) -> str:
+        return "| " + " | ".join(x.ljust(w) for x, w in zip(c, widths, strict=True)) + " |"
+
+    lines = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += [line(c) for c in cells]
     notes = [f"  {r.name}: {r.note}" for r in rows if r.note]
     return "\n".join(lines + notes)
 
