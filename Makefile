@@ -6,6 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup demo demo-store check lint fmt typecheck test test-unit bench gen-protos verify-protos clean
+.PHONY: bench-peers
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
@@ -58,6 +59,12 @@ bench: setup  ## storage and messaging benchmarks; figures are printed, never as
 	$(PY) -m tools.bench.replication_bench
 	$(PY) -m tools.bench.failover_bench
 	$(PY) -m tools.bench.security_bench
+
+# perf: RocketQ beside Redis / NATS / RabbitMQ (Debian packages, installed by peers.py when
+# missing); never in CI. ARGS=--quick for short phases.
+bench-peers: setup  ## RocketQ side by side with Redis Streams, NATS JetStream, RabbitMQ
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m tools.bench.peers $(ARGS)
 
 gen-protos: setup  ## regenerate rocketq/_api from proto/
 	$(PY) tools/gen_protos.py

@@ -45,6 +45,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from rocketq.java_hash import java_string_hash
 
@@ -258,6 +259,46 @@ def record_struct(
     return st
 
 
+# ---- sent batches (DESIGN.md §12): records as a producer encodes them ------------------------
+SENT_HEAD = struct.Struct(">" + _HEAD)
+"""TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG,
+BORNTIMESTAMP: what a broker reads of each record of a sent batch (``unpack_from``)."""
+_BEFORE_QUEUEID = len(_F_TOTALSIZE + _F_MAGIC + _F_BODYCRC)
+SENT_STAMP = struct.Struct(">" + _fixed_format(False, False)[1 + _BEFORE_QUEUEID :])
+"""QUEUEID through PREPARED TRANSACTION OFFSET of an IPv4 record: what the store writes into a
+sent record in place (``pack_into`` at :data:`OFFSET_QUEUEID`)."""
+assert OFFSET_QUEUEID + SENT_STAMP.size == FIXED_BYTES_V4
+_NO_HOST = b"\0\0\0\0"
+
+
+def encode_sent_record(
+    topic_bytes: bytes, body: bytes, properties: bytes, flag: int, sys_flag: int, born_ms: int
+) -> bytes:
+    """One record of a sent batch (SendRequest.records): the producer's fields filled, the
+    broker's zero. ``sys_flag`` may carry only SysFlag.COMPRESSED."""
+    st = record_struct(False, False, len(body), len(topic_bytes), len(properties))
+    return st.pack(
+        st.size, MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, sys_flag,
+        born_ms, _NO_HOST, 0, 0, _NO_HOST, 0, 0, 0,
+        len(body), body, len(topic_bytes), topic_bytes, len(properties), properties,
+    )  # fmt: skip
+
+
+def count_records(buf: bytes | memoryview) -> int:
+    """How many records ``buf`` holds, walking TOTALSIZE only (no checks: for a sender's own
+    batch)."""
+    n = pos = 0
+    end = len(buf)
+    unpack = _INT.unpack_from
+    while pos + 4 <= end:
+        (total,) = unpack(buf, pos)
+        if total <= 0:
+            break
+        pos += total
+        n += 1
+    return n
+
+
 def body_crc(body: bytes) -> int:
     """CRC32 of the body, masked to a non-negative Java int as RocketMQ stores it."""
     return zlib.crc32(body) & 0x7FFFFFFF
@@ -286,11 +327,28 @@ class HostAddress:
         return len(self.ip) == 16
 
     def __str__(self) -> str:
-        ip = ipaddress.ip_address(self.ip)
-        return f"[{ip}]:{self.port}" if self.is_v6 else f"{ip}:{self.port}"
+        return host_text(self.ip, self.port)
+
+
+_HOST_TEXT: dict[tuple[bytes, int], str] = {}
+_HOST_TEXT_MAX = 4096
 
 
 LOCALHOST = HostAddress(b"\x7f\x00\x00\x01", 0)
+
+
+def host_text(ip: bytes, port: int) -> str:
+    """``str(HostAddress(ip, port))``, remembered: consumers turn two hosts of every pulled
+    record into text, and a queue's records share a handful of hosts."""
+    key = (ip, port)
+    text = _HOST_TEXT.get(key)
+    if text is None:
+        addr = ipaddress.ip_address(ip)
+        text = f"[{addr}]:{port}" if len(ip) == 16 else f"{addr}:{port}"
+        if len(_HOST_TEXT) >= _HOST_TEXT_MAX:
+            _HOST_TEXT.clear()
+        _HOST_TEXT[key] = text
+    return text
 
 
 # ---- properties -----------------------------------------------------------------------------
@@ -323,6 +381,11 @@ def decode_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
 
 
 # ---- message ids ----------------------------------------------------------------------------
+def offset_msg_id_of(ip: bytes, port: int, physical_offset: int) -> str:
+    """:func:`encode_offset_msg_id` from the raw store host fields."""
+    return (ip + _INT.pack(port) + _LONG.pack(physical_offset)).hex().upper()
+
+
 def encode_offset_msg_id(store_host: HostAddress, physical_offset: int) -> str:
     """The "offset message id": store host IP + port + physical offset, as upper-case hex."""
     return (store_host.ip + _INT.pack(store_host.port) + _LONG.pack(physical_offset)).hex().upper()
@@ -675,6 +738,40 @@ def iter_records(buf: bytes | memoryview, *, check_crc: bool = True) -> Iterator
         rec = decode_record(buf, pos, check_crc=check_crc)
         pos += rec.total_size
         yield rec
+
+
+def iter_record_parts(
+    buf: bytes | memoryview, *, check_crc: bool = True
+) -> Iterator[tuple[tuple[Any, ...], bytes, str, dict[str, str], int]]:
+    """Like :func:`iter_records`, without building a :class:`Record`: per record the fixed
+    fields as unpacked (TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET,
+    SYSFLAG, BORNTIMESTAMP, born ip, born port, STORETIMESTAMP, store ip, store port,
+    RECONSUMETIMES, PREPARED TRANSACTION OFFSET), body, topic, properties and TOTALSIZE. The
+    same checks as :func:`decode_record`; for a consumer's hot loop."""
+    pos = 0
+    end = len(buf)
+    fixed = _FIXED
+    while pos < end:
+        total, sys_flag = _check_head(buf, pos)
+        try:
+            body_at, body_end, topic_at, topic_end, props_at = record_spans(
+                buf, pos, total, sys_flag
+            )
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"at {pos}: {exc}") from None
+        f = fixed[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
+        fields = f.unpack_from(buf, pos)
+        body = bytes(buf[body_at:body_end])
+        if check_crc and zlib.crc32(body) & 0x7FFFFFFF != fields[2]:
+            raise CorruptRecord(
+                f"at {pos}: body CRC mismatch (stored {fields[2]}, computed {body_crc(body)})"
+            )
+        try:
+            topic = bytes(buf[topic_at:topic_end]).decode()
+        except UnicodeDecodeError:
+            raise CorruptRecord(f"at {pos}: topic is not UTF-8") from None
+        yield fields, body, topic, decode_properties(buf[props_at : pos + total]), total
+        pos += total
 
 
 def tags_hash(tags: str) -> int:

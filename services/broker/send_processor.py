@@ -47,7 +47,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, NoReturn
 from urllib.parse import unquote
@@ -70,6 +70,14 @@ from rocketq.validation import (
 from services.broker.config import BrokerConfig
 from services.broker.ha_tracker import HaWaiter, leadership_lost_error, sync_master_wait
 from services.broker.model import TopicConfig
+from services.broker.send_errors import store_call
+from services.broker.send_records import (
+    BadBatch,
+    ParsedBatch,
+    as_messages,
+    needs_slow_path,
+    parse,
+)
 from services.broker.timer_put import (
     DELAY_PROPERTIES,
     DelayError,
@@ -85,9 +93,9 @@ from services.broker.topic_config_manager import TopicConfigManager
 from services.broker.transaction_half import TransactionIndex, half_message
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import ServiceError, denied, invalid, not_found
-from services.store.commitlog import AppendResult, MessageToStore
+from services.store.commitlog import AppendResult, MessageToStore, SentBatch, SentRecord
 from services.store.flush import FlushDiskType
-from services.store.message_store import MessageStore, StoreClosedError, StoreFullError
+from services.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +224,8 @@ class SendPlan:
     """Commitlog end of the repeats' first stores: the answer waits for their flush too."""
     half: bool = False
     """The one message is a transactional half message (stored in the half topic)."""
+    sent: SentBatch | None = None
+    """The request's records, checked, to store as they came (instead of ``to_store``)."""
 
     def repeat_of(self, position: int, source: str, dedup: RePutDedup) -> bool:
         """Whether ``source`` was stored before (or earlier in this request); if so the
@@ -265,8 +275,13 @@ class SendProcessor:
     ) -> messaging_pb2.SendResponse:
         """Validate, store and answer one Send; raises ServiceError for a refused request."""
         plan = self.build(request, peer)
-        to_store = plan.to_store
-        results = _store_call(self.store.append, to_store) if to_store else []
+        to_store, sent = plan.to_store, plan.sent
+        if sent is not None:
+            results = store_call(lambda: self.store.append_sent(sent), sent.topic)
+        elif to_store:
+            results = store_call(lambda: self.store.append(to_store), to_store[0].topic)
+        else:
+            results = []
         if plan.sources:
             self._remember_sources(plan, results, request.queue_id)
         if plan.half and results:  # same loop step as the append: the check service sees it
@@ -343,11 +358,29 @@ class SendProcessor:
                 f"broker {cfg.broker_name} is not writable (brokerPermission "
                 f"{cfg.broker_permission})"
             )
+        if request.records:
+            return self._build_sent(request, peer)
         messages = request.messages
         count = len(messages)
         if count == 0:
             invalid(common_pb2.ILLEGAL_ARGUMENT, "the request holds no message; send at least one")
         topic = messages[0].topic
+        self._check_target(request, topic)
+        sys_flag = request.sys_flag
+        if sys_flag & ~_PRODUCER_SYS_FLAGS & 0xFF or sys_flag & SysFlag.TRANSACTION_MASK not in (
+            0,
+            SysFlag.TRANSACTION_PREPARED,
+        ):
+            invalid(
+                common_pb2.ILLEGAL_ARGUMENT,
+                f"sys_flag 0x{sys_flag:x}: a producer may set only 0x1 (compressed) and 0x4 "
+                "(transactional half message)",
+            )
+        transactional = bool(sys_flag & SysFlag.TRANSACTION_PREPARED)
+        return self._build_messages(request, topic, peer, transactional)
+
+    def _check_target(self, request: messaging_pb2.SendRequest, topic: str) -> None:
+        """The topic (auto-created if allowed), its permission and queue, the group's name."""
         topic_cfg = self._topic_config(topic, request)
         if not is_writeable(topic_cfg.perm):
             denied(f"topic {topic} is not writable (perm {topic_cfg.perm})", topic=topic)
@@ -362,18 +395,72 @@ class SendProcessor:
             _check(check_group, request.producer_group, "producer group")
         if request.reconsume_times < 0:
             invalid(common_pb2.ILLEGAL_ARGUMENT, "reconsume_times must not be negative")
-        sys_flag = request.sys_flag
-        if sys_flag & ~_PRODUCER_SYS_FLAGS & 0xFF or sys_flag & SysFlag.TRANSACTION_MASK not in (
-            0,
-            SysFlag.TRANSACTION_PREPARED,
+
+    def _build_sent(self, request: messaging_pb2.SendRequest, peer: str) -> SendPlan:
+        """The plan of a batch sent as records (send_records.py): checked whole, then stored
+        as it came, or, when a record needs the per-message rules, turned into messages."""
+        if request.messages:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, "set messages or records, not both")
+        try:
+            batch = parse(request.records)
+        except BadBatch as exc:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, f"records: {exc}")
+        topic = batch.topic
+        self._check_target(request, topic)
+        host = self._born_host(peer)
+        if (
+            host.is_v6
+            or self.store.config.store_host.is_v6
+            or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+            or needs_slow_path(batch, _CHECKED_PROPERTIES)
         ):
-            invalid(
-                common_pb2.ILLEGAL_ARGUMENT,
-                f"sys_flag 0x{sys_flag:x}: a producer may set only 0x1 (compressed) and 0x4 "
-                "(transactional half message)",
-            )
-        transactional = bool(sys_flag & SysFlag.TRANSACTION_PREPARED)
-        return self._build_messages(request, topic, peer, transactional)
+            return self._build_sent_as_messages(request, batch, peer)
+        records = batch.records
+        count = len(records)
+        limit = self.config.max_message_size_bytes
+        tags_hash = codec.tags_hash
+        topic_len = len(topic)
+        total = 0
+        wait = False
+        entries: list[SentRecord] = []
+        uniq_keys: list[str] = []
+        for i, r in enumerate(records):
+            props = r.props
+            total += topic_len + r.body_end - r.body_at + len(r.properties)
+            if total > limit:
+                _too_large(limit, count, i, topic)
+            if props.get(Prop.WAIT_STORE_MSG_OK) != "false":
+                wait = True
+            uniq = props[Prop.UNIQ_KEY]
+            entries.append(
+                SentRecord(
+                    r.pos, r.size, r.flag, r.sys_flag, r.born_timestamp_ms,
+                    tags_hash(props.get(Prop.TAGS, "")), props.get(Prop.KEYS, ""), uniq,
+                )
+            )  # fmt: skip
+            uniq_keys.append(uniq)
+        sent = SentBatch(
+            topic, request.queue_id, bytearray(request.records), entries, host,
+            request.reconsume_times,
+        )  # fmt: skip
+        return SendPlan([], uniq_keys, wait, sent=sent)
+
+    def _build_sent_as_messages(
+        self, request: messaging_pb2.SendRequest, batch: ParsedBatch, peer: str
+    ) -> SendPlan:
+        """The ordinary per-message path for records that need it (delays, transactions,
+        re-puts, retries, reserved properties, a missing UNIQ_KEY, IPv6 hosts)."""
+        try:
+            messages, sys_flag = as_messages(batch, request.records)
+        except BadBatch as exc:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, f"records: {exc}")
+        slow = messaging_pb2.SendRequest()
+        slow.CopyFrom(request)
+        slow.ClearField("records")
+        slow.messages.extend(messages)
+        slow.sys_flag = sys_flag
+        slow.born_timestamp_ms = batch.records[0].born_timestamp_ms
+        return self.build(slow, peer)
 
     def _build_messages(
         self, request: messaging_pb2.SendRequest, topic: str, peer: str, transactional: bool
@@ -644,42 +731,6 @@ def _answer_with_repeats(
             queue_id=qid,
             queue_offset=r.queue_offset,
         )
-
-
-def _store_call(
-    append: Callable[[Sequence[MessageToStore]], list[AppendResult]],
-    messages: Sequence[MessageToStore],
-) -> list[AppendResult]:
-    """``store.append`` with store exceptions turned into ServiceError."""
-    try:
-        return append(messages)
-    except Exception as exc:
-        raise _service_error(exc, messages) from None
-
-
-def _service_error(exc: BaseException, messages: Sequence[MessageToStore]) -> ServiceError:
-    """What the caller is told when the store refuses an append."""
-    topic = messages[0].topic if messages else ""
-    if isinstance(exc, ServiceError):
-        return exc
-    if isinstance(exc, StoreFullError):
-        return ServiceError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED, common_pb2.DISK_FULL, str(exc), topic=topic
-        )
-    if isinstance(exc, StoreClosedError):
-        return ServiceError(
-            grpc.StatusCode.UNAVAILABLE, common_pb2.SERVICE_NOT_AVAILABLE, str(exc), topic=topic
-        )
-    if isinstance(exc, ValueError):  # MessageTooLarge: a record larger than a commitlog file
-        return ServiceError(
-            grpc.StatusCode.INVALID_ARGUMENT, common_pb2.MESSAGE_TOO_LARGE, str(exc), topic=topic
-        )
-    log.error("store append failed", exc_info=exc)
-    return ServiceError(
-        grpc.StatusCode.INTERNAL,
-        common_pb2.ERROR_REASON_UNSPECIFIED,
-        f"store append failed: {type(exc).__name__}: {exc}",
-    )
 
 
 def _max_reconsume(request: messaging_pb2.SendRequest, is_retry: bool) -> str | None:

@@ -59,6 +59,35 @@ class MessageToStore:
     prepared_transaction_offset: int = 0
 
 
+@dataclass(slots=True)
+class SentBatch:
+    """A batch the producer encoded as records (DESIGN.md §12), checked by the broker: the
+    store stamps its fields in place and appends the bytes as they are.
+
+    Every record is an IPv4 record of ``topic``; ``records`` is the request's buffer (copied
+    once into a bytearray by the caller), ``entries`` one :class:`SentRecord` per record."""
+
+    topic: str
+    queue_id: int
+    records: bytearray
+    entries: list[SentRecord]
+    born_host: HostAddress
+    reconsume_times: int = 0
+
+
+class SentRecord(NamedTuple):
+    """Where one record of a :class:`SentBatch` lies and what dispatch needs of it."""
+
+    pos: int
+    size: int
+    flag: int
+    sys_flag: int
+    born_timestamp_ms: int
+    tags_code: int
+    keys: str
+    uniq_key: str
+
+
 class AppendResult(NamedTuple):
     """Where one message landed. A tuple: one is built per message on the hot path."""
 
@@ -130,7 +159,7 @@ class CommitLog:
         file with a BLANK and go on in the next. One writer, so offsets are dense."""
         requests: list[DispatchRequest] = []
         mf = self.files.writable_file(self.files.max_offset())
-        pending: list[bytes] = []
+        pending: list[bytes | memoryview] = []
         pending_bytes = 0
         offsets = self.queue_offsets
         host, store_v6 = self.store_host, self.store_host.is_v6
@@ -192,6 +221,71 @@ class CommitLog:
         self._write_pending(mf, pending, requests)
         return requests
 
+    def append_sent(self, batch: SentBatch) -> tuple[list[AppendResult], list[DispatchRequest]]:
+        """Append a producer-encoded batch: stamp queue id, offsets, hosts and times into each
+        record in place and write the bytes with one copy per file they land in (a record never
+        spans two files). Same contract as :meth:`append_batch`."""
+        if self.store_host.is_v6 or batch.born_host.is_v6:
+            raise ValueError("sent batches are IPv4 records; the caller re-encodes for IPv6")
+        limit = self.file_size_bytes - END_FILE_MIN_BLANK_BYTES
+        for e in batch.entries:
+            if e.size > limit:
+                raise MessageTooLarge(
+                    f"a {e.size}-byte record cannot fit a {self.file_size_bytes}-byte "
+                    "commitlog file"
+                )
+        now = max(self.clock.now_ms(), self.last_store_timestamp_ms)
+        self.last_store_timestamp_ms = now
+        requests = self._stamp_and_write(batch, now)
+        failpoints.inject("commitlog_after_append")
+        host = self.store_host
+        results = [
+            AppendResult(r.commitlog_offset, r.msg_size, r.queue_offset, now, host)
+            for r in requests
+        ]
+        return results, requests
+
+    def _stamp_and_write(self, batch: SentBatch, now: int) -> list[DispatchRequest]:
+        """The loop of :meth:`append_sent`: one ``pack_into`` per record, offsets dense."""
+        requests: list[DispatchRequest] = []
+        buf, topic, qid = batch.records, batch.topic, batch.queue_id
+        view = memoryview(buf)
+        mf = self.files.writable_file(self.files.max_offset())
+        pending: list[bytes | memoryview] = []  # one slice of buf: records are contiguous
+        first = 0
+        pending_bytes = 0
+        key = (topic, qid)
+        offsets = self.queue_offsets
+        qoff = offsets.get(key, 0)
+        stamp, at = codec.SENT_STAMP.pack_into, codec.OFFSET_QUEUEID
+        born_ip, born_port = batch.born_host.ip, batch.born_host.port
+        store_ip, store_port = self.store_host.ip, self.store_host.port
+        reconsume = batch.reconsume_times
+        for e in batch.entries:
+            pos, size = e.pos, e.size
+            if size + END_FILE_MIN_BLANK_BYTES > mf.free_bytes - pending_bytes:
+                pending[:] = [view[first:pos]] if pos > first else []
+                offsets[key] = qoff  # _roll gives offsets back from requests on a full disk
+                mf, pending_bytes, first = self._roll(mf, pending, requests), 0, pos
+            phys = PhysicalOffset(mf.file_from_offset + mf.wrote_position + pending_bytes)
+            stamp(
+                buf, pos + at, qid, e.flag, qoff, phys, e.sys_flag, e.born_timestamp_ms or now,
+                born_ip, born_port, now, store_ip, store_port, reconsume, 0,
+            )  # fmt: skip
+            pending_bytes += size
+            requests.append(
+                DispatchRequest(
+                    topic, qid, phys, size, e.tags_code, now, QueueOffset(qoff), e.keys,
+                    e.uniq_key, e.sys_flag, 0,
+                )
+            )  # fmt: skip
+            qoff += 1
+        offsets[key] = qoff
+        if pending_bytes:
+            pending[:] = [view[first : first + pending_bytes]]
+        self._write_pending(mf, pending, requests)
+        return requests
+
     def _encode_topics(self, messages: Sequence[MessageToStore]) -> list[bytes]:
         """Every message's topic as bytes, after checking that every record fits a file
         (:class:`MessageTooLarge` otherwise: the batch is refused before anything is assigned)."""
@@ -209,7 +303,7 @@ class CommitLog:
         return encoded_topics
 
     def _roll(
-        self, mf: MappedFile, pending: list[bytes], requests: list[DispatchRequest]
+        self, mf: MappedFile, pending: list[bytes | memoryview], requests: list[DispatchRequest]
     ) -> MappedFile:
         """Seal ``mf`` (write and clear ``pending``, then a BLANK) and return the next file."""
         try:
@@ -221,12 +315,12 @@ class CommitLog:
         return self.files.writable_file()
 
     def _write_pending(
-        self, mf: MappedFile, pending: list[bytes], requests: list[DispatchRequest]
+        self, mf: MappedFile, pending: list[bytes | memoryview], requests: list[DispatchRequest]
     ) -> None:
         """Write the batch's last records into ``mf``; on a full disk give the offsets back."""
         if pending:
             try:
-                mf.append(b"".join(pending))
+                mf.append(_joined(pending))
             except DiskFullError:
                 self.unassign_queue_offsets(requests)
                 raise
@@ -244,10 +338,10 @@ class CommitLog:
             else:
                 offsets.pop((r.topic, r.queue_id), None)
 
-    def _seal(self, mf: MappedFile, pending: list[bytes]) -> None:
+    def _seal(self, mf: MappedFile, pending: list[bytes | memoryview]) -> None:
         """Write what is pending, then fill the file's tail with a BLANK record."""
         if pending:
-            mf.append(b"".join(pending))
+            mf.append(_joined(pending))
         remaining = mf.free_bytes
         blank = bytearray(remaining)
         _BLANK_HEAD.pack_into(blank, 0, remaining, BLANK_MAGIC)
@@ -335,3 +429,8 @@ class CommitLog:
     def close(self) -> None:
         self.warmer.stop()
         self.files.close()
+
+
+def _joined(pending: list[bytes | memoryview]) -> bytes | memoryview:
+    """The pending records as one buffer: a lone slice is written as it is (no extra copy)."""
+    return pending[0] if len(pending) == 1 else b"".join(pending)

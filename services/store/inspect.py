@@ -209,7 +209,7 @@ def verify(layout: StoreLayout, *, max_problems: int = 1000) -> VerifyReport:
     return report
 
 
-_Rec = tuple[str, int, int, int, str]  # topic, queue id, queue offset, size, keys+uniq
+_Rec = tuple[str, int, int, int, str, str]  # topic, queue id, queue offset, size, keys, uniq
 
 
 def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> tuple[dict[int, _Rec], set[int]]:
@@ -229,7 +229,8 @@ def _verify_commitlog(cl: CommitLog, report: VerifyReport) -> tuple[dict[int, _R
             rec.queue_id,
             rec.queue_offset,
             item.size,
-            f"{rec.keys} {rec.uniq_key}",
+            rec.keys,
+            rec.uniq_key,
         )
         if rec.sys_flag & TRANSACTION_MASK in NOT_QUEUED:
             unqueued.add(item.offset)  # half / rollback records have no unit, by design
@@ -299,7 +300,7 @@ def _verify_queues(
         report.deleted_topic_records = len(deleted)
         missing = [phys for phys in missing if records[phys][0] in live_topics]
     for phys in missing[:20]:
-        t, q, qo, _s, _k = records[phys]
+        t, q, qo, _s, _k, _u = records[phys]
         problems.append(f"commitlog {phys}: {t}/{q} offset {qo} is in no consume queue unit")
     if len(missing) > 20:
         problems.append(f"… and {len(missing) - 20} more records missing from consume queues")
@@ -318,7 +319,10 @@ def _verify_index(
         if rec is None:
             report.problems.append(f"{where}: points at {off}, which is not a record start")
             continue
-        hashes = {index_key_hash(f"{rec[0]}#{k}") for k in rec[4].split(" ") if k}
+        # As index_keys_of indexes them: the unique key whole (it may hold a space), then
+        # each KEYS key.
+        keys = [k for k in rec[4].split(" ") if k] + ([rec[5]] if rec[5] else [])
+        hashes = {index_key_hash(f"{rec[0]}#{k}") for k in keys}
         if entry["key_hash"] not in hashes:
             report.problems.append(f"{where}: key hash matches no key of the record at {off}")
 

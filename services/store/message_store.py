@@ -23,7 +23,7 @@ from rocketq import codec
 from services.common.atomic_write import fsync_dir
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.store.checkpoint import Checkpoint
-from services.store.commitlog import AppendResult, CommitLog, MessageToStore
+from services.store.commitlog import AppendResult, CommitLog, MessageToStore, SentBatch
 from services.store.config import StoreConfig
 from services.store.consume_queue import CQ_UNIT, CQ_UNIT_BYTES, PRE_BLANK_SIZE
 from services.store.consume_queue_store import ConsumeQueueStore
@@ -276,6 +276,17 @@ class MessageStore:
     # -- writes ----------------------------------------------------------------------------
     def append(self, messages: Sequence[MessageToStore]) -> list[AppendResult]:
         """Append and dispatch; durable per the flush policy only after :meth:`put`'s wait."""
+        return self._append(lambda: self.commitlog.append_batch(messages), len(messages))
+
+    def append_sent(self, batch: SentBatch) -> list[AppendResult]:
+        """:meth:`append` for a producer-encoded batch (stamped in place, DESIGN.md §12)."""
+        return self._append(lambda: self.commitlog.append_sent(batch), len(batch.entries))
+
+    def _append(
+        self,
+        append: Callable[[], tuple[list[AppendResult], list[DispatchRequest]]],
+        count: int,
+    ) -> list[AppendResult]:
         if not self._open:
             raise StoreClosedError("the store is not open; the broker is starting or stopping")
         if not self.retention.writable:
@@ -287,12 +298,12 @@ class MessageStore:
         start = self.commitlog.max_offset
         requests: list[DispatchRequest] = []
         try:
-            results, requests = self.commitlog.append_batch(messages)  # undoes its own offsets
+            results, requests = append()  # undoes its own offsets
             self.dispatcher.dispatch(requests)
         except DiskFullError as exc:
             self.replica.truncate(start, self.queues)  # bytes, units and index entries
             self.commitlog.unassign_queue_offsets(requests)  # refused by dispatch: give back
-            raise self._full(exc, f"{len(messages)} message(s) not stored") from exc
+            raise self._full(exc, f"{count} message(s) not stored") from exc
         self._disk_has_room()
         return results
 

@@ -370,6 +370,7 @@ class ProducerCore:
             default_topic=route.default_topic,
             default_topic_queue_nums=cfg.default_topic_queue_nums,
             compress_over_bytes=cfg.compress_msg_body_over_bytes,
+            as_records=cfg.batch_as_records,
         )
         req.sys_flag |= sys_flag
         started_ms = _now_ms()

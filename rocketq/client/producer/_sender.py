@@ -30,7 +30,6 @@ import logging
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 import grpc
 
@@ -81,18 +80,45 @@ def message_size_bytes(topic: str, body_bytes: int, encoded_properties_bytes: in
     return len(topic.encode()) + body_bytes + LOG_OVERHEAD_BYTES + encoded_properties_bytes
 
 
-@dataclass(frozen=True, slots=True)
 class PreparedMessage:
-    """A checked message ready for the wire; its id is fixed for every retry."""
+    """A checked message ready for the wire; its id is fixed for every retry.
 
-    pb: common_pb2.Message
-    msg_id: str
-    size_bytes: int
-    delayed: bool
+    The protobuf ``Message`` is built only when a request carries messages (a lone send); a
+    batch travels as records encoded from ``properties`` (DESIGN.md §12)."""
+
+    __slots__ = (
+        "_pb", "body", "delayed", "flag", "msg_id", "properties", "props", "size_bytes", "topic",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        topic: str,
+        flag: int,
+        body: bytes,
+        props: dict[str, str],
+        properties: bytes,
+        msg_id: str,
+        size_bytes: int,
+        delayed: bool,
+    ) -> None:
+        self.topic = topic
+        self.flag = flag
+        self.body = body
+        self.props = props
+        self.properties = properties
+        """``props`` encoded (name\x01value\x02 …)."""
+        self.msg_id = msg_id
+        self.size_bytes = size_bytes
+        self.delayed = delayed
+        self._pb: common_pb2.Message | None = None
 
     @property
-    def topic(self) -> str:
-        return self.pb.topic
+    def pb(self) -> common_pb2.Message:
+        if self._pb is None:
+            self._pb = common_pb2.Message(
+                topic=self.topic, flag=self.flag, body=self.body, properties=self.props
+            )
+        return self._pb
 
 
 def check_send_topic(topic: str, create_topic_key: str) -> None:
@@ -144,10 +170,9 @@ def prepare_message(msg: Message, *, create_topic_key: str, max_size_bytes: int)
             f"limit is {max_size_bytes} (max_message_size_bytes); split it, or raise "
             "maxMessageSize on producer and broker"
         )
-    pb = common_pb2.Message(topic=msg.topic, flag=msg.flag, body=bytes(msg.body), properties=props)
-    return PreparedMessage(
-        pb, msg_id, size, bool(msg.delay_level or msg.deliver_time_ms or msg.delay_ms)
-    )
+    delayed = bool(msg.delay_level or msg.deliver_time_ms or msg.delay_ms)
+    body = msg.body if type(msg.body) is bytes else bytes(msg.body)
+    return PreparedMessage(msg.topic, msg.flag, body, props, encoded, msg_id, size, delayed)
 
 
 def check_batch(items: Sequence[PreparedMessage], max_size_bytes: int) -> None:
@@ -182,8 +207,10 @@ def build_send_request(
     default_topic_queue_nums: int = 4,
     compress_over_bytes: int = COMPRESS_OVER_BYTES,
     born_timestamp_ms: int | None = None,
+    as_records: bool = False,
 ) -> messaging_pb2.SendRequest:
-    """The SendRequest for ``items`` to ``mq`` (``default_topic`` set for a borrowed route)."""
+    """The SendRequest for ``items`` to ``mq`` (``default_topic`` set for a borrowed route);
+    ``as_records``: a batch of several travels as encoded records (SendRequest.records)."""
     req = messaging_pb2.SendRequest(
         producer_group=group,
         queue_id=mq.queue_id,
@@ -195,6 +222,13 @@ def build_send_request(
         pb.body = zlib.compress(pb.body, COMPRESS_LEVEL)
         req.messages.append(pb)
         req.sys_flag = codec.SysFlag.COMPRESSED
+    elif as_records and len(items) > 1:
+        topic_bytes = items[0].topic.encode()
+        born = req.born_timestamp_ms
+        encode = codec.encode_sent_record
+        req.records = b"".join(
+            [encode(topic_bytes, m.body, m.properties, m.flag, 0, born) for m in items]
+        )
     else:
         req.messages.extend(item.pb for item in items)
     if default_topic:
@@ -235,7 +269,8 @@ class SendHandler:
             resp = await self._stub_of(addr).Send(req, timeout=max(timeout_ms, 1) / 1000)
         except grpc.RpcError as err:
             raise from_rpc_error(err, addr) from None
-        return to_results(resp, mq, len(req.messages), addr)
+        count = len(req.messages) or codec.count_records(req.records)
+        return to_results(resp, mq, count, addr)
 
     def send_oneway(
         self, addr: str, req: messaging_pb2.SendRequest, timeout_ms: int

@@ -37,6 +37,9 @@ class ProducerConfig:
     """Largest message or batch: topic + body + 20 + properties, summed (SPEC §5.5)."""
     compress_msg_body_over_bytes: int = 4096
     """A message sent alone whose body is larger is zlib-compressed; 0 disables compression."""
+    batch_as_records: bool = True
+    """Send a batch of several messages encoded once as commitlog records (SendRequest.records,
+    DESIGN.md §12), which the broker stores as they came; False = as protobuf messages."""
     send_latency_fault_enable: bool = False
     """Avoid slow or failing brokers for a while (SPEC §5.3 latency fault tolerance)."""
     create_topic_key: str = AUTO_CREATE_TOPIC_KEY

@@ -161,8 +161,17 @@ def half_message(item: PreparedMessage, group: str, max_size_bytes: int) -> Prep
             f"message to {item.topic!r} is {size} bytes with its transaction properties; the "
             f"limit is {max_size_bytes} (max_message_size_bytes)"
         )
-    item.pb.properties.update(extra)
-    return PreparedMessage(item.pb, item.msg_id, size, item.delayed)
+    props = {**item.props, **extra}
+    return PreparedMessage(
+        item.topic,
+        item.flag,
+        item.body,
+        props,
+        codec.encode_properties(props),
+        item.msg_id,
+        size,
+        item.delayed,
+    )
 
 
 def run_listener(what: str, call: Callable[[], object]) -> LocalTransactionState:

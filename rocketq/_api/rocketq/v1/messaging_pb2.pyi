@@ -229,6 +229,7 @@ class SendRequest(_message.Message):
     MAX_RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
     DEFAULT_TOPIC_FIELD_NUMBER: _builtins.int
     DEFAULT_TOPIC_QUEUE_NUMS_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     """Producer group of the sender."""
     queue_id: _builtins.int
@@ -251,6 +252,19 @@ class SendRequest(_message.Message):
     """
     default_topic_queue_nums: _builtins.int
     """Queue count for an auto-created topic. Absent = 4."""
+    records: _builtins.bytes
+    """The batch already encoded (DESIGN.md §12), instead of messages: commitlog records (SPEC
+    §11.1 layout, IPv4 host fields) concatenated in the order they will be stored. The sender
+    fills TOTALSIZE, MAGICCODE, BODYCRC, FLAG, SYSFLAG (0, or 0x1 for a compressed body),
+    BORNTIMESTAMP (0 = the broker's time), BODY, TOPIC and PROPERTIES (with UNIQ_KEY); the
+    broker overwrites QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, the host fields, STORETIMESTAMP,
+    RECONSUMETIMES and PREPARED TRANSACTION OFFSET and stores the records as they came.
+    sys_flag and born_timestamp_ms of this request are ignored. Every check of messages
+    applies; in addition a record that is truncated, sized beyond the request, has a wrong
+    magic or body CRC, or names another topic than the first is INVALID_ARGUMENT, naming the
+    record and what was wrong, and nothing of the batch is stored. Setting both messages and
+    records is INVALID_ARGUMENT.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
         """The messages, in the order they will be stored. All must have the same topic. A batch of
@@ -269,10 +283,11 @@ class SendRequest(_message.Message):
         max_reconsume_times: _builtins.int | None = ...,
         default_topic: _builtins.str = ...,
         default_topic_queue_nums: _builtins.int | None = ...,
+        records: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_default_topic_queue_nums", b"_default_topic_queue_nums", "_max_reconsume_times", b"_max_reconsume_times", "default_topic_queue_nums", b"default_topic_queue_nums", "max_reconsume_times", b"max_reconsume_times"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_default_topic_queue_nums", b"_default_topic_queue_nums", "_max_reconsume_times", b"_max_reconsume_times", "born_timestamp_ms", b"born_timestamp_ms", "default_topic", b"default_topic", "default_topic_queue_nums", b"default_topic_queue_nums", "max_reconsume_times", b"max_reconsume_times", "messages", b"messages", "producer_group", b"producer_group", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "sys_flag", b"sys_flag"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_default_topic_queue_nums", b"_default_topic_queue_nums", "_max_reconsume_times", b"_max_reconsume_times", "born_timestamp_ms", b"born_timestamp_ms", "default_topic", b"default_topic", "default_topic_queue_nums", b"default_topic_queue_nums", "max_reconsume_times", b"max_reconsume_times", "messages", b"messages", "producer_group", b"producer_group", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "records", b"records", "sys_flag", b"sys_flag"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__default_topic_queue_nums: _TypeAlias = _typing.Literal["default_topic_queue_nums"]  # noqa: Y015
     _WhichOneofArgType__default_topic_queue_nums: _TypeAlias = _typing.Literal["_default_topic_queue_nums", b"_default_topic_queue_nums"]  # noqa: Y015

@@ -1,0 +1,195 @@
+"""RocketQ side by side with Redis Streams, NATS JetStream and RabbitMQ on this machine.
+
+    python -m tools.bench.peers [--quick] [--only NAME ...]     (make bench-peers)
+
+Installs Debian's redis-server, nats-server and rabbitmq-server when missing (apt-get), starts
+each on 127.0.0.1 with a fresh data directory, then runs the same three phases against every
+system, one system at a time, from this one Python process:
+
+| phase   | what                                                             | figure          |
+|---------|------------------------------------------------------------------|-----------------|
+| produce | 1 KiB messages, 1 024 in flight (pipelines / batches), 10 s      | msgs/s acked    |
+| drain   | read back everything the produce phase stored, bulk reads        | msgs/s, from    |
+|         | (a RocketQ PushConsumer), at most 60 s                           | the first read  |
+| latency | one outstanding durable send at a time, 2 000 sends              | p50 / p99 ms    |
+
+Rows: RocketQ under ASYNC_FLUSH and SYNC_FLUSH (started through services/common/launch.py),
+Redis 7 Streams with AOF everysec and always, NATS JetStream (file store), RabbitMQ (durable
+queue, persistent messages, publisher confirms). Everything it started is stopped by pid
+(the peer's own session for helpers such as epmd) and its directory removed. One table at the
+end, with each figure's ratio to the best peer (for latency, best / figure: above 1 is better).
+``--quick``: 3 s produce, 20 s drain limit, 300 latency sends. Figures are printed, never
+asserted; the machine is shared, so say what else ran when you quote them. Never run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.bench import _peer_systems as systems
+from tools.bench._peer_systems import Clock, Driver, Phases
+
+BODY_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Plan:
+    produce_s: float
+    drain_limit_s: float
+    latency_sends: int
+    warmup_sends: int = 50
+
+
+FULL = Plan(produce_s=10.0, drain_limit_s=60.0, latency_sends=2000)
+QUICK = Plan(produce_s=3.0, drain_limit_s=20.0, latency_sends=300)
+
+Factory = Callable[[Path], Awaitable[Driver]]
+SYSTEMS: dict[str, Factory] = {
+    "rocketq-async": lambda root: systems.rocketq_driver(root, "ASYNC_FLUSH"),
+    "rocketq-sync": lambda root: systems.rocketq_driver(root, "SYNC_FLUSH"),
+    "redis-everysec": lambda root: systems.redis_driver(root, "everysec"),
+    "redis-always": lambda root: systems.redis_driver(root, "always"),
+    "nats": systems.nats_driver,
+    "rabbitmq": systems.rabbit_driver,
+}
+
+
+def _percentile(sorted_ms: list[float], q: float) -> float:
+    if not sorted_ms:
+        return 0.0
+    return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
+
+
+async def run_phases(driver: Driver, plan: Plan) -> Phases:
+    out = Phases(driver.name)
+    body = os.urandom(BODY_BYTES)
+    t0 = time.monotonic()
+    out.produced = await driver.produce(body, plan.produce_s)
+    out.produce_tps = out.produced / (time.monotonic() - t0)
+    print(f"  produce: {out.produced} msgs, {out.produce_tps:,.0f} msgs/s", flush=True)
+    clock = Clock()
+    out.consumed = await driver.drain(out.produced, plan.drain_limit_s, clock)
+    seconds = clock.seconds()
+    out.consume_tps = out.consumed / seconds if seconds > 0 else 0.0
+    print(f"  drain: {out.consumed} msgs, {out.consume_tps:,.0f} msgs/s", flush=True)
+    if out.consumed < out.produced:
+        out.note = f"drained {out.consumed} of {out.produced} within {plan.drain_limit_s:g} s"
+    for _ in range(plan.warmup_sends):
+        await driver.send_one(body)
+    samples: list[float] = []
+    for _ in range(plan.latency_sends):
+        t = time.perf_counter()
+        await driver.send_one(body)
+        samples.append((time.perf_counter() - t) * 1000)
+    samples.sort()
+    out.p50_ms, out.p99_ms = _percentile(samples, 0.5), _percentile(samples, 0.99)
+    print(f"  latency: p50 {out.p50_ms:.3f} ms, p99 {out.p99_ms:.3f} ms", flush=True)
+    return out
+
+
+async def bench_one(key: str, plan: Plan, root: Path) -> Phases | None:
+    print(f"== {key}", flush=True)
+    workdir = root / key
+    driver: Driver | None = None
+    try:
+        driver = await SYSTEMS[key](workdir)
+        return await run_phases(driver, plan)
+    except Exception:
+        traceback.print_exc()
+        print(f"  {key} failed; left out of the table", flush=True)
+        return None
+    finally:
+        if driver is not None:
+            try:
+                await driver.close()
+            finally:
+                systems.stop(driver.processes)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _ratio(value: float, best: float, higher_is_better: bool) -> str:
+    if best <= 0 or value <= 0:
+        return "  -  "
+    r = value / best if higher_is_better else best / value
+    return f"{r:5.2f}x"
+
+
+def table(rows: list[Phases], peers: set[str]) -> str:
+    peer_rows = [r for r in rows if r.name in peers]
+    best_p = max((r.produce_tps for r in peer_rows), default=0.0)
+    best_c = max((r.consume_tps for r in peer_rows), default=0.0)
+    best_l = min((r.p99_ms for r in peer_rows if r.p99_ms > 0), default=0.0)
+    head = [
+        "system (mode)",
+        "produce msgs/s (vs best peer)",
+        "consume msgs/s (vs best peer)",
+        "sync send p50 / p99 ms (p99 vs best peer)",
+    ]
+    cells = [
+        [
+            r.name,
+            f"{r.produce_tps:,.0f} ({_ratio(r.produce_tps, best_p, True).strip()})",
+            f"{r.consume_tps:,.0f} ({_ratio(r.consume_tps, best_c, True).strip()})",
+            f"{r.p50_ms:.3f} / {r.p99_ms:.3f} ({_ratio(r.p99_ms, best_l, False).strip()})",
+        ]
+        for r in rows
+    ]
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
+
+    def line(c: list[str]) -> str:
+        return "| " + " | ".join(x.ljust(w) for x, w in zip(c, widths, strict=True)) + " |"
+
+    lines = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += [line(c) for c in cells]
+    notes = [f"  {r.name}: {r.note}" for r in rows if r.note]
+    return "\n".join(lines + notes)
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+
+
+async def main_async(keys: list[str], plan: Plan) -> list[Phases]:
+    root = Path(tempfile.mkdtemp(prefix="rocketq-peers-"))
+    rows: list[Phases] = []
+    try:
+        for key in keys:
+            result = await bench_one(key, plan, root)
+            if result is not None:
+                rows.append(result)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 s produce, 300 latency sends")
+    parser.add_argument("--only", nargs="+", choices=sorted(SYSTEMS), help="run only these")
+    parser.add_argument("--no-install", action="store_true", help="do not apt-get peers")
+    args = parser.parse_args(argv)
+    keys = args.only or list(SYSTEMS)
+    if not args.no_install and any(not k.startswith("rocketq") for k in keys):
+        systems.ensure_installed()
+    plan = QUICK if args.quick else FULL
+    print(f"before: {_load()}", flush=True)
+    rows = asyncio.run(main_async(keys, plan))
+    peers = {r.name for r in rows if not r.name.startswith("RocketQ")}
+    print(f"\nafter: {_load()}; python {sys.version.split()[0]}")
+    print(f"1 KiB messages, one client process, {plan.produce_s:g} s produce\n")
+    print(table(rows, peers))
+
+
+if __name__ == "__main__":
+    main()
