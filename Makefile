@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	sh tools/install_etcd.sh
 	touch $(STAMP)
 
@@ -63,7 +63,6 @@ bench: setup  ## storage and messaging benchmarks; figures are printed, never as
 # perf: RocketQ beside Redis / NATS / RabbitMQ (Debian packages, installed by peers.py when
 # missing); never in CI. ARGS=--quick for short phases.
 bench-peers: setup  ## RocketQ side by side with Redis Streams, NATS JetStream, RabbitMQ
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m tools.bench.peers $(ARGS)
 
 gen-protos: setup  ## regenerate rocketq/_api from proto/
