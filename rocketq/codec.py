@@ -731,6 +731,20 @@ def record_properties_bytes(buf: bytes | memoryview | bytearray, pos: int = 0) -
     return bytes(buf[props_at : pos + total])
 
 
+def record_topic(buf: bytes | memoryview | bytearray, pos: int = 0) -> str:
+    """The TOPIC field of the record at ``pos``, read by its lengths without decoding the rest
+    (an access check of an encoded batch needs only this). Raises :class:`CorruptRecord` if the
+    lengths do not fit the record or the topic is not UTF-8."""
+    total, sys_flag = _check_head(buf, pos)
+    try:
+        topic_at, topic_end = record_spans(buf, pos, total, sys_flag)[2:4]
+        return bytes(buf[topic_at:topic_end]).decode()
+    except CorruptRecord as exc:
+        raise CorruptRecord(f"at {pos}: {exc}") from None
+    except UnicodeDecodeError:
+        raise CorruptRecord(f"at {pos}: topic is not UTF-8") from None
+
+
 def iter_records(buf: bytes | memoryview, *, check_crc: bool = True) -> Iterator[Record]:
     """Decode concatenated records (a Pull response's ``records`` field)."""
     pos = 0

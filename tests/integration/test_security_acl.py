@@ -208,6 +208,9 @@ async def test_missing_permissions_are_denied_naming_the_resource(env: Env) -> N
     async with Producer(ProducerConfig("pg-pay", env.namesrv, security=APP)) as producer:
         with pytest.raises(PermissionDeniedError, match="no PUB permission on topic 'payments'"):
             await producer.send(Message("payments", b"p"))
+        # a batch travels encoded (SendRequest.records): its topic is checked all the same
+        with pytest.raises(PermissionDeniedError, match="no PUB permission on topic 'payments'"):
+            await producer.send_batch([Message("payments", b"b%d" % i) for i in range(3)])
     async with Admin(env.namesrv, security=APP) as admin:
         with pytest.raises(PermissionDeniedError, match="needs the admin role"):
             await admin.create_topic("app1-made-this")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rocketq import codec
 from services.common.security.acl.model import Perm
 
 Need = tuple[str, str, Perm]
@@ -33,6 +34,14 @@ OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 def _send(req: Any) -> Iterator[Need]:
     for topic in {m.topic for m in req.messages}:
         yield ("topic", topic, Perm.PUB)
+    if req.records:
+        # An encoded batch (SendRequest.records): the broker stores it only if every record
+        # names the first one's topic, so that topic is the batch's. A batch whose first record
+        # cannot be read needs PUB on nothing here: the broker refuses it whole.
+        try:
+            yield ("topic", codec.record_topic(req.records), Perm.PUB)
+        except codec.CorruptRecord:
+            return
 
 
 def _topic_sub(req: Any) -> Iterator[Need]:
