@@ -3,7 +3,8 @@
 #   1. the base image (Debian bookworm minbase + python3) from Debian packages with mmdebstrap,
 #      imported with `podman import` — only when it is not there yet;
 #   2. a wheelhouse of RocketQ and its dependencies built on this machine with pip (so the image
-#      build needs no network nor the machine's CA bundle);
+#      build needs no network nor the machine's CA bundle); the dependencies' wheels are the
+#      same bytes from build to build, so podman reuses the layer that installs them;
 #   3. `podman build` of the multi-stage Containerfile on that base.
 # Usage: tools/build_image.sh [IMAGE]   (default localhost/rocketq:dev)
 # BASE_IMAGE=... uses another base (e.g. docker.io/library/python:3.11-slim where a registry is
@@ -33,10 +34,13 @@ if [ "$BASE_IMAGE" = "$DEFAULT_BASE" ] && ! $PODMAN image exists "$BASE_IMAGE"; 
         --change 'CMD ["/bin/sh"]' "$tmp/base.tar" "$BASE_IMAGE" >/dev/null
 fi
 
-echo "building the wheelhouse (build/wheels)"
-rm -rf build/wheels
-"$PY" -m pip wheel --quiet --wheel-dir build/wheels . 2>&1 | grep -v "^WARNING: Location" || true
-ls build/wheels/rocketq-*.whl >/dev/null
+echo "building the wheelhouse (build/wheels: dependencies, build/app: rocketq)"
+rm -rf build/wheels build/app
+mkdir -p build/app
+# no build isolation: the project venv has setuptools, and an isolated build env costs seconds
+"$PY" -m pip wheel --quiet --no-build-isolation --wheel-dir build/wheels . 2>&1 \
+    | grep -v "^WARNING: Location" || true
+mv build/wheels/rocketq-*.whl build/app/
 
 echo "building $IMAGE on $BASE_IMAGE"
 $PODMAN build --quiet --network none --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \

@@ -14,6 +14,7 @@ typo never silently does nothing.
 | brokerId                            | broker_id                           | 0                |
 | listenAddress / listenPort          | listen_host / listen_port           | 0.0.0.0 / 10911  |
 | brokerIP1                           | advertised_host (clients dial it)   | 127.0.0.1        |
+| brokerHostName                      | advertised_name (dialed if set)     | (brokerIP1)      |
 | namesrvAddr                         | namesrv_addrs (``;``-separated)     | 127.0.0.1:9876   |
 | storePathRootDir                    | store_dir                           | ~/store          |
 | brokerRole                          | broker_role                         | ASYNC_MASTER     |
@@ -176,6 +177,12 @@ class BrokerConfig:
 
     log_level: str = "INFO"
     """[logLevel] DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+
+    # --- Kubernetes deployment (issue 19) ---
+    advertised_name: str = ""
+    """[brokerHostName] Host name registered with the nameservers and given to clients (a
+    pod's stable DNS name); empty = brokerIP1. brokerIP1 stays an IP address: it is the store
+    host written into every message id."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -380,6 +387,8 @@ TABLE = KeyTable(
         Key("flushIntervalCommitLog", "flush_interval_commitlog_ms", int),
         Key("maxTransferCountOnMessageInMemory", "max_transfer_count_on_message_in_memory", int),
         Key("maxTransferBytesOnMessageInMemory", "max_transfer_bytes_on_message_in_memory", int),
+        # Kubernetes deployment (issue 19)
+        Key("brokerHostName", "advertised_name", doc="host name clients dial; empty = brokerIP1"),
         log_level_key(),
     ],
 )
@@ -396,6 +405,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "listenAddress",
         "listenPort",
         "brokerIP1",
+        "brokerHostName",
         "storePathRootDir",
         "brokerRole",
         "etcdEndpoints",

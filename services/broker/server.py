@@ -110,7 +110,8 @@ class Broker:
             self.server, SERVICE_NAMES, f"{cfg.listen_host}:{cfg.listen_port}"
         )
         self.health = health
-        self.advertised_addr = f"{cfg.advertised_host}:{port}"
+        # brokerHostName (a stable DNS name) when set; the store host stays brokerIP1's address
+        self.advertised_addr = f"{cfg.advertised_name or cfg.advertised_host}:{port}"
         store_cfg = cfg.store_config(advertised_port=port)
         self.store = MessageStore(store_cfg, clock=self.clock)
         report = self.store.open()

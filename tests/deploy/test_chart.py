@@ -138,7 +138,12 @@ def test_ordinal_maps_to_broker_name_and_rank_to_broker_id(
             assert env["ROCKETQ_BROKER_ETCDENDPOINTS"]
         else:
             assert env["ROCKETQ_BROKER_BROKERROLE"] == ("ASYNC_MASTER" if rank == 0 else "SLAVE")
-        assert env["ROCKETQ_BROKER_BROKERIP1"].startswith("$(POD_NAME).")
+        assert env["ROCKETQ_BROKER_BROKERIP1"] == "$(POD_IP)"  # the store host in message ids
+        assert env["ROCKETQ_BROKER_BROKERHOSTNAME"] == (
+            f"$(POD_NAME).{sts_name}.{NAMESPACE}.svc.cluster.local"
+            if "externalAccess" not in VALUE_SETS[name]
+            else "$(POD_NAME).mq.example.com"
+        )
 
 
 def test_probes_use_declared_ports_and_pods_run_read_only_as_non_root(
@@ -179,7 +184,7 @@ def test_external_access_gives_every_broker_pod_its_own_service_and_advertised_n
     stss = by_kind(docs, "StatefulSet")
     for sts_name in (f"{RELEASE}-rocketq-broker", f"{RELEASE}-rocketq-broker-slave-1"):
         env = env_of(next(containers(stss[sts_name])))
-        assert env["ROCKETQ_BROKER_BROKERIP1"] == "$(POD_NAME).mq.example.com"
+        assert env["ROCKETQ_BROKER_BROKERHOSTNAME"] == "$(POD_NAME).mq.example.com"
         for i in range(stss[sts_name]["spec"]["replicas"]):
             svc = services[f"{sts_name}-{i}"]
             assert svc["spec"]["type"] == "LoadBalancer"

@@ -1,0 +1,142 @@
+"""The chart's pods as real containers of the project's image, under podman: a nameserver, a
+broker group of a master and a slave, and a timer wheel, each started from its rendered
+StatefulSet (command, args, env, ports, volumes, security context, probes) and finding the
+others by the headless Services' DNS names. Messages go through them; the `helm test` pod's own
+command passes; the slave catches up; a second broker group joins when the StatefulSet scales."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.deploy.manifests import NAMESPACE, RELEASE, by_kind, render
+from tests.deploy.podman_pods import Pod, PodNetwork, pod_network
+from tests.support.until import until_sync
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+VALUES: dict[str, Any] = {
+    "nameserver": {"replicas": 1},
+    "broker": {"groups": 1, "slavesPerGroup": 1, "config": {"registerNameServerPeriod": 2000}},
+    "timerWheel": {"enabled": True},
+}
+SCALED_GROUPS = 2
+"""Ordinals up to this are given addresses (DNS names) at the start; the test scales to it."""
+
+
+def broker_host(sts: str, ordinal: int) -> str:
+    return (
+        f"{RELEASE}-rocketq-{sts}-{ordinal}.{RELEASE}-rocketq-{sts}.{NAMESPACE}.svc.cluster.local"
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(image: str) -> Iterator[PodNetwork]:
+    docs = render(VALUES)
+    name = f"rqk8s{os.getpid() % 100000}"
+    with pod_network(name, f"10.213.{os.getpid() % 200 + 20}", image) as net:
+        started: list[Pod] = []
+        for sts in by_kind(docs, "StatefulSet").values():
+            replicas = sts["spec"]["replicas"]
+            broker = "-broker" in sts["metadata"]["name"]
+            for ordinal in range(SCALED_GROUPS if broker else replicas):
+                pod = net.reserve(sts, ordinal)
+                if ordinal < replicas:
+                    started.append(pod)
+        for pod in started:
+            net.start(pod)
+        net.wait_ready(started)
+        yield net
+
+
+def client(net: PodNetwork, script: str, timeout_s: float = 180) -> str:
+    """Run ``script`` (sh) in a pod like the helm test pod (same image, env, security)."""
+    (pod,) = render(VALUES, tests=True)
+    spec = json.loads(json.dumps(pod["spec"]))
+    spec["containers"][0]["args"] = [script]
+    out = net.run_once("client", spec, timeout_s)
+    assert out.returncode == 0, (
+        f"client failed ({out.returncode}):\n{out.stdout}\n{out.stderr[-3000:]}"
+    )
+    return out.stdout
+
+
+def brokers(net: PodNetwork) -> list[dict[str, Any]]:
+    return json.loads(client(net, "rocketq cluster list --json"))
+
+
+def test_brokers_register_under_their_stable_dns_names_with_names_from_ordinals(
+    cluster: PodNetwork,
+) -> None:
+    rows = until_sync(
+        lambda: r if len(r := brokers(cluster)) == 2 else None,
+        "master and slave registered",
+        timeout_s=60,
+        interval_s=1,
+    )
+    seen = {(r["broker_name"], r["broker_id"], r["addr"]) for r in rows}
+    assert seen == {
+        ("broker-0", 0, f"{broker_host('broker', 0)}:10911"),
+        ("broker-0", 1, f"{broker_host('broker-slave-1', 0)}:10911"),
+    }
+
+
+def test_the_helm_test_pod_command_passes(cluster: PodNetwork) -> None:
+    (pod,) = render(VALUES, tests=True)
+    out = cluster.run_once(pod["metadata"]["name"], pod["spec"])
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr[-3000:]}"
+    assert "helm test: produced and consumed one message" in out.stdout
+
+
+def test_messages_round_trip_and_the_slave_catches_up(cluster: PodNetwork) -> None:
+    out = client(
+        cluster,
+        "rocketq produce k8s-round-trip --body m -c 30 >/dev/null && "
+        "rocketq consume k8s-round-trip -g k8s-rt --from first --count 30 --timeout 30 --json",
+    )
+    consumed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(consumed) == 30
+    assert {m["broker_name"] for m in consumed} == {"broker-0"}
+    # message ids carry the store host: brokerIP1, the pod's address (clients dial its name)
+    master = cluster.pods[f"{RELEASE}-rocketq-broker-0"]
+    assert {m["store_host"] for m in consumed} == {f"{master.address}:10911"}
+
+    def in_step() -> bool:
+        (group,) = json.loads(client(cluster, "rocketq ha status broker-0 --json"))
+        offsets = {r["replica_id"]: r["max_offset"] for r in group["replicas"]}
+        return len(offsets) == 2 and len(set(offsets.values())) == 1 and offsets[0] > 0
+
+    until_sync(in_step, "the slave's max offset equal to the master's", timeout_s=60, interval_s=1)
+
+
+def test_scaling_the_broker_statefulset_adds_a_group_that_takes_traffic(
+    cluster: PodNetwork,
+) -> None:
+    new = [
+        cluster.pods[f"{RELEASE}-rocketq-broker-1"],
+        cluster.pods[f"{RELEASE}-rocketq-broker-slave-1-1"],
+    ]
+    for pod in new:
+        cluster.start(pod)
+    cluster.wait_ready(new)
+    names = until_sync(
+        lambda: n if len(n := {r["broker_name"] for r in brokers(cluster)}) == 2 else None,
+        "broker-1 registered",
+        timeout_s=60,
+        interval_s=1,
+    )
+    assert names == {"broker-0", "broker-1"}
+    out = client(
+        cluster,
+        "rocketq produce k8s-scaled --body s -c 40 --json",
+    )
+    stored_on = {
+        json.loads(line)["message_queue"]["broker_name"]
+        for line in out.splitlines()
+        if line.startswith("{")
+    }
+    assert stored_on == {"broker-0", "broker-1"}
