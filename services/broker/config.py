@@ -183,6 +183,9 @@ class BrokerConfig:
     """[brokerHostName] Host name registered with the nameservers and given to clients (a
     pod's stable DNS name); empty = brokerIP1. brokerIP1 stays an IP address: it is the store
     host written into every message id."""
+    learn_cluster_topics: bool = False
+    """[learnClusterTopics] A master joining a cluster creates on itself every topic that all
+    other broker groups of its cluster host (services/broker/cluster_topics.py)."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -389,6 +392,7 @@ TABLE = KeyTable(
         Key("maxTransferBytesOnMessageInMemory", "max_transfer_bytes_on_message_in_memory", int),
         # Kubernetes deployment (issue 19)
         Key("brokerHostName", "advertised_name", doc="host name clients dial; empty = brokerIP1"),
+        Key("learnClusterTopics", "learn_cluster_topics", parse_bool),
         log_level_key(),
     ],
 )
@@ -406,6 +410,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "listenPort",
         "brokerIP1",
         "brokerHostName",
+        "learnClusterTopics",
         "storePathRootDir",
         "brokerRole",
         "etcdEndpoints",

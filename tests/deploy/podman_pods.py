@@ -143,9 +143,18 @@ class PodNetwork:
             *self._image_and_command(pod.spec),
         )
 
-    def stop(self, pod: Pod, grace_s: int = 30) -> None:
-        """Stop as the kubelet does: SIGTERM, then SIGKILL after the grace period."""
+    def stop(self, pod: Pod) -> str:
+        """Stop as the kubelet does: the preStop exec hook (its output is returned), then
+        SIGTERM, then SIGKILL once the grace period is over."""
+        grace_s = int(pod.spec.get("terminationGracePeriodSeconds", 30))
+        (c,) = pod.spec["containers"]
+        hook = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+        said = ""
+        if hook:
+            out = podman("exec", pod.container, *hook, check=False, timeout_s=grace_s)
+            said = out.stdout + out.stderr
         podman("stop", "-t", str(grace_s), pod.container, timeout_s=grace_s + 30)
+        return said
 
     def run_once(
         self, name: str, spec: Mapping[str, Any], timeout_s: float = 180
@@ -183,7 +192,8 @@ class PodNetwork:
         return out.stdout.strip() == "false"
 
     def logs(self, pod: Pod) -> str:
-        return podman("logs", "--tail", "40", pod.container, check=False).stderr[-4000:]
+        out = podman("logs", "--tail", "40", pod.container, check=False)
+        return (out.stdout + out.stderr)[-6000:]
 
     def _run_flags(
         self, pod_name: str, spec: Mapping[str, Any], container: str, address: str = ""

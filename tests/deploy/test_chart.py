@@ -286,3 +286,20 @@ def test_values_that_contradict_each_other_fail_with_what_to_change(
         chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
     message = str(failure.value)
     assert all(w in message for w in words), message
+
+
+def test_masters_drain_before_stopping_within_their_grace_and_new_groups_learn_topics() -> None:
+    docs = by_kind(render({"broker": {"terminationGracePeriodSeconds": 100}}), "StatefulSet")
+    master = docs[f"{RELEASE}-rocketq-broker"]
+    (c,) = containers(master)
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:3] == ["python3", "-m", "services.broker.drain"]
+    assert command[command.index("--timeout-s") + 1] == "85"  # 15 s left for the clean stop
+    assert master["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 100
+    assert env_of(c)["ROCKETQ_BROKER_LEARNCLUSTERTOPICS"] == "true"
+    # a slave is not drained (it takes no writes); controller mode elects, TLS: not yet
+    (slave,) = containers(docs[f"{RELEASE}-rocketq-broker-slave-1"])
+    assert "lifecycle" not in slave
+    for values in (VALUE_SETS["ha-etcd"], VALUE_SETS["tls"], {"broker": {"drainOnStop": False}}):
+        (c,) = containers(by_kind(render(values), "StatefulSet")[f"{RELEASE}-rocketq-broker"])
+        assert "lifecycle" not in c

@@ -21,7 +21,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 VALUES: dict[str, Any] = {
     "nameserver": {"replicas": 1},
-    "broker": {"groups": 1, "slavesPerGroup": 1, "config": {"registerNameServerPeriod": 2000}},
+    "broker": {
+        "groups": 1,
+        "slavesPerGroup": 1,
+        "terminationGracePeriodSeconds": 40,  # the preStop drain waits up to 25 s
+        "config": {"registerNameServerPeriod": 2000},
+    },
     "timerWheel": {"enabled": True},
 }
 SCALED_GROUPS = 2
@@ -113,30 +118,51 @@ def test_messages_round_trip_and_the_slave_catches_up(cluster: PodNetwork) -> No
     until_sync(in_step, "the slave's max offset equal to the master's", timeout_s=60, interval_s=1)
 
 
-def test_scaling_the_broker_statefulset_adds_a_group_that_takes_traffic(
+def route_brokers(net: PodNetwork, topic: str) -> set[str]:
+    desc = json.loads(client(net, f"rocketq topic describe {topic} --json"))
+    return {q["broker_name"] for q in desc["route"]["queues"]}
+
+
+def test_scaling_up_adds_a_group_that_takes_existing_topics_and_traffic(
     cluster: PodNetwork,
 ) -> None:
+    client(cluster, "rocketq topic create k8s-existing -q 2")  # cluster mode: every group
+    assert route_brokers(cluster, "k8s-existing") == {"broker-0"}
     new = [
         cluster.pods[f"{RELEASE}-rocketq-broker-1"],
         cluster.pods[f"{RELEASE}-rocketq-broker-slave-1-1"],
     ]
-    for pod in new:
+    for pod in new:  # kubectl scale statefulset ... --replicas=2, both ranks
         cluster.start(pod)
     cluster.wait_ready(new)
-    names = until_sync(
-        lambda: n if len(n := {r["broker_name"] for r in brokers(cluster)}) == 2 else None,
-        "broker-1 registered",
+    until_sync(
+        lambda: route_brokers(cluster, "k8s-existing") == {"broker-0", "broker-1"},
+        "broker-1 hosting the existing topic",
         timeout_s=60,
         interval_s=1,
     )
-    assert names == {"broker-0", "broker-1"}
-    out = client(
-        cluster,
-        "rocketq produce k8s-scaled --body s -c 40 --json",
-    )
+    out = client(cluster, "rocketq produce k8s-existing --body s -c 40 --json")
     stored_on = {
         json.loads(line)["message_queue"]["broker_name"]
         for line in out.splitlines()
         if line.startswith("{")
     }
     assert stored_on == {"broker-0", "broker-1"}
+
+
+def test_scaling_down_drains_the_leaving_group_first(cluster: PodNetwork) -> None:
+    """Runs after the scale-up: the 40 messages of k8s-existing are on both groups."""
+    out = client(
+        cluster,
+        "rocketq consume k8s-existing -g k8s-drain --from first --count 40 --timeout 30 --json",
+    )
+    assert sum(line.startswith("{") for line in out.splitlines()) == 40
+    leaving = cluster.pods[f"{RELEASE}-rocketq-broker-1"]
+    said = cluster.stop(leaving)  # kubectl scale ... --replicas=1: preStop, then SIGTERM
+    assert said.startswith("drained 127.0.0.1:10911"), f"{said}\n{cluster.logs(leaving)}"
+    cluster.stop(cluster.pods[f"{RELEASE}-rocketq-broker-slave-1-1"])
+    assert {(r["broker_name"], r["broker_id"]) for r in brokers(cluster)} == {
+        ("broker-0", 0),
+        ("broker-0", 1),
+    }
+    assert route_brokers(cluster, "k8s-existing") == {"broker-0"}
