@@ -151,8 +151,11 @@ class PodNetwork:
         hook = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
         said = ""
         if hook:
-            out = podman("exec", pod.container, *hook, check=False, timeout_s=grace_s)
-            said = out.stdout + out.stderr
+            try:
+                out = podman("exec", pod.container, *hook, check=False, timeout_s=grace_s)
+                said = out.stdout + out.stderr
+            except subprocess.TimeoutExpired:  # the kubelet, too, gives up at the grace
+                said = f"preStop hook still running after {grace_s} s"
         podman("stop", "-t", str(grace_s), pod.container, timeout_s=grace_s + 30)
         return said
 

@@ -65,7 +65,7 @@ seccompProfile:
 
 {{- define "rocketq.containerSecurityContext" -}}
 allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
+readOnlyRootFilesystem: {{ .Values.readOnlyRootFilesystem }}
 capabilities:
   drop: ["ALL"]
 {{- end -}}
