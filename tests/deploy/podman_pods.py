@@ -5,14 +5,17 @@ Kubernetes cannot run here; what the chart's pods need from it is reproduced wit
 - each StatefulSet ordinal is one container named and with the hostname of its pod
   (``<sts>-<ordinal>``), started from the pod template's image, command, args and env
   (``fieldRef`` metadata.name is the pod name; ``$(VAR)`` references are expanded as the kubelet
-  does), ports, ``securityContext`` (uid/gid, read-only root filesystem) and volumes: an
+  does), ``securityContext`` (uid/gid, read-only root filesystem, dropped capabilities,
+  no privilege escalation) and volumes (container ports need no publishing: every pod has
+  its own address on the network, as in a cluster): an
   emptyDir is a tmpfs, a volumeClaimTemplate a podman volume ``<claim>-<pod>`` (kept when the
   pod goes, like a retained PVC);
 - the headless Services' DNS names resolve: every pod gets a fixed address on an internal
   podman network this module creates, and ``--add-host`` entries for each pod's
   ``<pod>.<service>.<namespace>.svc.<domain>`` (and the shorter forms);
-- probes: a gRPC probe is run as the kubelet's check would be, a grpc.health.v1 Check on the
-  probe's port, from inside the container (the image has grpcio-health-checking).
+- probes: a gRPC readiness probe is run as the kubelet's check would be, a grpc.health.v1
+  Check on the probe's port, from inside the container (the image has grpcio-health-checking);
+- stopping: the preStop exec hook, then SIGTERM, SIGKILL after terminationGracePeriodSeconds.
 
 podman runs rootful with runc and raised ulimits (DESIGN.md §9); ``ensure_podman`` installs it
 with the project's own script when it is missing, never skipping.

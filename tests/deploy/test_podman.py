@@ -110,12 +110,19 @@ def test_messages_round_trip_and_the_slave_catches_up(cluster: PodNetwork) -> No
     master = cluster.pods[f"{RELEASE}-rocketq-broker-0"]
     assert {m["store_host"] for m in consumed} == {f"{master.address}:10911"}
 
-    def in_step() -> bool:
-        (group,) = json.loads(client(cluster, "rocketq ha status broker-0 --json"))
-        offsets = {r["replica_id"]: r["max_offset"] for r in group["replicas"]}
-        return len(offsets) == 2 and len(set(offsets.values())) == 1 and offsets[0] > 0
+    until_sync(
+        lambda: slave_in_step(cluster, "broker-0"),
+        "the slave's max offset equal to the master's",
+        timeout_s=60,
+        interval_s=1,
+    )
 
-    until_sync(in_step, "the slave's max offset equal to the master's", timeout_s=60, interval_s=1)
+
+def slave_in_step(net: PodNetwork, broker: str) -> bool:
+    """Master and slave of ``broker`` hold the same (non-empty) commitlog."""
+    (group,) = json.loads(client(net, f"rocketq ha status {broker} --json"))
+    offsets = {r["replica_id"]: r["max_offset"] for r in group["replicas"]}
+    return len(offsets) == 2 and len(set(offsets.values())) == 1 and offsets[0] > 0
 
 
 def route_brokers(net: PodNetwork, topic: str) -> set[str]:
@@ -150,6 +157,12 @@ def test_scaling_up_adds_a_group_that_takes_existing_topics_and_traffic(
         if line.startswith("{")
     }
     assert stored_on == {"broker-0", "broker-1"}
+    until_sync(
+        lambda: slave_in_step(cluster, "broker-1"),
+        "the new group's slave caught up",
+        timeout_s=60,
+        interval_s=1,
+    )
 
 
 def test_scaling_down_drains_the_leaving_group_first(cluster: PodNetwork) -> None:
