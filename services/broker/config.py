@@ -15,6 +15,7 @@ typo never silently does nothing.
 | listenAddress / listenPort          | listen_host / listen_port           | 0.0.0.0 / 10911  |
 | brokerIP1                           | advertised_host (clients dial it)   | 127.0.0.1        |
 | brokerHostName                      | advertised_name (dialed if set)     | (brokerIP1)      |
+| learnClusterTopics                  | learn_cluster_topics                | false            |
 | namesrvAddr                         | namesrv_addrs (``;``-separated)     | 127.0.0.1:9876   |
 | storePathRootDir                    | store_dir                           | ~/store          |
 | brokerRole                          | broker_role                         | ASYNC_MASTER     |
