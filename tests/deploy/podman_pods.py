@@ -136,7 +136,7 @@ class PodNetwork:
 
     def start(self, pod: Pod) -> None:
         """Run ``pod`` (its address reserved) as its template says."""
-        podman("rm", "-f", pod.container, check=False)
+        podman("rm", "-f", "-v", pod.container, check=False)
         podman(
             "run",
             "-d",
@@ -285,7 +285,7 @@ def pod_network(name: str, subnet_prefix: str, image: str) -> Iterator[PodNetwor
         yield net
     finally:
         for pod in net.pods.values():
-            podman("rm", "-f", "-t", "0", pod.container, check=False)
+            podman("rm", "-f", "-v", "-t", "0", pod.container, check=False)
         podman("network", "rm", "-f", name, check=False)
         out = podman("volume", "ls", "-q", "--filter", f"name={name}-", check=False)
         for vol in out.stdout.split():
