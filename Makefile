@@ -5,7 +5,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-store check lint fmt typecheck test test-unit bench gen-protos verify-protos clean
+IMAGE ?= localhost/rocketq:dev
+
+.PHONY: image setup demo demo-store check lint fmt typecheck test test-unit bench gen-protos verify-protos clean
 .PHONY: bench-peers
 
 $(STAMP): pyproject.toml
@@ -14,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	sh tools/install_etcd.sh
+	sh tools/install_podman.sh
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install RocketQ with its dev tools
@@ -70,6 +73,9 @@ gen-protos: setup  ## regenerate rocketq/_api from proto/
 
 verify-protos: setup  ## fail if rocketq/_api differs from what proto/ generates
 	$(PY) tools/gen_protos.py --check
+
+image: setup  ## build the container image $(IMAGE) with podman (base image from Debian packages, no registry)
+	PY=$(PY) sh tools/build_image.sh $(IMAGE)
 
 clean:
 	rm -rf $(VENV) demo-store .rocketq-dev .pytest_cache .mypy_cache .ruff_cache .hypothesis .grimp_cache .import_linter_cache

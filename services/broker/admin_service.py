@@ -49,6 +49,7 @@ from services.broker.admin_topics import TopicAdmin
 from services.broker.config import STARTUP_ONLY_KEYS, BrokerConfig, canonical_key
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.dead_letters import DeadLetters
+from services.broker.drain import Drainer
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.switchover import switchover
 from services.broker.topic_config_manager import TopicConfigManager
@@ -119,6 +120,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         """More named values for GetRuntimeStats ``extra`` (transactions, a slave's stream)."""
         self.roles: RoleManager | None = None
         """Controller mode: role switches, Switchover and the controller stats (server.py)."""
+        self.drainer: Drainer | None = None
+        """DrainBroker (set by server.py, which owns the nameserver registration)."""
         self.fanout = ClusterFanout(config, advertised_addr, fanout_timeout_ms)
         """Broker or cluster mode of a change (its ``timeout_ms`` is each master's)."""
         self.topic_admin = TopicAdmin(
@@ -281,3 +284,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.GetRuntimeStatsRequest, context: Context
     ) -> admin_pb2.GetRuntimeStatsResponse:
         return runtime_stats(self)
+
+    # -- leaving the cluster (Kubernetes scale-down, DESIGN.md §9) -------------------------
+    @rpc
+    async def DrainBroker(
+        self, request: admin_pb2.DrainBrokerRequest, context: Context
+    ) -> admin_pb2.DrainBrokerResponse:
+        if self.drainer is None:
+            precondition("this broker is still starting; drain it once it serves")
+        return await self.drainer.drain(request)

@@ -14,6 +14,8 @@ typo never silently does nothing.
 | brokerId                            | broker_id                           | 0                |
 | listenAddress / listenPort          | listen_host / listen_port           | 0.0.0.0 / 10911  |
 | brokerIP1                           | advertised_host (clients dial it)   | 127.0.0.1        |
+| brokerHostName                      | advertised_name (dialed if set)     | (brokerIP1)      |
+| learnClusterTopics                  | learn_cluster_topics                | false            |
 | namesrvAddr                         | namesrv_addrs (``;``-separated)     | 127.0.0.1:9876   |
 | storePathRootDir                    | store_dir                           | ~/store          |
 | brokerRole                          | broker_role                         | ASYNC_MASTER     |
@@ -177,6 +179,15 @@ class BrokerConfig:
 
     log_level: str = "INFO"
     """[logLevel] DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+
+    # --- Kubernetes deployment (issue 19) ---
+    advertised_name: str = ""
+    """[brokerHostName] Host name registered with the nameservers and given to clients (a
+    pod's stable DNS name); empty = brokerIP1. brokerIP1 stays an IP address: it is the store
+    host written into every message id."""
+    learn_cluster_topics: bool = False
+    """[learnClusterTopics] A master joining a cluster creates on itself every topic that all
+    other broker groups of its cluster host (services/broker/cluster_topics.py)."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -388,6 +399,9 @@ TABLE = KeyTable(
         Key("flushIntervalCommitLog", "flush_interval_commitlog_ms", int),
         Key("maxTransferCountOnMessageInMemory", "max_transfer_count_on_message_in_memory", int),
         Key("maxTransferBytesOnMessageInMemory", "max_transfer_bytes_on_message_in_memory", int),
+        # Kubernetes deployment (issue 19)
+        Key("brokerHostName", "advertised_name", doc="host name clients dial; empty = brokerIP1"),
+        Key("learnClusterTopics", "learn_cluster_topics", parse_bool),
         log_level_key(),
         *security_keys(),  # sec
     ],
@@ -405,6 +419,8 @@ STARTUP_ONLY_KEYS = frozenset(
         "listenAddress",
         "listenPort",
         "brokerIP1",
+        "brokerHostName",
+        "learnClusterTopics",
         "storePathRootDir",
         "brokerRole",
         "etcdEndpoints",

@@ -35,6 +35,9 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 """Same limits as the servers: a broker with many topics sends a large registration."""
 
 
+CANCEL_RETRY_S = 0.05
+
+
 class BrokerRegistrar:
     """Keeps this broker registered with every nameserver in ``namesrv_addrs``."""
 
@@ -82,20 +85,34 @@ class BrokerRegistrar:
         await self._register_all()
         self.trigger()  # once more soon: a periodic round in flight may have sent the old id
 
+    async def leave(self, unregister: nameserver_pb2.UnregisterBrokerRequest) -> None:
+        """Stop heartbeating and unregister from every nameserver, keeping the channels until
+        ``stop()`` (a drained broker leaving the cluster, services/broker/drain.py; closing a
+        channel from inside an RPC handler could wait on that very call)."""
+        await self._cancel_task()
+        await asyncio.gather(*(self._unregister_one(a, unregister) for a in self._channels))
+
     async def stop(self, unregister: nameserver_pb2.UnregisterBrokerRequest | None) -> None:
         """Stop heartbeating, unregister from every nameserver (if given), close channels."""
         if self._stopped:
             return
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._cancel_task()
         if unregister is not None:
             await asyncio.gather(*(self._unregister_one(a, unregister) for a in self._channels))
         await asyncio.gather(*(ch.close() for ch in self._channels.values()))
         self._channels.clear()
 
     # -- internals -------------------------------------------------------------------------------
+    async def _cancel_task(self) -> None:
+        """Cancel the heartbeat loop until it has ended: on Python 3.11 ``asyncio.wait_for``
+        swallows a cancellation that arrives just as what it waits for is done (a trigger
+        right before a stop), and the loop would sleep a whole period before the next one."""
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=CANCEL_RETRY_S)
+
     async def _run(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):  # the period elapsed: a plain heartbeat

@@ -36,10 +36,12 @@ from rocketq._api.rocketq.v1 import (
 from services.broker import config as broker_config
 from services.broker.admin_service import AdminService
 from services.broker.client_manager import ClientManager
+from services.broker.cluster_topics import learn_cluster_topics
 from services.broker.config import BrokerConfig
 from services.broker.config_overrides import load_effective
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.controller import EtcdController
+from services.broker.drain import Drainer
 from services.broker.ha_config_sync import ConfigSync, SlaveOffsetCommits
 from services.broker.ha_master import ReplicationService
 from services.broker.ha_slave import ReplicationClient
@@ -113,7 +115,8 @@ class Broker:
             self.server, SERVICE_NAMES, f"{cfg.listen_host}:{cfg.listen_port}", self.security
         )
         self.health = health
-        self.advertised_addr = f"{cfg.advertised_host}:{port}"
+        # brokerHostName (a stable DNS name) when set; the store host stays brokerIP1's address
+        self.advertised_addr = f"{cfg.advertised_name or cfg.advertised_host}:{port}"
         store_cfg = cfg.store_config(advertised_port=port)
         self.store = MessageStore(store_cfg, clock=self.clock)
         report = self.store.open()
@@ -176,6 +179,15 @@ class Broker:
             clock=self.clock,
         )
         self._wire_replication(messaging, admin)
+        admin.drainer = Drainer(
+            config=cfg,
+            store=self.store,
+            topics=self.topics,
+            offsets=self.offsets,
+            clients=self.clients,
+            registrar_trigger=self.registrar.trigger,
+            unregister=lambda: self.registrar.leave(self._unregister_request()),
+        )
         if cfg.controller_mode:
             self._wire_controller(admin)
         messaging_pb2_grpc.add_MessagingServicer_to_server(messaging, self.server)
@@ -210,11 +222,16 @@ class Broker:
         await grpc_server.set_serving(self.health, SERVICE_NAMES)
         if self.config.namesrv_addrs:
             await self.registrar.start()
+        if self.config.learn_cluster_topics and self.config.is_master and self.roles is None:
+            self._spawn(self._learn_cluster_topics())
         if self.roles is not None:
             # A candidate slave until the election says otherwise (serves reads meanwhile).
             self.controller = EtcdController(self.config, self.roles, self.advertised_addr)
             self.roles.attach(self.controller)
             await self.controller.start()
+
+    async def _learn_cluster_topics(self) -> None:
+        await learn_cluster_topics(self.config, self.topics)  # puts trigger a registration
 
     def _wire_replication(self, messaging: MessagingService, admin: AdminService) -> None:
         """The Replication service on every broker (a slave answers NOT_MASTER); on a master
@@ -331,23 +348,24 @@ class Broker:
             return topic
         return dataclasses.replace(topic, perm=perm)
 
+    def _unregister_request(self) -> nameserver_pb2.UnregisterBrokerRequest:
+        cfg = self.config
+        return nameserver_pb2.UnregisterBrokerRequest(
+            cluster_name=cfg.cluster_name,
+            broker_addr=self.advertised_addr,
+            broker_name=cfg.broker_name,
+            broker_id=cfg.broker_id,
+        )
+
     async def stop(self) -> None:
         log.info("broker shutting down")
         with contextlib.suppress(Exception):
             await grpc_server.set_not_serving(self.health, SERVICE_NAMES)
-        cfg = self.config
         if self.controller is not None:
             await self.controller.stop()  # revokes the lease: the group elects at once
         if self.roles is not None:
             await self.roles.stop()
-        await self.registrar.stop(
-            nameserver_pb2.UnregisterBrokerRequest(
-                cluster_name=cfg.cluster_name,
-                broker_addr=self.advertised_addr,
-                broker_name=cfg.broker_name,
-                broker_id=cfg.broker_id,
-            )
-        )
+        await self.registrar.stop(self._unregister_request())  # a no-op after a drain
         await self.replication.stop()  # ends the slaves' streams, so the grace is not spent
         if self.ha_slave is not None:
             self.ha_slave.close()

@@ -1655,3 +1655,101 @@ class SwitchoverResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SwitchoverResponse: _TypeAlias = SwitchoverResponse  # noqa: Y015
+
+@_typing.final
+class DrainBrokerRequest(_message.Message):
+    """---------------------------------------------------------------------------------------------
+    Draining a broker before it leaves (Kubernetes scale-down)
+    ---------------------------------------------------------------------------------------------
+
+    Asks a broker to drain.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    UNREGISTER_FIELD_NUMBER: _builtins.int
+    timeout_ms: _builtins.int
+    """Longest wait for the consumers, ms. 0..3600000; 0 = only turn write off (and unregister)."""
+    unregister: _builtins.bool
+    """Unregister from the nameservers once drained or timed out."""
+    def __init__(
+        self,
+        *,
+        timeout_ms: _builtins.int = ...,
+        unregister: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["timeout_ms", b"timeout_ms", "unregister", b"unregister"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainBrokerRequest: _TypeAlias = DrainBrokerRequest  # noqa: Y015
+
+@_typing.final
+class DrainPending(_message.Message):
+    """Messages one consumer group has not consumed yet on one topic of the broker."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    topic: _builtins.str
+    messages: _builtins.int
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        messages: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "messages", b"messages", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainPending: _TypeAlias = DrainPending  # noqa: Y015
+
+@_typing.final
+class DrainBrokerResponse(_message.Message):
+    """The outcome of a drain."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRAINED_FIELD_NUMBER: _builtins.int
+    PENDING_MESSAGES_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    WAITED_MS_FIELD_NUMBER: _builtins.int
+    UNREGISTERED_FIELD_NUMBER: _builtins.int
+    drained: _builtins.bool
+    """True when nothing was left unconsumed."""
+    pending_messages: _builtins.int
+    """Unconsumed messages, summed over groups and queues."""
+    waited_ms: _builtins.int
+    """Time spent waiting, ms."""
+    unregistered: _builtins.bool
+    """Whether the broker unregistered from the nameservers."""
+    @_builtins.property
+    def pending(self) -> _containers.RepeatedCompositeFieldContainer[Global___DrainPending]:
+        """What is left, per group and topic (at most 100 entries, largest first)."""
+
+    def __init__(
+        self,
+        *,
+        drained: _builtins.bool = ...,
+        pending_messages: _builtins.int = ...,
+        pending: _abc.Iterable[Global___DrainPending] | None = ...,
+        waited_ms: _builtins.int = ...,
+        unregistered: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained", b"drained", "pending", b"pending", "pending_messages", b"pending_messages", "unregistered", b"unregistered", "waited_ms", b"waited_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainBrokerResponse: _TypeAlias = DrainBrokerResponse  # noqa: Y015

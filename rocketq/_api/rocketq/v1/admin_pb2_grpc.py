@@ -130,6 +130,11 @@ class AdminStub:
                 request_serializer=rocketq_dot_v1_dot_admin__pb2.SwitchoverRequest.SerializeToString,
                 response_deserializer=rocketq_dot_v1_dot_admin__pb2.SwitchoverResponse.FromString,
                 _registered_method=True)
+        self.DrainBroker = channel.unary_unary(
+                '/rocketq.v1.Admin/DrainBroker',
+                request_serializer=rocketq_dot_v1_dot_admin__pb2.DrainBrokerRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_admin__pb2.DrainBrokerResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -320,6 +325,19 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainBroker(self, request, context):
+        """Drains the receiving broker before it leaves the cluster (a Kubernetes scale-down's preStop
+        hook, DESIGN.md §9): write permission off in memory (not persisted: a restart writes again)
+        and registered at once, so producers move to other groups; then waits, up to timeout_ms,
+        until every consumer group with offsets here has consumed every queue here to its end;
+        then, if asked, stops heartbeating and unregisters from every nameserver. Answers with
+        what is still unconsumed (nothing when drained).
+        INVALID_ARGUMENT: timeout out of range. UNAVAILABLE (NOT_MASTER): the receiver is a slave.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -417,6 +435,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Switchover,
                     request_deserializer=rocketq_dot_v1_dot_admin__pb2.SwitchoverRequest.FromString,
                     response_serializer=rocketq_dot_v1_dot_admin__pb2.SwitchoverResponse.SerializeToString,
+            ),
+            'DrainBroker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainBroker,
+                    request_deserializer=rocketq_dot_v1_dot_admin__pb2.DrainBrokerRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_admin__pb2.DrainBrokerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -933,6 +956,33 @@ class Admin:
             '/rocketq.v1.Admin/Switchover',
             rocketq_dot_v1_dot_admin__pb2.SwitchoverRequest.SerializeToString,
             rocketq_dot_v1_dot_admin__pb2.SwitchoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainBroker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Admin/DrainBroker',
+            rocketq_dot_v1_dot_admin__pb2.DrainBrokerRequest.SerializeToString,
+            rocketq_dot_v1_dot_admin__pb2.DrainBrokerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -145,6 +145,15 @@ class AdminStub:
     UNAVAILABLE: the receiver is not the master (NOT_MASTER). DEADLINE_EXCEEDED: the target did
       not catch up within the timeout (nothing changed; the master acknowledges writes again).
     """
+    DrainBroker: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DrainBrokerRequest, _admin_pb2.DrainBrokerResponse]
+    """Drains the receiving broker before it leaves the cluster (a Kubernetes scale-down's preStop
+    hook, DESIGN.md §9): write permission off in memory (not persisted: a restart writes again)
+    and registered at once, so producers move to other groups; then waits, up to timeout_ms,
+    until every consumer group with offsets here has consumed every queue here to its end;
+    then, if asked, stops heartbeating and unregisters from every nameserver. Answers with
+    what is still unconsumed (nothing when drained).
+    INVALID_ARGUMENT: timeout out of range. UNAVAILABLE (NOT_MASTER): the receiver is a slave.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -255,6 +264,15 @@ class AdminAsyncStub(AdminStub):
       the target is not an eligible in-sync replica (the message lists the in-sync set).
     UNAVAILABLE: the receiver is not the master (NOT_MASTER). DEADLINE_EXCEEDED: the target did
       not catch up within the timeout (nothing changed; the master acknowledges writes again).
+    """
+    DrainBroker: _aio.UnaryUnaryMultiCallable[_admin_pb2.DrainBrokerRequest, _admin_pb2.DrainBrokerResponse]  # type: ignore[assignment]
+    """Drains the receiving broker before it leaves the cluster (a Kubernetes scale-down's preStop
+    hook, DESIGN.md §9): write permission off in memory (not persisted: a restart writes again)
+    and registered at once, so producers move to other groups; then waits, up to timeout_ms,
+    until every consumer group with offsets here has consumed every queue here to its end;
+    then, if asked, stops heartbeating and unregisters from every nameserver. Answers with
+    what is still unconsumed (nothing when drained).
+    INVALID_ARGUMENT: timeout out of range. UNAVAILABLE (NOT_MASTER): the receiver is a slave.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -477,6 +495,21 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
           the target is not an eligible in-sync replica (the message lists the in-sync set).
         UNAVAILABLE: the receiver is not the master (NOT_MASTER). DEADLINE_EXCEEDED: the target did
           not catch up within the timeout (nothing changed; the master acknowledges writes again).
+        """
+
+    @_abc_1.abstractmethod
+    def DrainBroker(
+        self,
+        request: _admin_pb2.DrainBrokerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DrainBrokerResponse, _abc.Awaitable[_admin_pb2.DrainBrokerResponse]]:
+        """Drains the receiving broker before it leaves the cluster (a Kubernetes scale-down's preStop
+        hook, DESIGN.md §9): write permission off in memory (not persisted: a restart writes again)
+        and registered at once, so producers move to other groups; then waits, up to timeout_ms,
+        until every consumer group with offsets here has consumed every queue here to its end;
+        then, if asked, stops heartbeating and unregisters from every nameserver. Answers with
+        what is still unconsumed (nothing when drained).
+        INVALID_ARGUMENT: timeout out of range. UNAVAILABLE (NOT_MASTER): the receiver is a slave.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
