@@ -33,6 +33,8 @@ from rocketq import codec
 from rocketq.validation import MESSAGE_MAX_BYTES
 from services.common import config
 from services.common.config import Key, KeyTable, log_level_key, parse_addrs, parse_bool, parse_path
+from services.common.telemetry.config import STARTUP_ONLY_KEYS as TELEMETRY_STARTUP_ONLY_KEYS
+from services.common.telemetry.config import telemetry_keys
 from services.store.config import StoreConfig
 from services.store.flush import FlushDiskType
 
@@ -176,6 +178,16 @@ class BrokerConfig:
 
     log_level: str = "INFO"
     """[logLevel] DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+
+    # -- telemetry (services.common.telemetry.config) --
+    metrics_port: int = 0
+    """[metricsPort] Prometheus /metrics on listenAddress:metricsPort; 0 = no endpoint."""
+    trace_exporter: str = ""
+    """[traceExporter] none, console, otlp or file; empty = OTEL_TRACES_EXPORTER, else none."""
+    trace_sample_ratio: float = -1.0
+    """[traceSampleRatio] Share of new traces sampled (0..1); negative = OTEL_TRACES_SAMPLER."""
+    trace_file: str = ""
+    """[traceFile] The file exporter's JSON-lines output (a path)."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -381,6 +393,7 @@ TABLE = KeyTable(
         Key("maxTransferCountOnMessageInMemory", "max_transfer_count_on_message_in_memory", int),
         Key("maxTransferBytesOnMessageInMemory", "max_transfer_bytes_on_message_in_memory", int),
         log_level_key(),
+        *telemetry_keys(),  # metricsPort, traceExporter, traceSampleRatio, traceFile
     ],
 )
 
@@ -409,6 +422,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "maxTransferBytesOnMessageInMemory",
         "logLevel",
     }
+    | TELEMETRY_STARTUP_ONLY_KEYS
 )
 
 

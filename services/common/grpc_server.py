@@ -15,6 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.rpc_guard import DecodeGuard
+from services.common.telemetry import state as telemetry_state
+from services.common.telemetry.grpc_metrics import MetricsInterceptor
 
 #: Transport limit for requests and responses: a 4 MiB batch plus headroom for its framing.
 GRPC_MESSAGE_MAX_BYTES = 16 * 1024 * 1024
@@ -32,7 +34,10 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 def create_server() -> grpc.aio.Server:
     """A server with RocketQ's transport options and the :class:`DecodeGuard` (undecodable
     requests answered INVALID_ARGUMENT); add servicers, then :func:`finish_setup`."""
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeGuard()])
+    interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
+    if telemetry_state.METRICS:  # call duration and status per method (services.common.telemetry)
+        interceptors.append(MetricsInterceptor())
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
 
 
 class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]

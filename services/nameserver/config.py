@@ -7,6 +7,9 @@
 | logLevel                    | INFO    | DEBUG, INFO, WARNING, ERROR, CRITICAL            |
 
 Environment variables: ``ROCKETQ_NAMESERVER_<KEY>`` (``ROCKETQ_NAMESERVER_LISTENPORT``).
+
+Telemetry keys (metricsPort, traceExporter, traceSampleRatio, traceFile): see
+services.common.telemetry.config.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 from services.common import config
 from services.common.config import Key, KeyTable, log_level_key
+from services.common.telemetry.config import telemetry_keys
 
 DEFAULT_PORT = 9876
 DEFAULT_SCAN_INTERVAL_MS = 10_000
@@ -28,6 +32,15 @@ class NameServerConfig:
     listen_port: int = DEFAULT_PORT
     scan_interval_ms: int = DEFAULT_SCAN_INTERVAL_MS
     log_level: str = "INFO"
+    # -- telemetry (services.common.telemetry.config) --
+    metrics_port: int = 0
+    """[metricsPort] Prometheus /metrics on listenAddress:metricsPort; 0 = no endpoint."""
+    trace_exporter: str = ""
+    """[traceExporter] none, console, otlp or file; empty = OTEL_TRACES_EXPORTER, else none."""
+    trace_sample_ratio: float = -1.0
+    """[traceSampleRatio] Share of new traces sampled (0..1); negative = OTEL_TRACES_SAMPLER."""
+    trace_file: str = ""
+    """[traceFile] The file exporter's JSON-lines output (a path)."""
 
     @property
     def listen(self) -> str:
@@ -47,6 +60,7 @@ TABLE = KeyTable(
             low=1,
         ),
         log_level_key(),
+        *telemetry_keys(),
     ],
 )
 

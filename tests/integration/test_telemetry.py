@@ -1,0 +1,312 @@
+"""Traces and metrics across real processes (DESIGN.md §11, issue 20).
+
+One cluster serves the module: a nameserver and a broker with a Prometheus endpoint each
+(``metricsPort``: the nameserver's through its environment variable, the broker's through
+``--set``), the broker exporting its spans to a JSON-lines file (``traceExporter=file``). The
+producer and consumer run in the test process with an OpenTelemetry SDK whose spans land in an
+in-memory exporter, so one trace is followed from the producer's send span, through the
+broker's store span in the broker process, to the consumer's process span.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from opentelemetry.util._once import Once
+from prometheus_client.parser import text_string_to_metric_families
+
+from rocketq._api.rocketq.v1 import messaging_pb2
+from rocketq.client.admin import Admin
+from rocketq.client.consumer import (
+    ConsumeContext,
+    ConsumeFromWhere,
+    ConsumeResult,
+    PushConsumer,
+    PushConsumerConfig,
+)
+from rocketq.client.producer import Producer, ProducerConfig
+from rocketq.message import Message, ReceivedMessage
+from tests.integration.cluster import free_port
+from tests.support.cluster import Cluster, cluster
+from tests.support.raw_client import RawClient
+from tests.support.until import until
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Env:
+    c: Cluster
+    spans: InMemorySpanExporter
+    broker_spans: Path
+    broker_metrics: str
+    namesrv_metrics: str
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    root = tmp_path_factory.mktemp("telemetry")
+    spans_file = root / "broker-spans.jsonl"
+    broker_port, ns_port = free_port(), free_port()
+    keys = {"metricsPort": broker_port, "traceExporter": "file", "traceFile": spans_file}
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    # The nameserver takes its key from the environment (ROCKETQ_<SERVICE>_<KEY>).
+    os.environ["ROCKETQ_NAMESERVER_METRICSPORT"] = str(ns_port)
+    try:
+        with cluster(root, broker_keys=keys) as c:
+            os.environ.pop("ROCKETQ_NAMESERVER_METRICSPORT")
+            yield Env(
+                c,
+                exporter,
+                spans_file,
+                f"http://127.0.0.1:{broker_port}/metrics",
+                f"http://127.0.0.1:{ns_port}/metrics",
+            )
+    finally:
+        os.environ.pop("ROCKETQ_NAMESERVER_METRICSPORT", None)
+        provider.shutdown()
+        # The API installs a provider once per process; later modules must not record spans.
+        # (opentelemetry's own test utilities reset these two globals the same way.)
+        trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+        trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+
+def producer(e: Env, name: str) -> Producer:
+    return Producer(ProducerConfig(group=f"pg-{name}", namesrv_addrs=e.c.namesrv_addrs))
+
+
+def consumer(e: Env, group: str, topic: str, listener: object) -> PushConsumer:
+    cfg = PushConsumerConfig(
+        group,
+        tuple(e.c.namesrv_addrs),
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        persist_consumer_offset_interval_ms=200,  # the lag gauge reads committed offsets
+    )
+    pc = PushConsumer(cfg, listener)  # type: ignore[arg-type]
+    pc.subscribe(topic, "*")
+    return pc
+
+
+def client_spans(e: Env, name: str) -> list[ReadableSpan]:
+    return [s for s in e.spans.get_finished_spans() if s.name == name]
+
+
+def broker_spans(e: Env, name: str) -> list[dict[str, object]]:
+    if not e.broker_spans.exists():
+        return []
+    lines = e.broker_spans.read_text().splitlines()
+    return [s for s in map(json.loads, lines) if s["name"] == name]
+
+
+def hex_id(value: int, width: int) -> str:
+    return "0x" + format(value, f"0{width}x")
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of the endpoint: (name, labels) -> value."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def total(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+# ---- traces -----------------------------------------------------------------------------------
+
+
+async def test_one_trace_spans_producer_broker_and_consumer(env: Env) -> None:
+    topic, group = "TelemetryTrace", "cg-telemetry-trace"
+    got: list[ReceivedMessage] = []
+    seen_context: list[str] = []
+
+    def listener(msgs: list[ReceivedMessage], _ctx: ConsumeContext) -> ConsumeResult:
+        # the listener runs inside the process span (on the consume thread pool)
+        seen_context.append(format(trace.get_current_span().get_span_context().trace_id, "032x"))
+        got.extend(msgs)
+        return ConsumeResult.CONSUME_SUCCESS
+
+    async with producer(env, "trace") as p:
+        result = await p.send(Message(topic, b"traced"))
+    pc = consumer(env, group, topic, listener)
+    await pc.start()
+    try:
+        await until(lambda: got, "the message to be consumed", 20)
+    finally:
+        await pc.close()
+
+    [send] = client_spans(env, f"send {topic}")
+    assert send.kind is SpanKind.PRODUCER
+    assert send.attributes is not None
+    assert send.attributes["messaging.message.id"] == result.msg_id
+    ctx = send.context
+    # the message carries the send span's W3C traceparent, flags saying "sampled"
+    head, flags = got[0].properties["TRACE_CONTEXT"].rsplit("-", 1)
+    assert head == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}"
+    assert int(flags, 16) & 0x01
+
+    [process] = client_spans(env, f"process {topic}")
+    assert process.kind is SpanKind.CONSUMER
+    assert process.context.trace_id == ctx.trace_id
+    assert process.parent is not None and process.parent.span_id == ctx.span_id
+    assert seen_context == [f"{ctx.trace_id:032x}"]
+
+    stored = await until(lambda: broker_spans(env, f"store {topic}"), "the broker's store span")
+    [store] = stored
+    assert store["context"]["trace_id"] == hex_id(ctx.trace_id, 32)  # type: ignore[index]
+    assert store["parent_id"] == hex_id(ctx.span_id, 16)
+    assert store["kind"] == "SpanKind.SERVER"
+    assert store["resource"]["attributes"]["service.name"] == "rocketq-broker"  # type: ignore[index]
+    assert store["attributes"]["messaging.message.id"] == result.msg_id  # type: ignore[index]
+
+
+async def test_a_dead_letter_joins_the_original_trace(env: Env) -> None:
+    """A consumer gives the message up at once (delay level -1): the broker's dead-letter span
+    is in the producer's trace."""
+    topic, group = "TelemetryDlq", "cg-telemetry-dlq"
+    calls: list[str] = []
+
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        calls.append(msgs[0].msg_id)
+        ctx.delay_level_when_next_consume = -1
+        return ConsumeResult.RECONSUME_LATER
+
+    async with producer(env, "dlq") as p:
+        await p.send(Message(topic, b"doomed"))
+    pc = consumer(env, group, topic, listener)
+    await pc.start()
+    try:
+        dead = await until(
+            lambda: broker_spans(env, f"dead letter {group}"), "the broker's dead-letter span", 20
+        )
+    finally:
+        await pc.close()
+    [send] = client_spans(env, f"send {topic}")
+    assert dead[0]["context"]["trace_id"] == hex_id(send.context.trace_id, 32)  # type: ignore[index]
+    assert dead[0]["parent_id"] == hex_id(send.context.span_id, 16)
+    assert len(calls) == 1
+
+
+async def test_without_a_tracer_provider_nothing_is_added_to_messages(env: Env) -> None:
+    """Tracing off (no SDK provider in the application): messages carry no trace context."""
+    provider = trace.get_tracer_provider()
+    saved = (trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE)  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    try:
+        async with producer(env, "untraced") as p:
+            result = await p.send(Message("TelemetryUntraced", b"plain"))
+    finally:
+        trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE = saved  # type: ignore[attr-defined]
+    assert trace.get_tracer_provider() is provider
+    async with Admin(env.c.namesrv_addrs) as admin:
+        stored = await admin.view_message(result.offset_msg_id)
+    assert stored.body == b"plain"
+    assert "TRACE_CONTEXT" not in stored.properties
+
+
+# ---- metrics ----------------------------------------------------------------------------------
+
+
+async def test_broker_metrics_move_with_traffic(env: Env) -> None:
+    topic, group, n = "TelemetryMetrics", "cg-telemetry-metrics", 20
+    async with producer(env, "metrics") as p:
+        await p.send(Message(topic, b"first"))  # creates the topic
+        before = scrape(env.broker_metrics)
+        await p.send_batch([Message(topic, b"x" * 100) for _ in range(n)])
+    after = scrape(env.broker_metrics)
+    label = {"messaging_destination_name": topic}
+    assert (
+        total(after, "rocketmq_messages_in_total", **label)
+        - total(before, "rocketmq_messages_in_total", **label)
+        == n
+    )
+    assert (
+        total(after, "rocketmq_throughput_in_bytes_total", **label)
+        - total(before, "rocketmq_throughput_in_bytes_total", **label)
+        > n * 100
+    )
+    sends = {"rpc_method": "Send", "rpc_grpc_status_code": "0"}
+    assert total(after, "rpc_server_duration_milliseconds_count", **sends) > total(
+        before, "rpc_server_duration_milliseconds_count", **sends
+    )
+
+    # A consumer that reads everything and commits: messages out rise, the lag falls to 0.
+    got: list[ReceivedMessage] = []
+
+    def listener(msgs: list[ReceivedMessage], _ctx: ConsumeContext) -> ConsumeResult:
+        got.extend(msgs)
+        return ConsumeResult.CONSUME_SUCCESS
+
+    pc = consumer(env, group, topic, listener)
+    await pc.start()
+    try:
+        await until(lambda: len(got) == n + 1, "every message consumed", 20)
+        lag = {"messaging_consumer_group_name": group, "messaging_destination_name": topic}
+
+        def drained() -> bool:
+            s = scrape(env.broker_metrics)
+            return (
+                bool(
+                    [
+                        k
+                        for k in s
+                        if k[0] == "rocketmq_consumer_lag_messages" and set(lag.items()) <= k[1]
+                    ]
+                )
+                and total(s, "rocketmq_consumer_lag_messages", **lag) == 0
+            )
+
+        await until(drained, "the group's lag to be reported as 0", 20, 0.2)
+    finally:
+        await pc.close()
+    out = scrape(env.broker_metrics)
+    assert total(out, "rocketmq_messages_out_total", **lag) >= n + 1
+    assert total(out, "rocketmq_storage_size_bytes") > 0
+    assert total(out, "rocketmq_replication_in_sync_replicas") == 1
+
+
+async def test_refused_calls_are_counted_by_status(env: Env) -> None:
+    before = scrape(env.broker_metrics)
+    async with RawClient(env.c.broker.addr) as rc:
+        with pytest.raises(Exception, match=r"INVALID_ARGUMENT|no message"):
+            await rc.messaging.Send(messaging_pb2.SendRequest(), timeout=5)
+    after = scrape(env.broker_metrics)
+    refused = {"rpc_method": "Send", "rpc_grpc_status_code": "3"}
+    key = "rpc_server_duration_milliseconds_count"
+    assert total(after, key, **refused) == total(before, key, **refused) + 1
+
+
+async def test_nameserver_serves_metrics_from_its_environment_key(env: Env) -> None:
+    samples = scrape(env.namesrv_metrics)
+    registrations = {"rpc_method": "RegisterBroker", "rpc_grpc_status_code": "0"}
+    assert total(samples, "rpc_server_duration_milliseconds_count", **registrations) >= 1
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(env.namesrv_metrics.replace("/metrics", "/nope"), timeout=5)
