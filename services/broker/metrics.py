@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from opentelemetry import metrics
-
 from rocketq._api.rocketq.v1 import admin_pb2
 from services.broker.consumer_offset_manager import ConsumerOffsetManager, split_key
 from services.common.telemetry import state
+from services.common.telemetry.fast import FastHistogram
 from services.common.telemetry.gauges import Reading, Snapshot, Values, one, register
+from services.common.telemetry.setup import LATENCY_BUCKETS_MS
 from services.store.message_store import MessageStore
 
 Stats = admin_pb2.GetRuntimeStatsResponse
@@ -45,10 +45,13 @@ def install(
         return
     snap = Snapshot(stats)
     register(_readings(snap, offsets, store))
-    fsync = metrics.get_meter("rocketq.store").create_histogram(
-        "rocketmq.storage.flush.duration", "ms", "Duration of one commitlog flush (fsync)"
+    fsync = FastHistogram(
+        "rocketmq_storage_flush_duration_milliseconds",
+        "Duration of one commitlog flush (fsync)",
+        (),
+        LATENCY_BUCKETS_MS,
     )
-    store.flusher.on_flush = lambda seconds: fsync.record(seconds * 1000)
+    store.flusher.on_flush = lambda seconds: fsync.record(seconds * 1000, ())
 
 
 def _readings(

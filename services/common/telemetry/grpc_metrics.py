@@ -1,11 +1,11 @@
 """gRPC server metrics: one duration histogram per method and status (OpenTelemetry RPC
 conventions), installed on every service's server when metrics are on.
 
-``rpc.server.duration`` (ms) with ``rpc.system`` = grpc, ``rpc.service``, ``rpc.method`` and
-``rpc.grpc.status_code`` (the numeric code, as the conventions say): its count per status code
-is the gRPC status count, its buckets the latency of Send, Pull and every other call. A stream's
-duration is its lifetime. Cost per call: two clock reads and one histogram record on a cached
-attribute set — no per-message work.
+``rpc.server.duration`` (ms; Prometheus ``rpc_server_duration_milliseconds``) with
+``rpc.system`` = grpc, ``rpc.service``, ``rpc.method`` and ``rpc.grpc.status_code`` (the numeric
+code, as the conventions say): its count per status code is the gRPC status count, its buckets
+the latency of Send, Pull and every other call. A stream's duration is its lifetime. Cost per
+call: two clock reads and a :class:`~services.common.telemetry.fast.FastHistogram` update.
 """
 
 from __future__ import annotations
@@ -15,23 +15,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from opentelemetry import metrics
 
-ATTRIBUTE_SETS_MAX = 4096
-"""Cached (method, status) attribute dicts; the table starts over past it (methods are few)."""
+from services.common.telemetry.fast import FastHistogram
+from services.common.telemetry.setup import LATENCY_BUCKETS_MS
+
+LABELS = ("rpc_system", "rpc_service", "rpc_method", "rpc_grpc_status_code")
 
 
 class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Times every call and records it with its final status code."""
 
-    def __init__(self, meter: metrics.Meter | None = None) -> None:
-        meter = meter or metrics.get_meter("rocketq.grpc")
-        self._duration = meter.create_histogram(
-            "rpc.server.duration",
-            unit="ms",
-            description="Duration of gRPC calls served, by method and status code",
+    def __init__(self) -> None:
+        self._duration = FastHistogram(
+            "rpc_server_duration_milliseconds",
+            "Duration of gRPC calls served, by method and status code",
+            LABELS,
+            LATENCY_BUCKETS_MS,
         )
-        self._attrs: dict[tuple[str, int], dict[str, Any]] = {}
+        self._keys: dict[tuple[str, int], tuple[str, ...]] = {}
 
     async def intercept_service(
         self,
@@ -93,18 +94,11 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> None:
         code = _code_of(context) or default
         value = code.value[0]
-        attrs = self._attrs.get((method, value))
-        if attrs is None:
-            if len(self._attrs) >= ATTRIBUTE_SETS_MAX:
-                self._attrs.clear()
+        key = self._keys.get((method, value))
+        if key is None:
             service, _, name = method.lstrip("/").rpartition("/")
-            attrs = self._attrs[(method, value)] = {
-                "rpc.system": "grpc",
-                "rpc.service": service,
-                "rpc.method": name,
-                "rpc.grpc.status_code": value,
-            }
-        self._duration.record((time.perf_counter() - start) * 1000, attrs)
+            key = self._keys[(method, value)] = ("grpc", service, name, str(value))
+        self._duration.record((time.perf_counter() - start) * 1000, key)
 
 
 def _code_of(context: grpc.aio.ServicerContext[Any, Any]) -> grpc.StatusCode | None:

@@ -6,7 +6,12 @@ shutdown): a hook on a hot path pays one attribute read when telemetry is off.
 
 from __future__ import annotations
 
+from typing import Any
+
 TRACING = False
 """A tracer provider with an exporter is installed (``traceExporter`` is not none)."""
 METRICS = False
 """A meter provider with the Prometheus reader is installed (``metricsPort`` > 0)."""
+REGISTRY: Any = None
+"""The prometheus_client registry /metrics renders (services.common.telemetry.fast adds its
+histograms to it); None while metrics are off."""
