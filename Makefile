@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-store check lint fmt typecheck test test-unit bench gen-protos verify-protos clean
+.PHONY: setup demo demo-store check lint fmt typecheck test test-unit bench dashboard gen-protos verify-protos clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
@@ -52,6 +52,11 @@ bench: setup  ## storage and messaging benchmarks; figures are printed, never as
 	$(PY) -m tools.bench.transaction_bench
 	$(PY) -m tools.bench.replication_bench
 	$(PY) -m tools.bench.failover_bench
+	$(PY) -m tools.bench.telemetry_bench
+
+dashboard: setup  ## regenerate deploy/grafana/rocketq.json and, from a live local run, docs/images/dashboard.png
+	$(PY) -m tools.dashboard json
+	$(PY) -m tools.dashboard render
 
 gen-protos: setup  ## regenerate rocketq/_api from proto/
 	$(PY) tools/gen_protos.py
