@@ -1,8 +1,9 @@
 """Traces and metrics across real processes (DESIGN.md §11, issue 20).
 
-One cluster serves the module: a nameserver and a broker with a Prometheus endpoint each
-(``metricsPort``: the nameserver's through its environment variable, the broker's through
-``--set``), the broker exporting its spans to a JSON-lines file (``traceExporter=file``). The
+One cluster serves the module: a nameserver, a broker and a timer wheel with a Prometheus
+endpoint each (``metricsPort``: the nameserver's through its environment variable, the others'
+through ``--set``), broker and timer wheel exporting their spans to JSON-lines files
+(``traceExporter=file``). The
 producer and consumer run in the test process with an OpenTelemetry SDK whose spans land in an
 in-memory exporter, so one trace is followed from the producer's send span, through the
 broker's store span in the broker process, to the consumer's process span.
@@ -17,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -53,14 +55,18 @@ class Env:
     broker_spans: Path
     broker_metrics: str
     namesrv_metrics: str
+    timer_spans: Path
+    timer_metrics: str
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("telemetry")
     spans_file = root / "broker-spans.jsonl"
-    broker_port, ns_port = free_port(), free_port()
+    timer_file = root / "timer-spans.jsonl"
+    broker_port, ns_port, timer_port = free_port(), free_port(), free_port()
     keys = {"metricsPort": broker_port, "traceExporter": "file", "traceFile": spans_file}
+    timer_keys = {"metricsPort": timer_port, "traceExporter": "file", "traceFile": timer_file}
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -68,7 +74,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     # The nameserver takes its key from the environment (ROCKETQ_<SERVICE>_<KEY>).
     os.environ["ROCKETQ_NAMESERVER_METRICSPORT"] = str(ns_port)
     try:
-        with cluster(root, broker_keys=keys) as c:
+        with cluster(root, broker_keys=keys, timer_wheel=True, timer_keys=timer_keys) as c:
             os.environ.pop("ROCKETQ_NAMESERVER_METRICSPORT")
             yield Env(
                 c,
@@ -76,6 +82,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                 spans_file,
                 f"http://127.0.0.1:{broker_port}/metrics",
                 f"http://127.0.0.1:{ns_port}/metrics",
+                timer_file,
+                f"http://127.0.0.1:{timer_port}/metrics",
             )
     finally:
         os.environ.pop("ROCKETQ_NAMESERVER_METRICSPORT", None)
@@ -109,11 +117,12 @@ def client_spans(e: Env, name: str) -> list[ReadableSpan]:
     return [s for s in e.spans.get_finished_spans() if s.name == name]
 
 
-def broker_spans(e: Env, name: str) -> list[dict[str, object]]:
-    if not e.broker_spans.exists():
+def broker_spans(e: Env, name: str, path: Path | None = None) -> list[dict[str, Any]]:
+    """Spans called ``name`` in the broker's span file (or ``path``, the timer wheel's)."""
+    path = path or e.broker_spans
+    if not path.exists():
         return []
-    lines = e.broker_spans.read_text().splitlines()
-    return [s for s in map(json.loads, lines) if s["name"] == name]
+    return [s for s in map(json.loads, path.read_text().splitlines()) if s["name"] == name]
 
 
 def hex_id(value: int, width: int) -> str:
@@ -213,6 +222,39 @@ async def test_a_dead_letter_joins_the_original_trace(env: Env) -> None:
     assert dead[0]["context"]["trace_id"] == hex_id(send.context.trace_id, 32)  # type: ignore[index]
     assert dead[0]["parent_id"] == hex_id(send.context.span_id, 16)
     assert len(calls) == 1
+
+
+async def test_a_delayed_message_keeps_its_trace_through_the_timer_wheel(env: Env) -> None:
+    """Delay level 1: broker stores it in the timer topic, the timer wheel re-puts it when due
+    (its ``deliver`` span), the consumer processes it - all in the producer's trace; the timer
+    wheel's metrics count the delivery."""
+    topic, group = "TelemetryDelayed", "cg-telemetry-delayed"
+    got: list[ReceivedMessage] = []
+
+    def listener(msgs: list[ReceivedMessage], _ctx: ConsumeContext) -> ConsumeResult:
+        got.extend(msgs)
+        return ConsumeResult.CONSUME_SUCCESS
+
+    async with producer(env, "delayed") as p:
+        await p.send(Message(topic, b"later", delay_level=1))
+    pc = consumer(env, group, topic, listener)
+    await pc.start()
+    try:
+        await until(lambda: got, "the delayed message to be consumed", 30)
+    finally:
+        await pc.close()
+    [send] = client_spans(env, f"send {topic}")
+    trace_id = hex_id(send.context.trace_id, 32)
+    delivered = await until(
+        lambda: broker_spans(env, f"deliver {topic}", env.timer_spans), "the deliver span"
+    )
+    assert delivered[0]["context"]["trace_id"] == trace_id
+    assert delivered[0]["resource"]["attributes"]["service.name"] == "rocketq-timer-wheel"
+    stores = {s["context"]["trace_id"] for s in broker_spans(env, f"store {topic}")}
+    assert stores == {trace_id}  # the first store (into the timer topic) and the re-put
+    [process] = client_spans(env, f"process {topic}")
+    assert process.context.trace_id == send.context.trace_id
+    assert total(scrape(env.timer_metrics), "rocketq_timer_delivered_total") >= 1
 
 
 async def test_without_a_tracer_provider_nothing_is_added_to_messages(env: Env) -> None:
