@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -29,7 +31,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util._once import Once
 from prometheus_client.parser import text_string_to_metric_families
 
-from rocketq._api.rocketq.v1 import messaging_pb2
+from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
 from rocketq.client.admin import Admin
 from rocketq.client.consumer import (
     ConsumeContext,
@@ -41,7 +43,7 @@ from rocketq.client.consumer import (
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message, ReceivedMessage
 from tests.integration.cluster import free_port
-from tests.support.cluster import Cluster, cluster
+from tests.support.cluster import Cluster, cluster, wait_routed
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -113,6 +115,22 @@ def consumer(e: Env, group: str, topic: str, listener: object) -> PushConsumer:
     return pc
 
 
+async def make_topic(e: Env, topic: str, broker: str = "broker-a", addr: str = "") -> None:
+    """``topic`` with one queue on ``broker`` only (its spans and counters are that broker's,
+    whichever brokers the module has started), routed before it returns."""
+    async with RawClient(addr or e.c.broker.addr) as rc:
+        await rc.admin.CreateTopic(
+            admin_pb2.CreateTopicRequest(
+                target=admin_pb2.ApplyTarget(broker_name=broker),
+                config=common_pb2.TopicConfig(
+                    topic_name=topic, read_queue_nums=1, write_queue_nums=1, perm=6
+                ),
+            ),
+            timeout=10,
+        )
+    await wait_routed(e.c.namesrv_addrs, topic, 1)
+
+
 def client_spans(e: Env, name: str) -> list[ReadableSpan]:
     return [s for s in e.spans.get_finished_spans() if s.name == name]
 
@@ -154,6 +172,7 @@ def total(
 
 async def test_one_trace_spans_producer_broker_and_consumer(env: Env) -> None:
     topic, group = "TelemetryTrace", "cg-telemetry-trace"
+    await make_topic(env, topic)
     got: list[ReceivedMessage] = []
     seen_context: list[str] = []
 
@@ -201,6 +220,7 @@ async def test_a_dead_letter_joins_the_original_trace(env: Env) -> None:
     """A consumer gives the message up at once (delay level -1): the broker's dead-letter span
     is in the producer's trace."""
     topic, group = "TelemetryDlq", "cg-telemetry-dlq"
+    await make_topic(env, topic)
     calls: list[str] = []
 
     def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
@@ -229,6 +249,7 @@ async def test_a_delayed_message_keeps_its_trace_through_the_timer_wheel(env: En
     (its ``deliver`` span), the consumer processes it - all in the producer's trace; the timer
     wheel's metrics count the delivery."""
     topic, group = "TelemetryDelayed", "cg-telemetry-delayed"
+    await make_topic(env, topic)
     got: list[ReceivedMessage] = []
 
     def listener(msgs: list[ReceivedMessage], _ctx: ConsumeContext) -> ConsumeResult:
@@ -257,6 +278,62 @@ async def test_a_delayed_message_keeps_its_trace_through_the_timer_wheel(env: En
     assert total(scrape(env.timer_metrics), "rocketq_timer_delivered_total") >= 1
 
 
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP trace receiver: the Export RPC of the OpenTelemetry collector protocol, keeping
+    every span it is sent with its resource's service name."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, Any]] = []
+
+    async def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: object
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        for rs in request.resource_spans:
+            service = next(
+                a.value.string_value for a in rs.resource.attributes if a.key == "service.name"
+            )
+            for scope in rs.scope_spans:
+                self.spans.extend((service, span) for span in scope.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+async def test_a_broker_exports_its_spans_over_otlp(env: Env) -> None:
+    """traceExporter=otlp with the standard OTEL_EXPORTER_OTLP_* variables: the store span
+    reaches an OTLP receiver, in the producer's trace."""
+    collector = Collector()
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    otel_env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+    topic = "TelemetryOtlp"
+    try:
+        os.environ.update(otel_env)
+        try:
+            broker = env.c.start_broker("broker-otlp", traceExporter="otlp")
+        finally:
+            for key in otel_env:
+                os.environ.pop(key)
+        await make_topic(env, topic, "broker-otlp", broker.addr)
+        async with producer(env, "otlp") as p:
+            await p.send(Message(topic, b"over otlp"))
+        [send] = client_spans(env, f"send {topic}")
+
+        def exported() -> list[Any]:
+            return [sp for svc, sp in collector.spans if sp.name == f"store {topic}"]
+
+        [store] = await until(exported, "the store span at the OTLP receiver", 20)
+        assert store.trace_id == send.context.trace_id.to_bytes(16, "big")
+        assert store.parent_span_id == send.context.span_id.to_bytes(8, "big")
+        assert {svc for svc, _ in collector.spans} == {"rocketq-broker"}
+    finally:
+        await server.stop(None)
+
+
 async def test_without_a_tracer_provider_nothing_is_added_to_messages(env: Env) -> None:
     """Tracing off (no SDK provider in the application): messages carry no trace context."""
     provider = trace.get_tracer_provider()
@@ -279,8 +356,9 @@ async def test_without_a_tracer_provider_nothing_is_added_to_messages(env: Env) 
 
 async def test_broker_metrics_move_with_traffic(env: Env) -> None:
     topic, group, n = "TelemetryMetrics", "cg-telemetry-metrics", 20
+    await make_topic(env, topic)
     async with producer(env, "metrics") as p:
-        await p.send(Message(topic, b"first"))  # creates the topic
+        await p.send(Message(topic, b"first"))
         before = scrape(env.broker_metrics)
         await p.send_batch([Message(topic, b"x" * 100) for _ in range(n)])
     after = scrape(env.broker_metrics)
