@@ -243,6 +243,11 @@ async def test_a_dead_letter_joins_the_original_trace(env: Env) -> None:
     assert dead[0]["context"]["trace_id"] == hex_id(send.context.trace_id, 32)  # type: ignore[index]
     assert dead[0]["parent_id"] == hex_id(send.context.span_id, 16)
     assert len(calls) == 1
+    dlq = {"messaging_consumer_group_name": group, "rocketq_send_back_outcome": "dlq"}
+    await until(
+        lambda: total(scrape(env.broker_metrics), "rocketmq_send_back_messages_total", **dlq) == 1,
+        "the dead letter to be counted",
+    )
 
 
 async def test_a_delayed_message_keeps_its_trace_through_the_timer_wheel(env: Env) -> None:

@@ -132,11 +132,10 @@ async def pull(fn: Callable[[Any, Any], Awaitable[R]], request: Any, context: An
 @contextlib.contextmanager
 def send_back(dead_letter: bool, group: str, props: Mapping[str, str]) -> Iterator[None]:
     """Around re-storing a message a consumer gave back: a ``retry`` or ``dead letter`` span in
-    the message's trace, and the send-back counter."""
-    if state.METRICS:
-        counters().sent_back.add((group, "dlq" if dead_letter else "retry"), 1)
+    the message's trace, and the send-back counter (counted once it is stored)."""
     if not state.TRACING:
         yield
+        _count_send_back(dead_letter, group)
         return
     name = f"{'dead letter' if dead_letter else 'retry'} {group}"
     attrs = {
@@ -146,6 +145,12 @@ def send_back(dead_letter: bool, group: str, props: Mapping[str, str]) -> Iterat
     }
     with _TRACER.start_as_current_span(name, context=_context(props), attributes=attrs):
         yield
+    _count_send_back(dead_letter, group)
+
+
+def _count_send_back(dead_letter: bool, group: str) -> None:
+    if state.METRICS:
+        counters().sent_back.add((group, "dlq" if dead_letter else "retry"), 1)
 
 
 def mark(
