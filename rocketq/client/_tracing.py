@@ -89,10 +89,14 @@ def context_of(properties: dict[str, str]) -> Context | None:
     return ctx if span_ctx.is_valid else None
 
 
-def _headers(span: trace.Span) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
-    return {_HEADER_TO_PROPERTY[k]: v for k, v in headers.items() if k in _HEADER_TO_PROPERTY}
+def _headers(ctx: trace.SpanContext) -> dict[str, str]:
+    """The properties carrying ``ctx``: the W3C ``traceparent`` (version 00) and ``tracestate``
+    values, formatted here rather than by the propagator (a tenth of its cost, once per send;
+    :func:`context_of` reads them back with the propagator)."""
+    out = {TRACE_CONTEXT: f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"}
+    if ctx.trace_state:
+        out[TRACE_STATE] = ctx.trace_state.to_header()
+    return out
 
 
 @contextlib.contextmanager
@@ -111,8 +115,10 @@ def send_span(topic: str, items: Sequence[_HasPb]) -> Iterator[None]:
     }
     if len(items) == 1:
         attrs["messaging.message.id"] = getattr(items[0], "msg_id", "")
-    with _TRACER.start_as_current_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs):
-        headers = _headers(trace.get_current_span())
+    with _TRACER.start_as_current_span(
+        f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs
+    ) as span:
+        headers = _headers(span.get_span_context())
         for item in items:
             item.pb.properties.update(headers)
         yield
