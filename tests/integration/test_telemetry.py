@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -463,3 +465,34 @@ async def test_the_metrics_endpoint_refuses_what_is_not_a_scrape(env: Env) -> No
     assert _http(port, b"\x00\xff garbage without an end").startswith(b"HTTP/1.1 400")
     ok = _http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     assert ok.startswith(b"HTTP/1.1 200") and b"rpc_server_duration_milliseconds" in ok
+
+
+def test_unusable_telemetry_settings_stop_a_service_with_the_reason() -> None:
+    """A taken metrics port exits 1 naming the address; a file exporter without its file exits
+    2 naming the key - before anything is served."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    base = [sys.executable, "-m", "services.nameserver", "--listen", "127.0.0.1:0"]
+    try:
+        busy = subprocess.run(
+            [*base, "--set", f"metricsPort={port}"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        taken.close()
+    assert busy.returncode == 1
+    assert f"metrics endpoint cannot listen on 127.0.0.1:{port}" in busy.stderr
+    no_file = subprocess.run(
+        [*base, "--set", "traceExporter=file"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert no_file.returncode == 2
+    assert "traceExporter=file needs traceFile" in no_file.stderr
