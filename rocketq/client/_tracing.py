@@ -31,6 +31,7 @@ import functools
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
+from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
@@ -130,6 +131,18 @@ def process_span(group: str, mq: MessageQueue, msgs: Sequence[Any]) -> Iterator[
     if not enabled():
         yield
         return
+    unsampled = _unsampled_parent(msgs)
+    if unsampled is not None:
+        # The producer did not sample this trace and the application's sampler follows
+        # parents: no span would be recorded. Only its context is made current (so calls the
+        # listener makes still carry the trace), without making a span (a per-message cost
+        # for the default batch size of 1).
+        token = context_api.attach(unsampled)
+        try:
+            yield
+        finally:
+            context_api.detach(token)
+        return
     parent, links = _parent_and_links(m.properties for m in msgs)
     attrs: dict[str, Any] = {
         "messaging.system": MESSAGING_SYSTEM,
@@ -170,6 +183,47 @@ def check_span(
         f"check {topic}", context=context_of(props), kind=SpanKind.CONSUMER, attributes=attrs
     ):
         yield
+
+
+TRACEPARENT_CHARS = 55
+"""Length of a version-00 ``traceparent``: ``00-`` 32 hex ``-`` 16 hex ``-`` 2 hex."""
+
+
+def _unsampled_parent(msgs: Sequence[Any]) -> Context | None:
+    """When every message carries one and the same unsampled context and the installed
+    sampler is parent-based: that context (read by slicing the version-00 layout), else None."""
+    value = None
+    for m in msgs:
+        v = m.properties.get(TRACE_CONTEXT)
+        if v is None or (value is not None and v != value):
+            return None
+        value = v
+    if value is None or len(value) != TRACEPARENT_CHARS or value[:3] != "00-":
+        return None
+    try:
+        trace_id, span_id, flags = int(value[3:35], 16), int(value[36:52], 16), int(value[53:], 16)
+    except ValueError:
+        return None
+    if flags & 0x01 or not trace_id or not span_id or not _follows_parents():
+        return None
+    span_ctx = trace.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(flags)
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_ctx))
+
+
+_parent_based: tuple[object, bool] = (None, False)
+
+
+def _follows_parents() -> bool:
+    """Whether the installed provider's sampler is parent-based (cached per provider)."""
+    global _parent_based
+    provider = trace.get_tracer_provider()
+    if _parent_based[0] is not provider:
+        from opentelemetry.sdk.trace.sampling import ParentBased  # noqa: PLC0415 - SDK optional
+
+        _parent_based = (provider, isinstance(getattr(provider, "sampler", None), ParentBased))
+    return _parent_based[1]
 
 
 def _parent_and_links(props: Iterable[dict[str, str]]) -> tuple[Context | None, list[Link]]:

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import math
+from types import SimpleNamespace
 
 import pytest
 from opentelemetry import trace
@@ -193,3 +194,26 @@ def test_the_committed_dashboard_is_the_generated_one() -> None:
     root = Path(__file__).resolve().parents[2]
     committed = json.loads((root / DASHBOARD_FILE).read_text())
     assert committed == dashboard_json(), "run: python -m tools.dashboard json"
+
+
+def test_an_unsampled_message_gives_the_listener_its_context_without_a_span(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_tracing, "_follows_parents", lambda: True)
+    unsampled = TRACEPARENT[:-2] + "00"
+    msgs = [SimpleNamespace(properties={"TRACE_CONTEXT": unsampled}) for _ in range(3)]
+    ctx = _tracing._unsampled_parent(msgs)
+    assert ctx is not None
+    fast_read = trace.get_current_span(ctx).get_span_context()
+    full_read = _tracing.context_of({"TRACE_CONTEXT": unsampled})
+    assert full_read is not None
+    assert fast_read == trace.get_current_span(full_read).get_span_context()
+    assert not fast_read.trace_flags.sampled
+    # sampled, mixed or missing contexts take the span path
+    assert (
+        _tracing._unsampled_parent([SimpleNamespace(properties={"TRACE_CONTEXT": TRACEPARENT})])
+        is None
+    )
+    assert _tracing._unsampled_parent([*msgs, SimpleNamespace(properties={})]) is None
+    monkeypatch.setattr(_tracing, "_follows_parents", lambda: False)
+    assert _tracing._unsampled_parent(msgs) is None
