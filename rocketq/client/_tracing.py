@@ -35,7 +35,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from rocketq.codec import Prop
@@ -116,13 +116,23 @@ def send_span(topic: str, items: Sequence[_HasPb]) -> Iterator[None]:
     }
     if len(items) == 1:
         attrs["messaging.message.id"] = getattr(items[0], "msg_id", "")
-    with _TRACER.start_as_current_span(
-        f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs
-    ) as span:
+    # start_span + attach rather than start_as_current_span: two generator layers fewer, a
+    # third of this hook's cost (it runs once per send, sampled or not)
+    span = _TRACER.start_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs)
+    token = context_api.attach(trace.set_span_in_context(span))
+    try:
         headers = _headers(span.get_span_context())
         for item in items:
             item.pb.properties.update(headers)
         yield
+    except BaseException as exc:
+        if span.is_recording():
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        context_api.detach(token)
+        span.end()
 
 
 @contextlib.contextmanager
