@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 IMAGE ?= localhost/rocketq:dev
 
-.PHONY: image setup demo demo-store check lint fmt typecheck test test-unit bench gen-protos verify-protos clean
+.PHONY: image setup demo demo-store check lint fmt typecheck test test-unit bench dashboard gen-protos verify-protos clean
 .PHONY: bench-peers
 
 $(STAMP): pyproject.toml
@@ -62,11 +62,16 @@ bench: setup  ## storage and messaging benchmarks; figures are printed, never as
 	$(PY) -m tools.bench.replication_bench
 	$(PY) -m tools.bench.failover_bench
 	$(PY) -m tools.bench.security_bench
+	$(PY) -m tools.bench.telemetry_bench
 
 # perf: RocketQ beside Redis / NATS / RabbitMQ (Debian packages, installed by peers.py when
 # missing); never in CI. ARGS=--quick for short phases.
 bench-peers: setup  ## RocketQ side by side with Redis Streams, NATS JetStream, RabbitMQ
 	$(PY) -m tools.bench.peers $(ARGS)
+
+dashboard: setup  ## regenerate deploy/grafana/rocketq.json and, from a live local run, docs/images/dashboard.png
+	$(PY) -m tools.dashboard json
+	$(PY) -m tools.dashboard render
 
 gen-protos: setup  ## regenerate rocketq/_api from proto/
 	$(PY) tools/gen_protos.py

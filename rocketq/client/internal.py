@@ -23,18 +23,23 @@ exports.
 - :class:`RebalanceImpl`, :class:`RebalanceService`, :class:`PullRequest`: queue allocation across
   a consumer group and the pull requests it hands out.
 - :class:`ProcessQueue`: the per-queue buffer of pulled, not yet consumed messages.
+- :func:`trace_context_of`, :data:`TRACE_CONTEXT`: the OpenTelemetry context a message carries
+  in its properties (``rocketq.client._tracing``), for the broker's and timer wheel's spans.
 """
 
 from __future__ import annotations
 
 from rocketq.client._instance import ClientConfig, ClientInstance, local_ip
 from rocketq.client._route import TopicRoute
+from rocketq.client._tracing import TRACE_CONTEXT
+from rocketq.client._tracing import context_of as trace_context_of
 from rocketq.client.consumer._api import BrokerApi
 from rocketq.client.consumer._common import readable_queues
 from rocketq.client.consumer._rebalance import PullRequest, RebalanceImpl, RebalanceService
 from rocketq.client.consumer.process_queue import ProcessQueue
 
 __all__ = [
+    "TRACE_CONTEXT",
     "BrokerApi",
     "ClientConfig",
     "ClientInstance",
@@ -45,4 +50,5 @@ __all__ = [
     "TopicRoute",
     "local_ip",
     "readable_queues",
+    "trace_context_of",
 ]

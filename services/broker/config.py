@@ -36,6 +36,8 @@ from rocketq.validation import MESSAGE_MAX_BYTES
 from services.common import config
 from services.common.config import Key, KeyTable, log_level_key, parse_addrs, parse_bool, parse_path
 from services.common.security.keys import security_keys
+from services.common.telemetry.config import STARTUP_ONLY_KEYS as TELEMETRY_STARTUP_ONLY_KEYS
+from services.common.telemetry.config import telemetry_keys
 from services.store.config import StoreConfig
 from services.store.flush import FlushDiskType
 
@@ -188,6 +190,15 @@ class BrokerConfig:
     learn_cluster_topics: bool = False
     """[learnClusterTopics] A master joining a cluster creates on itself every topic that all
     other broker groups of its cluster host (services/broker/cluster_topics.py)."""
+    # -- telemetry (services.common.telemetry.config) --
+    metrics_port: int = 0
+    """[metricsPort] Prometheus /metrics on listenAddress:metricsPort; 0 = no endpoint."""
+    trace_exporter: str = ""
+    """[traceExporter] none, console, otlp or file; empty = OTEL_TRACES_EXPORTER, else none."""
+    trace_sample_ratio: float = -1.0
+    """[traceSampleRatio] Share of new traces sampled (0..1); negative = OTEL_TRACES_SAMPLER."""
+    trace_file: str = ""
+    """[traceFile] The file exporter's JSON-lines output (a path)."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -404,6 +415,7 @@ TABLE = KeyTable(
         Key("learnClusterTopics", "learn_cluster_topics", parse_bool),
         log_level_key(),
         *security_keys(),  # sec
+        *telemetry_keys(),  # metricsPort, traceExporter, traceSampleRatio, traceFile
     ],
 )
 
@@ -435,6 +447,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "logLevel",
         *(k.name for k in security_keys()),  # sec: certificates reload by themselves
     }
+    | TELEMETRY_STARTUP_ONLY_KEYS
 )
 
 

@@ -77,6 +77,7 @@ from services.common.errors import (
     rpc_stream,
     unavailable,
 )
+from services.common.telemetry import messaging as telemetry
 from services.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -168,13 +169,13 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
     async def Send(
         self, request: messaging_pb2.SendRequest, context: Context
     ) -> messaging_pb2.SendResponse:
-        return await self.sender.send(request, context.peer())
+        return await telemetry.send(self.sender.send, request, context.peer())
 
     @rpc
     async def Pull(
         self, request: messaging_pb2.PullRequest, context: Context
     ) -> messaging_pb2.PullResponse:
-        return await self.puller.pull(request, context)
+        return await telemetry.pull(self.puller.pull, request, context)
 
     # -- offsets ---------------------------------------------------------------------------
     def _topic_queue(self, topic: str, queue_id: int) -> TopicConfig:

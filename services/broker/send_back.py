@@ -83,6 +83,7 @@ from services.broker.timer_put import (
 from services.broker.topic_config_manager import TopicConfigManager
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import ServiceError, denied, invalid, not_found
+from services.common.telemetry import messaging as telemetry
 from services.store.commitlog import MessageToStore
 from services.store.message_store import MessageStore, PutStatus, StoreClosedError, StoreFullError
 
@@ -227,12 +228,16 @@ class SendBackProcessor:
             origin_msg_id_hint=request.origin_msg_id,
             origin_topic_hint=request.origin_topic,
         )
-        if goes_to_dlq(
+        dlq = goes_to_dlq(
             request.delay_level, reconsume_times, max_reconsume_times(request, group_cfg)
-        ):
-            await self._dead_letter(group, record, props, reconsume_times)
-        else:
-            await self._redeliver(group_cfg, request.delay_level, record, props, reconsume_times)
+        )
+        with telemetry.send_back(dlq, group, props):  # a span in the message's trace
+            if dlq:
+                await self._dead_letter(group, record, props, reconsume_times)
+            else:
+                await self._redeliver(
+                    group_cfg, request.delay_level, record, props, reconsume_times
+                )
         return messaging_pb2.ConsumerSendBackResponse()
 
     # -- checks ----------------------------------------------------------------------------

@@ -34,6 +34,8 @@ from rocketq._api.rocketq.v1 import (
     replication_pb2_grpc,
 )
 from services.broker import config as broker_config
+from services.broker import metrics as broker_metrics
+from services.broker.admin_runtime import runtime_stats
 from services.broker.admin_service import AdminService
 from services.broker.client_manager import ClientManager
 from services.broker.cluster_topics import learn_cluster_topics
@@ -95,6 +97,7 @@ class Broker:
         await self.server.start()
         self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
         self._start_background(admin)
+        broker_metrics.install(lambda: runtime_stats(admin), self.offsets, self.store)
         await self._go_live()
         cfg = self.config
         log.info(

@@ -66,6 +66,7 @@ from services.broker.transaction_half import (
     walk,
 )
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.telemetry import messaging as telemetry
 from services.store.commitlog import AppendResult, MessageToStore
 from services.store.flush import FlushDiskType
 from services.store.message_store import MessageStore
@@ -195,6 +196,9 @@ class TransactionCheckService:
             return _Verdict.NEXT, self._discard(rec, txid, q, times)
         copy = self._reput(rec, txid, times + 1)
         index.checks += 1
+        telemetry.mark(
+            f"check {real_queue(rec)[0]}", rec.properties, attrs={"rocketq.check": times + 1}
+        )
         self._ask(rec, txid, copy)
         return _Verdict.NEXT, copy.physical_offset + copy.size_bytes
 
@@ -236,6 +240,7 @@ class TransactionCheckService:
         result = self.store.append([op_message(txid, q, DISCARD, self.clock.now_ms())])[0]
         self.index.resolve(txid, DISCARD, q, result.queue_offset)
         self.index.discarded += 1
+        telemetry.mark(f"discard {topic}", rec.properties, attrs={"rocketq.checks": times})
         return result.physical_offset + result.size_bytes
 
     def _ask(self, rec: codec.Record, txid: str, copy: AppendResult) -> bool:

@@ -8,7 +8,9 @@
 2. load the configuration (services.common.config: defaults ← file ← ``ROCKETQ_<SERVICE>_<KEY>``
    environment ← ``--set`` ← the service's own flags); a bad key or value exits 2 with a
    message naming it;
-3. set up logging (services.common.logs) at the configured ``logLevel``;
+3. set up logging (services.common.logs) at the configured ``logLevel`` and telemetry
+   (services.common.telemetry: tracer and meter providers from ``traceExporter``,
+   ``metricsPort`` ...; the /metrics endpoint is bound before the app starts);
 4. run the service's :class:`App` on one event loop: ``start()`` returns the advertised
    address, which goes into the ready file (``{"addr", "pid"}``, written atomically: tests and
    supervisors poll it); SIGTERM or SIGINT then runs ``stop()`` and the process exits 0;
@@ -34,6 +36,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from services.common import logs
 from services.common.clock import clock_from_env
 from services.common.config import ConfigError, KeyTable, parse_set_flags
+from services.common.telemetry import setup as telemetry_setup
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +124,13 @@ def run_service(spec: ServiceSpec[C], argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     logs.configure(spec.service, getattr(cfg, "log_level", "INFO"), **spec.log_context(cfg))
     try:
-        asyncio.run(serve(lambda: spec.app(cfg), args.ready_file, spec.service))
+        context = {f"rocketq.{k}": str(v) for k, v in spec.log_context(cfg).items()}
+        tel = telemetry_setup.setup(spec.service, cfg, **context)
+    except (ValueError, OSError) as exc:
+        print(f"{spec.prog}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    try:
+        asyncio.run(serve(lambda: spec.app(cfg), args.ready_file, spec.service, tel))
     except ConfigError as exc:  # found while starting: a TLS or ACL file that cannot be used
         print(f"{spec.prog}: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
@@ -132,23 +141,33 @@ def run_service(spec: ServiceSpec[C], argv: list[str] | None = None) -> int:
 
 
 async def serve(
-    make_app: Callable[[], App], ready_file: Path | None, name: str = "service"
+    make_app: Callable[[], App],
+    ready_file: Path | None,
+    name: str = "service",
+    telemetry: telemetry_setup.Telemetry | None = None,
 ) -> None:
     """Make the app (on the running loop: grpc.aio servers bind to it), start it, write the
-    ready file, wait for SIGTERM/SIGINT, stop the app."""
+    ready file, wait for SIGTERM/SIGINT, stop the app. ``telemetry``'s /metrics endpoint
+    serves from before the start to after the stop."""
     app = make_app()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    addr = await app.start()
     try:
-        if ready_file is not None:
-            write_ready_file(ready_file, addr)
-        await stopping.wait()
-        log.info("%s stopping addr=%s", name, addr)
+        if telemetry is not None:
+            await telemetry.start_http()
+        addr = await app.start()
+        try:
+            if ready_file is not None:
+                write_ready_file(ready_file, addr)
+            await stopping.wait()
+            log.info("%s stopping addr=%s", name, addr)
+        finally:
+            await app.stop()
     finally:
-        await app.stop()
+        if telemetry is not None:
+            await telemetry.stop()  # exports the spans still queued
 
 
 def split_listen(listen: str) -> dict[str, str]:

@@ -16,6 +16,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.rpc_guard import DecodeGuard
+from services.common.telemetry import state as telemetry_state
+from services.common.telemetry.grpc_metrics import MetricsInterceptor
 
 if TYPE_CHECKING:
     from services.common.security.settings import ServiceSecurity
@@ -35,10 +37,15 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 
 def create_server(security: ServiceSecurity | None = None) -> grpc.aio.Server:
     """A server with RocketQ's transport options and the :class:`DecodeGuard` (undecodable
-    requests answered INVALID_ARGUMENT), then access control when ``security`` enables it;
-    add servicers, then :func:`finish_setup`."""
-    extra = security.interceptors() if security is not None else []  # sec: ACL
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeGuard(), *extra])
+    requests answered INVALID_ARGUMENT), call metrics when telemetry is on, then access
+    control when ``security`` enables it (after the metrics, so refused calls are counted); add
+    servicers, then :func:`finish_setup`."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
+    if telemetry_state.METRICS:  # call duration and status per method (services.common.telemetry)
+        interceptors.append(MetricsInterceptor())
+    if security is not None:  # sec: ACL
+        interceptors.extend(security.interceptors())
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
 
 
 class HealthServicer(health.aio.HealthServicer):  # type: ignore[misc]

@@ -7,7 +7,9 @@ one JSON object per line; a terminal gets structlog's readable console renderer.
 
 Every line carries ``ts`` (UTC, ISO 8601), ``level`` (upper case: ``ERROR``), ``service``,
 ``pid``, ``logger`` and ``event`` (the message), plus whatever the service binds (a broker
-binds ``broker``, its brokerName). An exception's traceback is the ``exception`` field.
+binds ``broker``, its brokerName). An exception's traceback is the ``exception`` field. A line
+written inside an OpenTelemetry span carries ``trace_id`` and ``span_id``
+(services.common.telemetry.log_context).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any, TextIO
 import structlog
 from structlog.typing import EventDict, Processor
 
-_FIRST_KEYS = ("ts", "level", "service", "broker", "pid", "logger", "event")
+from services.common.telemetry.log_context import add_trace_ids
+
+_FIRST_KEYS = ("ts", "level", "service", "broker", "pid", "logger", "event", "trace_id", "span_id")
 """Key order of a JSON line: what every reader scans for first."""
 
 
@@ -66,6 +70,7 @@ def configure(
         structlog.stdlib.add_logger_name,
         _bind({"service": service, "pid": os.getpid(), **context}),
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+        add_trace_ids,
     ]
     renderer: Processor
     if json_lines:

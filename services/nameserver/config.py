@@ -8,6 +8,9 @@
 | tls*, acl*                  |         | TLS and ACL keys (services/common/security/keys) |
 
 Environment variables: ``ROCKETQ_NAMESERVER_<KEY>`` (``ROCKETQ_NAMESERVER_LISTENPORT``).
+
+Telemetry keys (metricsPort, traceExporter, traceSampleRatio, traceFile): see
+services.common.telemetry.config.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from services.common import config
 from services.common.config import Key, KeyTable, log_level_key
 from services.common.security.keys import security_keys
+from services.common.telemetry.config import telemetry_keys
 
 DEFAULT_PORT = 9876
 DEFAULT_SCAN_INTERVAL_MS = 10_000
@@ -37,6 +41,15 @@ class NameServerConfig:
     tls_client_auth: str = "none"
     acl_enable: bool = False
     acl_file: str = ""
+    # -- telemetry (services.common.telemetry.config) --
+    metrics_port: int = 0
+    """[metricsPort] Prometheus /metrics on listenAddress:metricsPort; 0 = no endpoint."""
+    trace_exporter: str = ""
+    """[traceExporter] none, console, otlp or file; empty = OTEL_TRACES_EXPORTER, else none."""
+    trace_sample_ratio: float = -1.0
+    """[traceSampleRatio] Share of new traces sampled (0..1); negative = OTEL_TRACES_SAMPLER."""
+    trace_file: str = ""
+    """[traceFile] The file exporter's JSON-lines output (a path)."""
 
     @property
     def listen(self) -> str:
@@ -57,6 +70,7 @@ TABLE = KeyTable(
         ),
         log_level_key(),
         *security_keys(),  # sec
+        *telemetry_keys(),
     ],
 )
 

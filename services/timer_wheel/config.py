@@ -23,6 +23,9 @@ does nothing.
 | timerRequestTimeoutMs    | 3000           | deadline of broker calls              |
 | timerPullSuspendMs       | 15000          | long-poll hold of an empty pull       |
 | logLevel                 | INFO           | DEBUG, INFO, WARNING, ERROR, CRITICAL |
+
+Telemetry keys (metricsPort, traceExporter, traceSampleRatio, traceFile): see
+services.common.telemetry.config.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 from services.common import config
 from services.common.config import Key, KeyTable, log_level_key, parse_addrs, parse_path
 from services.common.security.keys import security_keys
+from services.common.telemetry.config import telemetry_keys
 
 DEFAULT_PORT = 10931
 POSITIVE = 1
@@ -67,6 +71,15 @@ class TimerConfig:
     tls_client_auth: str = "none"
     acl_enable: bool = False
     acl_file: str = ""
+    # -- telemetry (services.common.telemetry.config) --
+    metrics_port: int = 0
+    """[metricsPort] Prometheus /metrics on listenAddress:metricsPort; 0 = no endpoint."""
+    trace_exporter: str = ""
+    """[traceExporter] none, console, otlp or file; empty = OTEL_TRACES_EXPORTER, else none."""
+    trace_sample_ratio: float = -1.0
+    """[traceSampleRatio] Share of new traces sampled (0..1); negative = OTEL_TRACES_SAMPLER."""
+    trace_file: str = ""
+    """[traceFile] The file exporter's JSON-lines output (a path)."""
 
     @property
     def window_ms(self) -> int:
@@ -106,6 +119,7 @@ TABLE = KeyTable(
         _positive("timerPullSuspendMs", "pull_suspend_ms"),
         log_level_key(),
         *security_keys(),  # sec
+        *telemetry_keys(),
     ],
 )
 

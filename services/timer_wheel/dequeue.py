@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
+from opentelemetry.trace import SpanKind
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
@@ -58,6 +59,8 @@ from rocketq.client.internal import ClientInstance
 from rocketq.codec import Prop
 from rocketq.validation import TIMER_TOPIC
 from services.common.clock import Clock
+from services.common.telemetry import messaging as telemetry
+from services.common.telemetry import state as telemetry_state
 from services.timer_wheel import TIMER_GROUP
 from services.timer_wheel.config import TimerConfig
 from services.timer_wheel.enqueue import TimerStore, parse_out_ms
@@ -339,6 +342,13 @@ class Dequeuer:
             except ValueError:
                 queue_id = 0
             props[Prop.TIMER_SOURCE] = str(rec.physical_offset)
+            if telemetry_state.TRACING:  # a span in the delayed message's trace
+                telemetry.mark(
+                    f"deliver {topic}",
+                    props,
+                    SpanKind.PRODUCER,
+                    {"rocketq.deliver_ms": deliver_ms},
+                )
             props[Prop.TIMER_DEQUEUE_MS] = str(now)
             msg = common_pb2.Message(topic=topic, flag=rec.flag, body=rec.body, properties=props)
             key = (broker, topic, queue_id, rec.sys_flag & codec.SysFlag.COMPRESSED,

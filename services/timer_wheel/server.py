@@ -31,6 +31,7 @@ from services.common.bootstrap import ServiceSpec, advertised_host, run_service,
 from services.common.clock import Clock, clock_from_env
 from services.common.security.settings import ServiceSecurity
 from services.timer_wheel import config as config_mod
+from services.timer_wheel import metrics as timer_metrics
 from services.timer_wheel.config import TimerConfig
 from services.timer_wheel.dequeue import BrokerSender, Dequeuer
 from services.timer_wheel.enqueue import TimerConsumer, TimerStore
@@ -74,6 +75,7 @@ class TimerWheel:
         self.dequeuer = Dequeuer(store, sender, self.clock, cfg)
         admin = TimerAdminService(store, self.consumer, self.dequeuer)
         timer_pb2_grpc.add_TimerAdminServicer_to_server(admin, self.server)
+        timer_metrics.install(admin.stats)
         self.health, port = grpc_server.finish_setup(
             self.server, [SERVICE_NAME], cfg.listen, self.security
         )

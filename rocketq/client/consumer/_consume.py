@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import inspect
 import logging
@@ -37,6 +38,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rocketq.client import _tracing
 from rocketq.client.consumer.config import (
     ConsumeContext,
     ConsumeResult,
@@ -87,9 +89,9 @@ async def invoke_listener(
     the loop, awaiting what it returns if that is awaitable. Exceptions propagate."""
     if executor is not None:
         loop = asyncio.get_running_loop()
-        outcome: Any = await loop.run_in_executor(
-            executor, functools.partial(listener, msgs, context)
-        )
+        # run in a copy of this context: the listener sees the process span as current
+        call = functools.partial(contextvars.copy_context().run, listener, msgs, context)
+        outcome: Any = await loop.run_in_executor(executor, call)
     else:
         outcome = listener(msgs, context)
     if inspect.isawaitable(outcome):
@@ -205,7 +207,8 @@ class ConsumeService:
         self, msgs: list[ReceivedMessage], context: ConsumeContext, mq: MessageQueue
     ) -> ConsumeResult | None:
         try:
-            outcome = await invoke_listener(self._listener, self._executor, msgs, context)
+            with _tracing.process_span(self._group, mq, msgs):
+                outcome = await invoke_listener(self._listener, self._executor, msgs, context)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rocketq.client import _tracing
 from rocketq.client.consumer._consume import (
     SendBack,
     invoke_listener,
@@ -212,7 +213,8 @@ class ConsumeOrderlyService:
         self, msgs: list[ReceivedMessage], context: ConsumeOrderlyContext, mq: MessageQueue
     ) -> ConsumeOrderlyStatus | None:
         try:
-            outcome = await invoke_listener(self._listener, self._executor, list(msgs), context)
+            with _tracing.process_span(self._group, mq, msgs):
+                outcome = await invoke_listener(self._listener, self._executor, list(msgs), context)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -36,6 +36,7 @@ from typing import Any
 from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.client._instance import ClientInstance
 from rocketq.client._route import TopicRoute, moved_masters
+from rocketq.client._tracing import traced_send
 from rocketq.client.errors import (
     BrokerUnavailableError,
     ClientStateError,
@@ -391,6 +392,7 @@ class ProducerCore:
             self._handler = SendHandler(self.instance.messaging)
         return self._handler
 
+    @traced_send  # a send span; the messages carry its trace context
     async def send_oneway(
         self, mq: MessageQueue | None, item: PreparedMessage, timeout_ms: int
     ) -> asyncio.Future[object]:
@@ -420,6 +422,7 @@ class ProducerCore:
         if not fut.cancelled() and fut.exception() is not None:
             self._refresh_gate.mark_stale(topic)
 
+    @traced_send  # a send span; the messages carry its trace context
     async def send_to_queue(
         self, mq: MessageQueue, items: Sequence[PreparedMessage], timeout_ms: int
     ) -> list[SendResult]:
@@ -428,6 +431,7 @@ class ProducerCore:
         route = await self._with_deadline(self.route_for_send(mq.topic), deadline, mq.topic)
         return await self.send_once(route, mq, items, _remaining_ms(deadline))
 
+    @traced_send  # a send span; the messages carry its trace context
     async def send_with_retries(
         self,
         topic: str,

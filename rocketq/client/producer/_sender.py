@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
@@ -111,6 +111,17 @@ class PreparedMessage:
         self.size_bytes = size_bytes
         self.delayed = delayed
         self._pb: common_pb2.Message | None = None
+
+    def add_properties(self, extra: Mapping[str, str]) -> None:
+        """Properties added after the checks (a send span's trace context), kept in step in
+        every form the message travels in: ``props``, the encoded ``properties`` a batch's
+        records are made of, and the protobuf if it was built."""
+        self.props.update(extra)
+        encoded = codec.encode_properties(self.props)
+        self.size_bytes += len(encoded) - len(self.properties)
+        self.properties = encoded
+        if self._pb is not None:
+            self._pb.properties.update(extra)
 
     @property
     def pb(self) -> common_pb2.Message:

@@ -48,6 +48,7 @@ import grpc
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import messaging_pb2
+from rocketq.client import _tracing
 from rocketq.client._admin_types import received_message
 from rocketq.client._instance import ClientInstance
 from rocketq.client._sync import BlockingLifecycle, LoopThread
@@ -300,14 +301,16 @@ class CheckDispatcher:
         message = checked_message(check)
         what = f"check_local_transaction({check.transaction_id})"
         loop = asyncio.get_running_loop()
-        state = await loop.run_in_executor(
-            self._pool, run_listener, what, lambda: self._check(message)
-        )
-        self.answered += 1
-        try:
-            await self._answer(broker_addr, check, state)
-        except Exception:
-            log.exception("answering the check of transaction %s failed", check.transaction_id)
+        tid = check.transaction_id
+        with _tracing.check_span(check.producer_group, message.topic, tid, message.properties):
+            state = await loop.run_in_executor(
+                self._pool, run_listener, what, lambda: self._check(message)
+            )
+            self.answered += 1
+            try:
+                await self._answer(broker_addr, check, state)
+            except Exception:
+                log.exception("answering the check of transaction %s failed", tid)
 
     async def drain(self) -> None:
         """Wait until every held check has been answered (tests, close)."""
