@@ -78,6 +78,7 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
             "UpdateBrokerConfig",
             "GetRuntimeStats",
             "Switchover",
+            "DrainBroker",
         },
     ),
     "replication": ("Replication", "replication_pb2", {"Stream", "SyncConfig"}),
