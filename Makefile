@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	sh tools/install_etcd.sh
+	sh tools/install_java.sh
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install RocketQ with its dev tools
