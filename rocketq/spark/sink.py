@@ -39,6 +39,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,8 +55,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from rocketq._api.rocketq.v1 import messaging_pb2
-from rocketq.client.admin import Admin
-from rocketq.client.errors import RocketQError
+from rocketq.client.admin import Admin, TopicConfig
+from rocketq.client.errors import RocketQError, TopicNotFoundError
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.client.producer.transaction import (
     LocalTransactionState,
@@ -76,6 +77,8 @@ ENDS_IN_FLIGHT_MAX = 128
 SWEEP_ROUNDS_MAX = 20
 """Pages of pending half messages one commit looks through (1000 each)."""
 HALF_PAGE_MAX = 1000
+COMMITS_TOPIC_WAIT_S = 15.0
+"""How long a newly created commits topic may take to show in the nameserver's routes."""
 _COLUMNS = {"body", "topic", "tags", "keys", "properties"}
 _RESOLUTION = {
     LocalTransactionState.COMMIT_MESSAGE: messaging_pb2.TRANSACTION_COMMIT,
@@ -124,10 +127,8 @@ def lookup(admin: Admin, topic: str, query: str, batch: int) -> set[str] | None:
     async def go() -> list[ReceivedMessage]:
         try:
             return await admin.query_by_key(topic, record_key(query, batch), max_num=8)
-        except RocketQError as exc:
-            if "not" in str(exc).lower() and "found" in str(exc).lower():
-                return []
-            raise
+        except TopicNotFoundError:
+            return []
 
     found = _client.loop().run(go())
     mine = [m for m in found if json.loads(m.body).get("query") == query]
@@ -270,17 +271,24 @@ def commit_batch(opts: SinkOptions, messages: list[Any], batch_id: int) -> None:
 
 async def _record(p: TransactionProducer, topic: str, key: str, body: str) -> None:
     """The commit point: a plain message (not a half) on the commits topic, stored SEND_OK."""
-    plain = Producer(
-        ProducerConfig(
-            group=p.config.group + "-records",
-            namesrv_addrs=p.config.namesrv_addrs,
-            instance_name=f"spark-record-{uuid.uuid4().hex[:12]}",
+    plain = _plain.get(p.config.group)
+    if plain is None:
+        plain = Producer(
+            ProducerConfig(
+                group=p.config.group + "-records",
+                namesrv_addrs=p.config.namesrv_addrs,
+                instance_name=f"spark-record-{uuid.uuid4().hex[:12]}",
+            )
         )
-    )
-    async with plain:
-        result = await plain.send(Message(topic=topic, body=body.encode(), keys=key))
+        await plain.start()
+        _plain[p.config.group] = plain
+    result = await plain.send(Message(topic=topic, body=body.encode(), keys=key))
     if result.status is not SendStatus.SEND_OK:
         raise RuntimeError(f"the commit record {key} was stored with {result.status.value}")
+
+
+_plain: dict[str, Producer] = {}
+"""The process's producer of commit records, by sink producer group (used on the loop)."""
 
 
 async def _end_all(p: TransactionProducer, ends: list[tuple[str | None, SendResult, bool]]) -> None:
@@ -424,7 +432,33 @@ class RocketQBatchWriter(DataSourceArrowWriter):
 def _checked(options: Any, schema: StructType) -> SinkOptions:
     opts = sink_options(options)
     check_schema(schema, opts)
+    _client.loop().run(ensure_commits_topic(opts))
     return opts
+
+
+async def ensure_commits_topic(opts: SinkOptions) -> None:
+    """Create the commits topic (one queue per master) when no broker hosts it yet, and wait
+    until the nameserver routes it; an unreachable nameserver is an OptionError."""
+    async with Admin(opts.nameserver, timeout_ms=_client.REQUEST_TIMEOUT_MS) as admin:
+        try:
+            await admin.route(opts.commits_topic)
+            return
+        except TopicNotFoundError:
+            pass
+        except RocketQError as exc:
+            raise OptionError(
+                f"option nameserver: {opts.nameserver} cannot be asked: {exc}"
+            ) from None
+        await admin.create_topic(TopicConfig(opts.commits_topic, 1, 1))
+        deadline = time.monotonic() + COMMITS_TOPIC_WAIT_S
+        while True:
+            try:
+                await admin.route(opts.commits_topic)
+                return
+            except TopicNotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)  # the brokers register the new topic with the nameserver
 
 
 def stream_writer(options: Any, schema: StructType) -> RocketQStreamWriter:
