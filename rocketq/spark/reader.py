@@ -330,7 +330,10 @@ class RocketQBatchReader(DataSourceReader):
         client = _connect(options)
         mqs = queues_of(options, client, strict=True)
         o = options
-        self.start = resolve(client, mqs, o.starting, o.starting_offsets, o.starting_timestamp_ms)
+        # Like Kafka's batch reads, a batch read starts at earliest unless told otherwise.
+        given = "startingoffsets" in o.raw or "startingtimestamp" in o.raw
+        starting = o.starting if given else "earliest"
+        self.start = resolve(client, mqs, starting, o.starting_offsets, o.starting_timestamp_ms)
         self.end = resolve(client, mqs, o.ending, o.ending_offsets, o.ending_timestamp_ms)
 
     def partitions(self) -> list[QueueRange]:

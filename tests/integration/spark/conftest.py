@@ -36,6 +36,8 @@ def spark_session(master: str = "local[2]") -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.stopTimeout", "20s")
+        # A loaded CI machine can take longer than the default 15 s to start a Python worker.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
