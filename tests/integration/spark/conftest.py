@@ -42,6 +42,10 @@ def spark_session(master: str = "local[2]") -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    # Spark gives a new Python worker a fixed 10 s to connect back; on a loaded machine the
+    # first cold start of Python + pyspark can take longer. One small job warms the page cache
+    # (and the worker daemon) before the tests start their streaming readers.
+    spark.sparkContext.parallelize([1, 2], 2).map(lambda x: x + 1).collect()
     return spark
 
 
