@@ -23,6 +23,7 @@ from rocketq.client.errors import (
     NotFoundError,
     RequestTimeoutError,
     RocketQError,
+    TopicNotFoundError,
 )
 from rocketq.client.internal import BrokerApi, ClientConfig, ClientInstance
 from rocketq.message import MessageQueue, ReceivedMessage, decode_records
@@ -31,8 +32,10 @@ T = TypeVar("T")
 
 PULL_BATCH_MAX = 1024
 """Messages per Pull call: the broker's limit (messaging.proto)."""
-REQUEST_TIMEOUT_MS = 5000
-"""Deadline of one offset or route call."""
+REQUEST_TIMEOUT_MS = 15_000
+"""Deadline of one offset or route call (generous: Spark hosts are often loaded)."""
+ROUTE_ATTEMPTS = 3
+"""Route lookups tried this often when no nameserver answered (a refusal is not retried)."""
 
 FOUND = messaging_pb2.FOUND
 OFFSET_ILLEGAL = messaging_pb2.OFFSET_ILLEGAL
@@ -126,8 +129,17 @@ class SparkClient:
         async def go() -> list[MessageQueue]:
             await self._ready()
             assert self._instance is not None
-            route = await self._instance.get_route(topic, refresh=True)
-            return sorted(route.read_queues())
+            for attempt in range(ROUTE_ATTEMPTS):
+                try:
+                    route = await self._instance.get_route(topic, refresh=True)
+                    return sorted(route.read_queues())
+                except TopicNotFoundError:
+                    raise
+                except RocketQError:
+                    if attempt + 1 == ROUTE_ATTEMPTS:
+                        raise
+                    await asyncio.sleep(0.5 * (attempt + 1))
+            raise AssertionError("unreachable")
 
         return self.run(go())
 
