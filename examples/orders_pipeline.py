@@ -69,7 +69,9 @@ def session() -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = (
-        SparkSession.builder.master("local[2]")
+        # local[2,4]: two cores, and a failed task is tried up to 4 times (plain local[N] never
+        # retries); the rocketq sink stays exactly once across those retries.
+        SparkSession.builder.master("local[2,4]")
         .appName("orders-pipeline")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client.admin import Admin
 from rocketq.client.errors import (
     BrokerUnavailableError,
+    NameServerUnavailableError,
     NotFoundError,
     RequestTimeoutError,
     RocketQError,
@@ -34,6 +36,9 @@ PULL_BATCH_MAX = 1024
 """Messages per Pull call: the broker's limit (messaging.proto)."""
 REQUEST_TIMEOUT_MS = 15_000
 """Deadline of one offset or route call (generous: Spark hosts are often loaded)."""
+CALL_ATTEMPTS = 4
+"""Tries of one idempotent call (pull, offsets, routes) when nothing answered."""
+RETRY_PAUSE_S = 1.0
 ROUTE_ATTEMPTS = 3
 """Route lookups tried this often when no nameserver answered (a refusal is not retried)."""
 
@@ -81,6 +86,19 @@ def client(nameserver: str, group: str) -> SparkClient:
         return _clients.setdefault(key, made)
 
 
+def retrying(call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run an idempotent call on the process's loop, again after a pause when no nameserver or
+    broker answered (an overloaded host drops connections; a refusal is an answer, raised)."""
+    for attempt in range(CALL_ATTEMPTS):
+        try:
+            return loop().run(call())
+        except (NameServerUnavailableError, BrokerUnavailableError, RequestTimeoutError):
+            if attempt + 1 == CALL_ATTEMPTS:
+                raise
+            time.sleep(RETRY_PAUSE_S * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class PullResult:
     status: int
@@ -102,6 +120,9 @@ class SparkClient:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run(coro)
+
+    def retrying(self, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        return retrying(call)
 
     async def _ready(self) -> BrokerApi:
         if self._api is None:
@@ -141,11 +162,11 @@ class SparkClient:
                     await asyncio.sleep(0.5 * (attempt + 1))
             raise AssertionError("unreachable")
 
-        return self.run(go())
+        return self.retrying(go)
 
     def list_topics(self) -> list[str]:
         admin = self.admin()
-        return self.run(admin.list_topics())
+        return self.retrying(admin.list_topics)
 
     # ---- offsets ----------------------------------------------------------------------------
 
@@ -171,7 +192,7 @@ class SparkClient:
             api = await self._ready()
             return list(await asyncio.gather(*(one(api, mq) for mq in mqs)))
 
-        return self.run(go())
+        return self.retrying(go)
 
     def store_offsets(self, offsets: dict[MessageQueue, int]) -> None:
         """Store the group's consume offset of each queue (shown by ``rocketq group describe``)."""
@@ -180,7 +201,7 @@ class SparkClient:
             api = await self._ready()
             await asyncio.gather(*(api.update_offset(mq, off) for mq, off in offsets.items()))
 
-        self.run(go())
+        self.retrying(go)
 
     # ---- pulls ------------------------------------------------------------------------------
 
@@ -225,7 +246,7 @@ class SparkClient:
                     int(resp.status), int(resp.next_begin_offset), msgs, int(resp.min_offset)
                 )
 
-        return self.run(go())
+        return self.retrying(go)
 
 
 async def _make_admin(nameserver: str) -> Admin:

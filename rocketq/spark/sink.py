@@ -130,7 +130,7 @@ def lookup(admin: Admin, topic: str, query: str, batch: int) -> set[str] | None:
         except TopicNotFoundError:
             return []
 
-    found = _client.loop().run(go())
+    found = _client.retrying(go)
     mine = [m for m in found if json.loads(m.body).get("query") == query]
     if not mine:
         return None
@@ -314,11 +314,11 @@ def sweep(
     records decide (batches without a record are rolled back: Spark moved past them). Returns
     how many were ended."""
     loop = _client.loop()
-    masters = loop.run(admin.cluster_info()).masters()
+    masters = _client.retrying(admin.cluster_info).masters()
     decided: dict[int, set[str] | None] = {}
     ended = 0
     for _ in range(SWEEP_ROUNDS_MAX):
-        page = loop.run(admin.half_messages(max_num=HALF_PAGE_MAX))
+        page = _client.retrying(lambda: admin.half_messages(max_num=HALF_PAGE_MAX))
         mine = [
             h
             for h in page.messages

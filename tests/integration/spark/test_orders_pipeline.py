@@ -143,13 +143,17 @@ def test_pipeline_resumes_after_sigkill_without_loss_or_duplicates(
     try:
         until_sync(
             lambda: (
-                len(results(env)) >= sum(want.values())
-                and len(parquet_rows(tmp_path)) >= sum(want.values())
+                proc.poll() is not None
+                or (
+                    len(results(env)) >= sum(want.values())
+                    and len(parquet_rows(tmp_path)) >= sum(want.values())
+                )
             ),
             "every window in the topic and in Parquet",
             WAIT_S,
             1.0,
         )
+        assert proc.poll() is None, (tmp_path / "pipeline.log").read_text()[-3000:]
     finally:
         kill(proc)
     assert Counter(results(env)) == want
