@@ -96,11 +96,13 @@ def totals(spark: SparkSession, nameserver: str, orders: str) -> DataFrame:
         .load()
         .select(fn.from_json(fn.col("body").cast("string"), ORDER_SCHEMA).alias("e"))
         .select("e.*")
-        .where(fn.col("customer") != "-")
         .withColumn("eventTime", fn.timestamp_millis("ts"))
     )
     return (
+        # The watermark sees every event, the closing one included (it has no customer and
+        # is dropped only after it moved the watermark).
         events.withWatermark("eventTime", WATERMARK)
+        .where(fn.col("customer") != "-")
         .groupBy(fn.window("eventTime", WINDOW).alias("w"), "customer")
         .agg(fn.count("*").alias("orders"), fn.round(fn.sum("amount"), 2).alias("amount"))
         .select(fn.col("w.start").alias("windowStart"), "customer", "orders", "amount")

@@ -1,6 +1,7 @@
-"""Shared pieces of the Spark tier: one SparkSession per test module (it takes 6-12 s to start
-on a loaded 2-core machine), pinned to loopback, with rocketq.spark registered; and helpers
-that produce and read back through the real SDK."""
+"""Shared pieces of the Spark tests: one SparkSession for the whole directory (it takes 6-20 s
+to start on a loaded 2-core machine), local[2,2] so failed tasks are retried once, pinned to
+loopback, with rocketq.spark registered; a cluster per module; helpers that produce through the
+real SDK."""
 
 from __future__ import annotations
 
@@ -47,6 +48,13 @@ def spark_session(master: str = "local[2]") -> Any:
     # (and the worker daemon) before the tests start their streaming readers.
     spark.sparkContext.parallelize([1, 2], 2).map(lambda x: x + 1).collect()
     return spark
+
+
+@pytest.fixture(scope="package")
+def spark() -> Iterator[Any]:
+    session = spark_session("local[2,2]")
+    yield session
+    session.stop()
 
 
 @pytest.fixture(scope="module")

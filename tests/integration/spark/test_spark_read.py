@@ -1,12 +1,11 @@
-"""Reading RocketQ topics with Spark (issue 18): a real local[2] SparkSession against a real
-nameserver and two broker groups. One session for the module; each test has its own topics."""
+"""Reading RocketQ topics with Spark (issue 18): the directory's SparkSession (conftest) against
+a real nameserver and two broker groups; each test has its own topics."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +17,11 @@ from tests.integration.spark.conftest import (
     create_topic,
     nameserver,
     produce,
-    spark_session,
 )
 from tests.support.cluster import Cluster
 from tests.support.until import until_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
 
 
 def run_available_now(spark: Any, reader: Any, checkpoint: Path, table: str) -> list[int]:

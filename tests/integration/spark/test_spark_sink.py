@@ -9,7 +9,6 @@ committed) leave no duplicate and lose nothing."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +16,11 @@ import pytest
 
 from rocketq import Admin
 from rocketq.spark.sink import PROP_QUERY
-from tests.integration.spark.conftest import create_topic, nameserver, produce, spark_session
+from tests.integration.spark.conftest import create_topic, nameserver, produce
 from tests.support.cluster import Cluster
 from tests.support.until import until_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2,2]")
-    yield session
-    session.stop()
 
 
 def read_back(spark: Any, c: Cluster, topic: str) -> list[bytes]:
