@@ -120,6 +120,7 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(30)
 
 
+@pytest.mark.timeout(600)  # two Spark driver starts and a few dozen micro-batches
 def test_pipeline_resumes_after_sigkill_without_loss_or_duplicates(
     env: Cluster, tmp_path: Path
 ) -> None:
