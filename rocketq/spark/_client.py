@@ -25,7 +25,6 @@ from rocketq.client.errors import (
     NotFoundError,
     RequestTimeoutError,
     RocketQError,
-    TopicNotFoundError,
 )
 from rocketq.client.internal import BrokerApi, ClientConfig, ClientInstance
 from rocketq.message import MessageQueue, ReceivedMessage, decode_records
@@ -39,8 +38,6 @@ REQUEST_TIMEOUT_MS = 15_000
 CALL_ATTEMPTS = 4
 """Tries of one idempotent call (pull, offsets, routes) when nothing answered."""
 RETRY_PAUSE_S = 1.0
-ROUTE_ATTEMPTS = 3
-"""Route lookups tried this often when no nameserver answered (a refusal is not retried)."""
 
 FOUND = messaging_pb2.FOUND
 OFFSET_ILLEGAL = messaging_pb2.OFFSET_ILLEGAL
@@ -150,17 +147,8 @@ class SparkClient:
         async def go() -> list[MessageQueue]:
             await self._ready()
             assert self._instance is not None
-            for attempt in range(ROUTE_ATTEMPTS):
-                try:
-                    route = await self._instance.get_route(topic, refresh=True)
-                    return sorted(route.read_queues())
-                except TopicNotFoundError:
-                    raise
-                except RocketQError:
-                    if attempt + 1 == ROUTE_ATTEMPTS:
-                        raise
-                    await asyncio.sleep(0.5 * (attempt + 1))
-            raise AssertionError("unreachable")
+            route = await self._instance.get_route(topic, refresh=True)
+            return sorted(route.read_queues())
 
         return self.retrying(go)
 

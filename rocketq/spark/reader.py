@@ -242,6 +242,7 @@ class RocketQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = options
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self._available_now: dict[MessageQueue, int] | None = None
+        self._shown: dict[MessageQueue, int] = {}
         # Fail at query start, naming the option, when the nameserver or a topic is wrong.
         queues_of(options, _connect(options), strict=True)
 
@@ -275,6 +276,9 @@ class RocketQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         client = _connect(self.opts)
         begin = from_json_dict(start)
+        # Spark plans from ``start`` only once the batch ending there is committed; commit()
+        # of the last batch may never come (Trigger.AvailableNow stops first).
+        self._show_progress(begin)
         if self._available_now is not None:
             ends = dict(self._available_now)
         else:
@@ -309,8 +313,14 @@ class RocketQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark committed the trigger ending at ``end``: show it as the group's progress."""
+        self._show_progress(from_json_dict(end))
+
+    def _show_progress(self, offsets: dict[MessageQueue, int]) -> None:
+        if not offsets or offsets == self._shown:
+            return
         try:
-            _connect(self.opts).store_offsets(from_json_dict(end))
+            _connect(self.opts).store_offsets(offsets)
+            self._shown = offsets
         except RocketQError as exc:  # progress for people only; never fail the query on it
             log.warning("could not store progress of group %s: %s", self.opts.group, exc)
 
