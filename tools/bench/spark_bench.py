@@ -68,6 +68,7 @@ def session() -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )

@@ -35,6 +35,7 @@ def spark_session(master: str = "local[2]") -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.stopTimeout", "20s")
         # A loaded CI machine can take longer than the default 15 s to start a Python worker.
