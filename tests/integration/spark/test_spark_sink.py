@@ -51,8 +51,8 @@ def test_batch_write_with_a_failed_task_attempt_stores_each_row_once(
 
     create_topic(env, "spark-sink-retry", queues=2)
 
-    @udf("binary")
-    def body(i: int) -> bytes:
+    @udf("binary")  # no type hints: Spark would try to read a pandas UDF type from them
+    def body(i):  # type: ignore[no-untyped-def]
         ctx = TaskContext.get()
         # The first attempt of partition 1 fails two thirds in, after it stored half messages.
         if i == 50 and ctx is not None and ctx.attemptNumber() == 0:
