@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	sh tools/install_etcd.sh
 	sh tools/install_podman.sh
+	sh tools/install_java.sh
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install RocketQ with its dev tools
@@ -63,6 +64,7 @@ bench: setup  ## storage and messaging benchmarks; figures are printed, never as
 	$(PY) -m tools.bench.failover_bench
 	$(PY) -m tools.bench.security_bench
 	$(PY) -m tools.bench.telemetry_bench
+	$(PY) -m tools.bench.spark_bench
 
 # perf: RocketQ beside Redis / NATS / RabbitMQ (Debian packages, installed by peers.py when
 # missing); never in CI. ARGS=--quick for short phases.
