@@ -45,6 +45,7 @@ from services.broker.ha_master import ReplicationService
 from services.broker.ha_slave import ReplicationClient
 from services.broker.messaging_service import MessagingService
 from services.broker.model import TopicConfig
+from services.broker.pop.revive import ReviveService
 from services.broker.pull_hold import PullHoldService
 from services.broker.rebalance_lock import RebalanceLockManager
 from services.broker.registration import BrokerRegistrar
@@ -156,6 +157,7 @@ class Broker:
             clock=self.clock,
             transactions=self.transactions,
         )
+        self.pop_revive = ReviveService(messaging.pops)
         if not cfg.is_master:
             self._wire_slave(messaging, config_dir)
         admin = AdminService(
@@ -184,6 +186,8 @@ class Broker:
         self._spawn(self.offsets.run_persist_loop(cfg.flush_consumer_offset_interval_ms))
         self._spawn(self.clients.run_scan_loop())
         self._spawn(self.hold.run())
+        self._spawn(self.pop_revive.run())
+        admin.extra_stats.append(self.pop_revive.stats)
         self._spawn(self.locks.run_purge_loop())
         self.transaction_checks = TransactionCheckService(
             config=cfg,

@@ -1,0 +1,481 @@
+"""Pop, Ack and ChangeInvisibleTime on one broker (messaging.proto documents the statuses).
+
+A Pop reads every queue it covers (the asked queue, or all read queues of the topic, plus the
+queues of the group's pop retry topic ``%RETRY%{group}_{topic}``, RocketMQ 5's name) from the
+group's pop offset, appends one checkpoint per queue that gave messages to the revive log, and
+moves the pop offset past what it read (messages a filter skipped included). The pop offset of a
+queue is the larger of the revive log's (``PopState.next_offsets``) and the consumer offset
+table's; a group that has neither starts at offset 0 while the queue was never trimmed (every
+message still there), else at the queue's end, and retry topics always at their start.
+
+One lock orders the changes (Pop's read-then-append, Ack's check-then-append, the revive loop),
+so two consumers never get the same message: the second Pop reads after the first's checkpoint
+moved the offset. An empty Pop with ``poll_time_ms`` waits on the pull hold service for an
+arrival on any of its queues (the same wake-on-dispatch path as long-polling pulls), then
+tries again until the time is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any, TypeAlias
+
+import grpc
+
+from rocketq import codec
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq.validation import (
+    PERM_READ,
+    PERM_WRITE,
+    RETRY_GROUP_TOPIC_PREFIX,
+    TOPIC_NAME_MAX_CHARS,
+    check_group,
+    check_topic,
+    is_readable,
+    is_system_topic,
+)
+from services.broker.config import BrokerConfig
+from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.filter import parse_subscription, record_filter_of, tags_filter_of
+from services.broker.model import SubscriptionGroupConfig, TopicConfig
+from services.broker.pop.state import (
+    REPLAY_GROUP,
+    REVIVE_QUEUE_ID,
+    Checkpoint,
+    PopState,
+    encode,
+    handle_of,
+    new_checkpoint_id,
+    parse_handle,
+    revive_topic,
+)
+from services.broker.pull_hold import PullHoldService
+from services.broker.query_processor import record_to_pb
+from services.broker.subscription_group_manager import SubscriptionGroupManager
+from services.broker.topic_config_manager import TopicConfigManager
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.errors import ServiceError, denied, exhausted, invalid, not_found, unavailable
+from services.store.commitlog import MessageToStore
+from services.store.message_store import (
+    GetStatus,
+    MessageStore,
+    PutResult,
+    StoreClosedError,
+    StoreFullError,
+)
+
+log = logging.getLogger(__name__)
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any] | None"
+
+POP_BATCH_MAX = 32
+INVISIBLE_MIN_MS = 1_000
+INVISIBLE_MAX_MS = 12 * 3600 * 1000
+POLL_MAX_MS = 60_000
+CHECKPOINTS_MAX = 100_000
+"""Checkpoints in flight on one broker (each ~300 bytes); beyond, Pop answers FLOW_CONTROL."""
+HELD_QUEUES_MAX = 64
+"""An empty long-polling Pop waits on at most this many of its queues."""
+RETRY_FIRST_PERCENT = 20
+"""How often a Pop reads the retry topic before the topic (else after), as RocketMQ does, so
+neither starves the other."""
+DEADLINE_MARGIN_MS = 50
+CATCH_UP_BATCH = 256
+
+
+def pop_retry_topic(group: str, topic: str) -> str:
+    """RocketMQ 5's per-(group, topic) retry topic for pop consumers."""
+    return f"{RETRY_GROUP_TOPIC_PREFIX}{group}_{topic}"
+
+
+class PopProcessor:
+    """Pop / Ack / ChangeInvisibleTime and the state the revive loop works on."""
+
+    def __init__(
+        self,
+        *,
+        config: BrokerConfig,
+        store: MessageStore,
+        topics: TopicConfigManager,
+        groups: SubscriptionGroupManager,
+        offsets: ConsumerOffsetManager,
+        hold: PullHoldService,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.offsets = offsets
+        self.hold = hold
+        self.clock = clock
+        self.state = PopState()
+        self.lock = asyncio.Lock()
+        self.log_topic = revive_topic(config.cluster_name)
+
+    # -- the revive log --------------------------------------------------------------------
+    def catch_up(self) -> None:
+        """Apply the revive log's records not applied yet (a replay on first use)."""
+        state, topic = self.state, self.log_topic
+        if state.applied_upto < 0:
+            start = self.offsets.query(REPLAY_GROUP, topic, REVIVE_QUEUE_ID)
+            state.applied_upto = max(start, int(self.store.min_offset(topic, REVIVE_QUEUE_ID)))
+        while True:
+            got = self.store.get_messages(
+                topic, REVIVE_QUEUE_ID, state.applied_upto, CATCH_UP_BATCH
+            )
+            if got.status is GetStatus.OFFSET_TOO_SMALL:
+                state.applied_upto = got.next_begin_offset  # trimmed by retention
+                continue
+            if got.status is not GetStatus.FOUND:
+                return
+            for raw, log_offset in zip(got.records, got.queue_offsets, strict=True):
+                state.apply(codec.decode_record(raw, check_crc=False).body, log_offset)
+            state.applied_upto = got.next_begin_offset
+
+    async def append(self, records: list[dict[str, Any]]) -> None:
+        """Store revive-log records (one atomic batch) and apply them."""
+        if self.topics.get(self.log_topic) is None:
+            self.topics.create_system_topic(self.log_topic, 1, PERM_READ | PERM_WRITE)
+        now = self.clock.now_ms()
+        await self.put(
+            [
+                MessageToStore(
+                    topic=self.log_topic,
+                    queue_id=REVIVE_QUEUE_ID,
+                    body=encode(r),
+                    properties=b"",
+                    born_timestamp_ms=now,
+                    born_host=self.store.config.store_host,
+                )
+                for r in records
+            ]
+        )
+        self.catch_up()
+        self.offsets.commit(
+            REPLAY_GROUP, self.log_topic, REVIVE_QUEUE_ID, self.state.replay_start()
+        )
+
+    async def put(self, messages: list[MessageToStore]) -> PutResult:
+        """Store refusals become the statuses messaging.proto names."""
+        try:
+            return await self.store.put(messages)
+        except StoreFullError as exc:
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, common_pb2.DISK_FULL, str(exc)
+            ) from None
+        except StoreClosedError as exc:
+            raise ServiceError(
+                grpc.StatusCode.UNAVAILABLE, common_pb2.SERVICE_NOT_AVAILABLE, str(exc)
+            ) from None
+
+    def read(self, topic: str, queue_id: int, offset: int) -> codec.Record | None:
+        """The message at a queue offset, or None once retention removed it."""
+        got = self.store.get_messages(topic, queue_id, offset, 1)
+        if got.status is not GetStatus.FOUND or got.queue_offsets[0] != offset:
+            return None
+        return codec.decode_record(got.records[0], check_crc=False)
+
+    # -- Pop -------------------------------------------------------------------------------
+    async def pop(
+        self, req: messaging_pb2.PopRequest, context: Context
+    ) -> messaging_pb2.PopResponse:
+        self._check_master()
+        max_nums = _check_pop(req)
+        group_cfg = self._group(req.consumer_group)
+        sources = self._sources(req, group_cfg)
+        sub = parse_subscription(req.topic, req.expression or "*", req.expression_type)
+        prop_on = self.config.enable_property_filter
+        tags_filter = tags_filter_of(sub, enable_property_filter=prop_on)
+        record_filter = record_filter_of(sub, enable_property_filter=prop_on)
+        poll_ms = req.poll_time_ms
+        remaining_s = context.time_remaining() if context is not None else None
+        if remaining_s is not None:
+            poll_ms = min(poll_ms, int(remaining_s * 1000) - DEADLINE_MARGIN_MS)
+        deadline_s = self.clock.monotonic_s() + poll_ms / 1000
+        while True:
+            async with self.lock:
+                out = await self._pop_once(req, max_nums, sources, tags_filter, record_filter)
+            left_ms = int((deadline_s - self.clock.monotonic_s()) * 1000)
+            if out.messages or left_ms <= 0:
+                return out
+            waits = [
+                self.hold.hold(
+                    t,
+                    q,
+                    self._offset(req.consumer_group, t, q),
+                    tags_filter,
+                    left_ms,
+                    record_filter=record_filter,
+                )
+                for t, q in sources[:HELD_QUEUES_MAX]
+            ]
+            await _first_of(waits)
+
+    def _sources(
+        self, req: messaging_pb2.PopRequest, group_cfg: SubscriptionGroupConfig
+    ) -> list[tuple[str, int]]:
+        """(topic, queue) pairs to read: the asked queues, and the pop retry topic's, in the
+        order this Pop tries them."""
+        topic_cfg = self._topic(req.topic)
+        if req.HasField("queue_id"):
+            if not 0 <= req.queue_id < topic_cfg.read_queue_nums:
+                invalid(
+                    common_pb2.ILLEGAL_ARGUMENT,
+                    f"queue id {req.queue_id} is outside [0, {topic_cfg.read_queue_nums}) for "
+                    f"topic {req.topic}",
+                    topic=req.topic,
+                )
+            own = [(req.topic, req.queue_id)]
+        else:
+            own = [(req.topic, q) for q in range(topic_cfg.read_queue_nums)]
+            random.shuffle(own)  # spreading, not security
+        # Created with the first Pop, not the first redelivery, so an empty Pop's long poll
+        # also waits on it and is woken by the first revived message.
+        retry_name = pop_retry_topic(req.consumer_group, req.topic)
+        retry_cfg = self.topics.get(retry_name) or self.topics.create_system_topic(
+            retry_name, max(group_cfg.retry_queue_nums, 1), PERM_READ | PERM_WRITE
+        )
+        retry = [(retry_name, q) for q in range(retry_cfg.read_queue_nums)]
+        if random.randrange(100) < RETRY_FIRST_PERCENT:
+            return retry + own
+        return own + retry
+
+    async def _pop_once(
+        self,
+        req: messaging_pb2.PopRequest,
+        max_nums: int,
+        sources: list[tuple[str, int]],
+        tags_filter: Any,
+        record_filter: Any,
+    ) -> messaging_pb2.PopResponse:
+        self.catch_up()
+        if len(self.state.cks) >= CHECKPOINTS_MAX:
+            exhausted(
+                common_pb2.FLOW_CONTROL,
+                f"{len(self.state.cks)} pops are in flight on broker {self.config.broker_name} "
+                f"(limit {CHECKPOINTS_MAX}); ack messages or retry later",
+            )
+        group = req.consumer_group
+        until_ms = self.clock.now_ms() + req.invisible_time_ms
+        records: list[dict[str, Any]] = []
+        taken: list[tuple[str, codec.Record]] = []
+        for topic, qid in sources:
+            if len(taken) >= max_nums:
+                break
+            offset = self._offset(group, topic, qid)
+            got = self.store.get_messages(
+                topic, qid, offset, max_nums - len(taken),
+                tags_filter=tags_filter, record_filter=record_filter,
+            )  # fmt: skip
+            if got.status is not GetStatus.FOUND:
+                if got.next_begin_offset != offset and got.status in _MOVABLE:
+                    self.offsets.commit(group, topic, qid, got.next_begin_offset)
+                continue
+            ck_id = new_checkpoint_id()
+            records.append(
+                {
+                    "t": "ck", "id": ck_id, "g": group, "at": req.topic, "rt": topic, "q": qid,
+                    "o": got.queue_offsets, "n": got.next_begin_offset, "u": until_ms,
+                }
+            )  # fmt: skip
+            self.offsets.commit(group, topic, qid, got.next_begin_offset, increase_only=True)
+            taken.extend((ck_id, codec.decode_record(r, check_crc=False)) for r in got.records)
+        if not records:
+            return messaging_pb2.PopResponse()
+        await self.append(records)
+        broker = self.config.broker_name
+        response = messaging_pb2.PopResponse()
+        for ck_id, rec in taken:
+            stored = record_to_pb(rec)
+            stored.message.topic = req.topic
+            response.messages.append(
+                messaging_pb2.PoppedMessage(
+                    message=stored,
+                    receipt_handle=handle_of(broker, ck_id, rec.queue_offset),
+                    delivery_attempt=rec.reconsume_times + 1,
+                    invisible_until_ms=until_ms,
+                )
+            )
+        return response
+
+    def _offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The queue offset this group pops next (see the module docstring)."""
+        offset = max(
+            self.state.pop_offset(group, topic, queue_id),
+            self.offsets.query(group, topic, queue_id),
+        )
+        if offset >= 0:
+            return offset
+        low = int(self.store.min_offset(topic, queue_id))
+        if low == 0 or topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            offset = low
+        else:
+            offset = int(self.store.max_offset(topic, queue_id))
+        self.offsets.commit(group, topic, queue_id, offset)
+        return offset
+
+    # -- Ack, ChangeInvisibleTime ----------------------------------------------------------
+    async def ack(self, req: messaging_pb2.AckRequest) -> messaging_pb2.AckResponse:
+        self._check_master()
+        _names(req.consumer_group, req.topic)
+        ck_id, offset = parse_handle(req.receipt_handle, self.config.broker_name)
+        async with self.lock:
+            self._in_flight(req.consumer_group, req.topic, req.receipt_handle, ck_id, offset)
+            await self.append([{"t": "ack", "id": ck_id, "o": offset}])
+        return messaging_pb2.AckResponse()
+
+    async def change_invisible_time(
+        self, req: messaging_pb2.ChangeInvisibleTimeRequest
+    ) -> messaging_pb2.ChangeInvisibleTimeResponse:
+        self._check_master()
+        _names(req.consumer_group, req.topic)
+        _check_invisible(req.invisible_time_ms)
+        ck_id, offset = parse_handle(req.receipt_handle, self.config.broker_name)
+        async with self.lock:
+            ck = self._in_flight(req.consumer_group, req.topic, req.receipt_handle, ck_id, offset)
+            new_id = new_checkpoint_id()
+            until_ms = self.clock.now_ms() + req.invisible_time_ms
+            # The new checkpoint and the old offset's ack in one atomic batch: the message is
+            # in flight under exactly one of them whatever happens.
+            await self.append(
+                [
+                    {
+                        "t": "ck", "id": new_id, "g": ck.group, "at": ck.asked_topic,
+                        "rt": ck.read_topic, "q": ck.queue_id, "o": [offset], "n": offset + 1,
+                        "u": until_ms,
+                    },
+                    {"t": "ack", "id": ck_id, "o": offset},
+                ]
+            )  # fmt: skip
+        return messaging_pb2.ChangeInvisibleTimeResponse(
+            receipt_handle=handle_of(self.config.broker_name, new_id, offset),
+            invisible_until_ms=until_ms,
+        )
+
+    def _in_flight(
+        self, group: str, topic: str, handle: str, ck_id: str, offset: int
+    ) -> Checkpoint:
+        self.catch_up()
+        ck = self.state.in_flight(ck_id, offset)
+        shown = handle[:80]
+        if ck is None:
+            invalid(
+                common_pb2.INVALID_RECEIPT_HANDLE,
+                f"receipt handle {shown!r} is stale or unknown: the message was already acked, "
+                "its invisible time was changed (use the newest handle), it was delivered again "
+                "after its invisible time, or this broker never issued it",
+                consumer_group=group,
+            )
+        if ck.group != group or ck.asked_topic != topic:
+            invalid(
+                common_pb2.INVALID_RECEIPT_HANDLE,
+                f"receipt handle {shown!r} belongs to group {ck.group} on topic "
+                f"{ck.asked_topic}, not group {group} on topic {topic}",
+                consumer_group=group,
+            )
+        return ck
+
+    # -- checks ----------------------------------------------------------------------------
+    def _check_master(self) -> None:
+        cfg = self.config
+        if not cfg.is_master:
+            unavailable(
+                common_pb2.NOT_MASTER,
+                f"broker {cfg.broker_name} id {cfg.broker_id} is a slave; pop and ack on its "
+                "master",
+                broker_name=cfg.broker_name,
+            )
+
+    def _group(self, group: str) -> SubscriptionGroupConfig:
+        group_cfg = self.groups.find_or_create(group)
+        if group_cfg is None:
+            not_found(
+                common_pb2.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"subscription group {group} does not exist and autoCreateSubscriptionGroup "
+                "is false; create it with the admin tool",
+                consumer_group=group,
+            )
+        if not group_cfg.consume_enable:
+            denied(f"consumer group {group} may not consume (consume_enable false)")
+        return group_cfg
+
+    def _topic(self, topic: str) -> TopicConfig:
+        topic_cfg = self.topics.get(topic)
+        if topic_cfg is None:
+            not_found(
+                common_pb2.TOPIC_NOT_EXIST,
+                f"topic {topic} does not exist on broker {self.config.broker_name}",
+                topic=topic,
+            )
+        if not is_readable(self.config.broker_permission) or not is_readable(topic_cfg.perm):
+            denied(f"topic {topic} on broker {self.config.broker_name} is not readable")
+        return topic_cfg
+
+
+_MOVABLE = frozenset(
+    {
+        GetStatus.NO_MATCHED_MESSAGE,
+        GetStatus.MESSAGE_WAS_REMOVING,
+        GetStatus.OFFSET_FOUND_NULL,
+        GetStatus.OFFSET_TOO_SMALL,
+        GetStatus.OFFSET_OVERFLOW_BADLY,
+    }
+)
+"""Statuses whose next_begin_offset corrects or advances the pop offset."""
+
+
+async def _first_of(waits: list[Any]) -> None:
+    """Wait for the first held queue to wake; cancel the rest (their errors are re-raised)."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            t.result()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _names(group: str, topic: str) -> None:
+    try:
+        check_group(group)
+        check_topic(topic)
+    except ValueError as exc:
+        invalid(common_pb2.ILLEGAL_ARGUMENT, str(exc))
+    if is_system_topic(topic):
+        invalid(common_pb2.ILLEGAL_ARGUMENT, f"topic {topic} is a system topic; pop a user topic")
+    if len(pop_retry_topic(group, topic)) > TOPIC_NAME_MAX_CHARS:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT,
+            f"group {group} with topic {topic} is too long for the pop retry topic "
+            f"{pop_retry_topic(group, topic)!r} (at most {TOPIC_NAME_MAX_CHARS} characters)",
+        )
+
+
+def _check_invisible(ms: int) -> None:
+    if not INVISIBLE_MIN_MS <= ms <= INVISIBLE_MAX_MS:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT,
+            f"invisible_time_ms {ms} is outside {INVISIBLE_MIN_MS}..{INVISIBLE_MAX_MS} "
+            "(1 s to 12 h)",
+        )
+
+
+def _check_pop(req: messaging_pb2.PopRequest) -> int:
+    _names(req.consumer_group, req.topic)
+    _check_invisible(req.invisible_time_ms)
+    if not 0 <= req.poll_time_ms <= POLL_MAX_MS:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT,
+            f"poll_time_ms {req.poll_time_ms} is outside 0..{POLL_MAX_MS} (0 to 60 s)",
+        )
+    max_nums = req.max_msg_nums if req.HasField("max_msg_nums") else POP_BATCH_MAX
+    if not 1 <= max_nums <= POP_BATCH_MAX:
+        invalid(
+            common_pb2.ILLEGAL_ARGUMENT, f"max_msg_nums {max_nums} is outside 1..{POP_BATCH_MAX}"
+        )
+    return max_nums
