@@ -163,6 +163,7 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
             offsets=offsets,
             hold=hold,
             clock=clock,
+            ha_waiter=lambda: self.sender.ha_waiter,
         )
         self.send_backs = SendBackProcessor(
             config=config,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -39,6 +40,7 @@ from rocketq.validation import (
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.filter import parse_subscription, record_filter_of, tags_filter_of
+from services.broker.ha_tracker import HaWaiter, leadership_lost_error, sync_master_wait
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
 from services.broker.pop.state import (
     REPLAY_GROUP,
@@ -103,8 +105,10 @@ class PopProcessor:
         offsets: ConsumerOffsetManager,
         hold: PullHoldService,
         clock: Clock = SYSTEM_CLOCK,
+        ha_waiter: Callable[[], HaWaiter | None] = lambda: None,
     ) -> None:
         self.config = config
+        self.ha_waiter = ha_waiter
         self.store = store
         self.topics = topics
         self.groups = groups
@@ -159,9 +163,11 @@ class PopProcessor:
         )
 
     async def put(self, messages: list[MessageToStore]) -> PutResult:
-        """Store refusals become the statuses messaging.proto names."""
+        """Store refusals become the statuses messaging.proto names. On a SYNC_MASTER, waits
+        for an in-sync slave to hold the records, as a Send does: an ack or checkpoint only the
+        master held would be lost with it (a redelivery, or a message popped twice)."""
         try:
-            return await self.store.put(messages)
+            result = await self.store.put(messages)
         except StoreFullError as exc:
             raise ServiceError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, common_pb2.DISK_FULL, str(exc)
@@ -170,6 +176,13 @@ class PopProcessor:
             raise ServiceError(
                 grpc.StatusCode.UNAVAILABLE, common_pb2.SERVICE_NOT_AVAILABLE, str(exc)
             ) from None
+        last = result.results[-1]
+        status = await sync_master_wait(
+            self.ha_waiter(), self.config, last.physical_offset + last.size_bytes
+        )
+        if status is not None and not self.config.is_master:
+            raise leadership_lost_error()
+        return result
 
     def read(self, topic: str, queue_id: int, offset: int) -> codec.Record | None:
         """The message at a queue offset, or None once retention removed it."""
