@@ -4,6 +4,10 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The official RocketMQ 5 Python SDK in its own environment: the gateway's tests run it as a
+# separate application, and tools/gen_protos.py --v2 generates the gateway's classes from it.
+RMQ5_VENV := .venv-rmq5
+RMQ5_SDK  := rocketmq-python-client==5.1.2
 
 .PHONY: setup demo demo-store check lint fmt typecheck test test-unit bench gen-protos verify-protos clean
 
@@ -13,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	sh tools/install_etcd.sh
+	test -x $(RMQ5_VENV)/bin/python || $(PYTHON) -m venv $(RMQ5_VENV)
+	$(RMQ5_VENV)/bin/python -m pip install --quiet '$(RMQ5_SDK)'
+	$(PY) tools/gen_protos.py --v2
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install RocketQ with its dev tools

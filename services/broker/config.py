@@ -177,6 +177,11 @@ class BrokerConfig:
     log_level: str = "INFO"
     """[logLevel] DEBUG, INFO, WARNING, ERROR or CRITICAL."""
 
+    # -- gateway (apache.rocketmq.v2, services/broker/gateway) --
+    gateway_port: int = 0
+    """[gatewayPort] Port of the RocketMQ 5 gRPC gateway for the official SDKs; 0 = off. Off by
+    default until the gateway covers the whole protocol (then 8081, DESIGN.md §7)."""
+
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
     mode ``broker_id`` changes at runtime (0 while this replica leads), ``replica_id`` never."""
@@ -381,6 +386,7 @@ TABLE = KeyTable(
         Key("maxTransferCountOnMessageInMemory", "max_transfer_count_on_message_in_memory", int),
         Key("maxTransferBytesOnMessageInMemory", "max_transfer_bytes_on_message_in_memory", int),
         log_level_key(),
+        Key("gatewayPort", "gateway_port", int),
     ],
 )
 
@@ -398,6 +404,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "brokerIP1",
         "storePathRootDir",
         "brokerRole",
+        "gatewayPort",
         "etcdEndpoints",
         "controllerKeyPrefix",
         "controllerLeaseTtlSec",

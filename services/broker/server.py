@@ -26,6 +26,8 @@ import logging
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
 
+import grpc
+
 from rocketq._api.rocketq.v1 import (
     admin_pb2_grpc,
     common_pb2,
@@ -74,6 +76,7 @@ class Broker:
         self.clock = clock_from_env()  # ROCKETQ_CLOCK_SPEED runs long delays fast in tests
         self.server = grpc_server.create_server()
         self.advertised_addr = ""
+        self.gateway_server: grpc.aio.Server | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.stopped = asyncio.Event()
         self.ha_slave: ReplicationClient | None = None
@@ -89,6 +92,7 @@ class Broker:
         admin = self._build_services(config_dir)
         await self.store.start()
         await self.server.start()
+        await self._start_gateway()
         self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
         self._start_background(admin)
         await self._go_live()
@@ -102,6 +106,31 @@ class Broker:
             cfg.store_dir,
         )
         return self.advertised_addr
+
+    async def _start_gateway(self) -> None:
+        """The apache.rocketmq.v2 gateway on its own server, when gatewayPort is set."""
+        cfg = self.config
+        if cfg.gateway_port <= 0:
+            return
+        # Imported only when on: its classes are generated at setup (tools/gen_protos.py --v2),
+        # and a broker without the gateway must start without them.
+        from services.broker.gateway.service import (  # noqa: PLC0415
+            SERVICE_NAME,
+            GatewayService,
+            add_to_server,
+        )
+
+        server = grpc_server.create_server()
+        gateway = GatewayService(
+            config=cfg, messaging=self.messaging, host=cfg.advertised_host, port=cfg.gateway_port
+        )
+        add_to_server(gateway, server)
+        grpc_server.finish_setup(server, [SERVICE_NAME], f"{cfg.listen_host}:{cfg.gateway_port}")
+        await server.start()
+        self.gateway_server = server
+        log.info(
+            "apache.rocketmq.v2 gateway serving at %s:%d", cfg.advertised_host, cfg.gateway_port
+        )
 
     def _open_store(self) -> Path:
         """Bind the port first: the advertised address is written into every record the store
@@ -158,6 +187,7 @@ class Broker:
             transactions=self.transactions,
         )
         self.pop_revive = ReviveService(messaging.pops)
+        self.messaging = messaging
         if not cfg.is_master:
             self._wire_slave(messaging, config_dir)
         admin = AdminService(
@@ -353,6 +383,8 @@ class Broker:
         if self.ha_slave is not None:
             self.ha_slave.close()
         await self.server.stop(SHUTDOWN_GRACE_S)
+        if self.gateway_server is not None:
+            await self.gateway_server.stop(SHUTDOWN_GRACE_S)
         for task in self.tasks:
             task.cancel()
         if self.tasks:

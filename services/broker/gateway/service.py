@@ -1,0 +1,352 @@
+"""``apache.rocketmq.v2.MessagingService`` on a broker: the official RocketMQ 5 SDKs' protocol.
+
+Served on ``gatewayPort`` (0 = off, the default for now) by its own grpc.aio server, beside the
+native ``rocketq.v1`` services. It translates; the work is the broker's own:
+
+| v2 RPC                     | here                                                          |
+|----------------------------|---------------------------------------------------------------|
+| QueryRoute                 | this broker's queues of the topic, at this gateway's address  |
+| Heartbeat, NotifyClient... | OK (pop needs no client registry)                             |
+| Telemetry                  | the settings handshake: echo plus server settings, status OK  |
+| SendMessage                | the broker's SendProcessor, one entry per message             |
+| ReceiveMessage             | Pop (services/broker/pop): status, messages, delivery time    |
+| AckMessage                 | Ack, one result entry per entry                               |
+| ChangeInvisibleDuration    | ChangeInvisibleTime (a new receipt handle)                    |
+
+Not yet (answered NOT_IMPLEMENTED, UNSUPPORTED for the unimplemented RPCs by grpc's default):
+routes across broker groups (a broker does not know another's gateway port), FIFO groups, delay
+and transactions, QueryAssignment (push consumers), namespaces, the SDKs' authorization. The
+facts behind the choices are in the shared brief v2-protocol.md.
+"""
+
+# ruff: noqa: N802  (servicer methods carry the proto's RPC names)
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq.codec import Prop
+from rocketq.java_hash import java_string_hash
+from services.broker.config import BrokerConfig
+from services.broker.gateway._v2api import definition_pb2 as v2
+from services.broker.gateway._v2api import service_pb2 as svc
+from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
+from services.broker.messaging_service import MessagingService
+from services.common.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
+LONG_POLLING_MIN_MS = 5_000
+LONG_POLLING_MAX_MS = 20_000
+RECEIVE_BATCH_SIZE = 32
+INVISIBLE_DEFAULT_MS = 60_000
+ACCEPTED_TYPES = (v2.NORMAL,)
+
+_BY_REASON = {
+    common_pb2.TOPIC_NOT_EXIST: v2.TOPIC_NOT_FOUND,
+    common_pb2.SUBSCRIPTION_GROUP_NOT_EXIST: v2.CONSUMER_GROUP_NOT_FOUND,
+    common_pb2.INVALID_RECEIPT_HANDLE: v2.INVALID_RECEIPT_HANDLE,
+    common_pb2.MESSAGE_TOO_LARGE: v2.MESSAGE_BODY_TOO_LARGE,
+    common_pb2.MESSAGE_NOT_FOUND: v2.MESSAGE_NOT_FOUND,
+    common_pb2.ILLEGAL_EXPRESSION: v2.ILLEGAL_FILTER_EXPRESSION,
+    common_pb2.FLOW_CONTROL: v2.TOO_MANY_REQUESTS,
+}
+_BY_CODE = {
+    grpc.StatusCode.INVALID_ARGUMENT: v2.BAD_REQUEST,
+    grpc.StatusCode.NOT_FOUND: v2.NOT_FOUND,
+    grpc.StatusCode.PERMISSION_DENIED: v2.FORBIDDEN,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: v2.TOO_MANY_REQUESTS,
+    grpc.StatusCode.FAILED_PRECONDITION: v2.PRECONDITION_FAILED,
+}
+
+
+def status(code: int = v2.OK, message: str = "OK") -> Any:
+    return v2.Status(code=code, message=message)
+
+
+def status_of(exc: ServiceError) -> Any:
+    """The protocol's Code for a refusal of the broker (Code table in the shared brief)."""
+    code = _BY_REASON.get(exc.reason) or _BY_CODE.get(exc.code, v2.INTERNAL_ERROR)
+    return status(code, exc.message)
+
+
+def _ms(d: duration_pb2.Duration) -> int:
+    return d.seconds * 1000 + d.nanos // 1_000_000
+
+
+def _duration(ms: int) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
+    """The v2 protocol over one broker's processors (see the module docstring)."""
+
+    def __init__(
+        self, *, config: BrokerConfig, messaging: MessagingService, host: str, port: int
+    ) -> None:
+        self.config = config
+        self.messaging = messaging
+        self.host = host
+        self.port = port
+
+    def _endpoints(self) -> Any:
+        scheme = v2.IPv4 if self.host.replace(".", "").isdigit() else v2.DOMAIN_NAME
+        return v2.Endpoints(scheme=scheme, addresses=[v2.Address(host=self.host, port=self.port)])
+
+    # -- routes, liveness ------------------------------------------------------------------
+    async def QueryRoute(self, request: Any, context: Context) -> Any:
+        topic = request.topic.name
+        cfg = self.messaging.topics.get(topic)
+        if cfg is None:
+            return svc.QueryRouteResponse(
+                status=status(v2.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
+            )
+        broker = v2.Broker(name=self.config.broker_name, id=0, endpoints=self._endpoints())
+        queues = [
+            v2.MessageQueue(
+                topic=v2.Resource(resource_namespace=request.topic.resource_namespace, name=topic),
+                id=qid,
+                permission=v2.READ_WRITE,
+                broker=broker,
+                accept_message_types=ACCEPTED_TYPES,
+            )
+            for qid in range(cfg.queue_nums)
+        ]
+        return svc.QueryRouteResponse(status=status(), message_queues=queues)
+
+    async def Heartbeat(self, request: Any, context: Context) -> Any:
+        return svc.HeartbeatResponse(status=status())
+
+    async def NotifyClientTermination(self, request: Any, context: Context) -> Any:
+        return svc.NotifyClientTerminationResponse(status=status())
+
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[Any], context: Context
+    ) -> AsyncIterator[Any]:
+        """Answer each Settings with the client's settings completed by the server's."""
+        async for command in request_iterator:
+            if command.HasField("settings"):
+                yield svc.TelemetryCommand(
+                    status=status(), settings=self._settings(command.settings)
+                )
+
+    def _settings(self, client: Any) -> Any:
+        out = v2.Settings()
+        out.CopyFrom(client)
+        out.metric.CopyFrom(v2.Metric(on=False))
+        backoff = out.backoff_policy
+        if client.HasField("publishing"):
+            backoff.max_attempts = 3
+            backoff.exponential_backoff.CopyFrom(
+                v2.ExponentialBackoff(initial=_duration(10), max=_duration(1_000), multiplier=2.0)
+            )
+            out.publishing.max_body_size = self.config.max_message_size_bytes
+            out.publishing.validate_message_type = False
+        if client.HasField("subscription"):
+            group_cfg = self.messaging.groups.get(client.subscription.group.name)
+            retries = group_cfg.retry_max_times if group_cfg is not None else 16
+            backoff.max_attempts = retries + 1
+            backoff.exponential_backoff.CopyFrom(
+                v2.ExponentialBackoff(
+                    initial=_duration(1_000), max=_duration(60_000), multiplier=2.0
+                )
+            )
+            sub = out.subscription
+            sub.fifo = False
+            sub.receive_batch_size = RECEIVE_BATCH_SIZE
+            if not sub.HasField("long_polling_timeout"):
+                sub.long_polling_timeout.CopyFrom(_duration(LONG_POLLING_MAX_MS))
+        return out
+
+    # -- send ------------------------------------------------------------------------------
+    async def SendMessage(self, request: Any, context: Context) -> Any:
+        entries = []
+        for message in request.messages:
+            entries.append(await self._send_one(message, context.peer()))
+        failed = [e for e in entries if e.status.code != v2.OK]
+        top = failed[0].status if len(failed) == len(entries) and failed else status()
+        if failed and len(failed) < len(entries):
+            top = status(v2.MULTIPLE_RESULTS, "some messages failed; see the entries")
+        return svc.SendMessageResponse(status=top, entries=entries)
+
+    async def _send_one(self, message: Any, peer: str) -> Any:
+        topic = message.topic.name
+        props = dict(message.user_properties)
+        sp = message.system_properties
+        msg_id = sp.message_id
+        if sp.tag:
+            props[Prop.TAGS] = sp.tag
+        if sp.keys:
+            props[Prop.KEYS] = " ".join(sp.keys)
+        if msg_id:
+            props[Prop.UNIQ_KEY] = msg_id
+        cfg = self.messaging.topics.get(topic)
+        if cfg is None:
+            return svc.SendResultEntry(
+                status=status(v2.TOPIC_NOT_FOUND, f"topic {topic} does not exist"),
+                message_id=msg_id,
+            )
+        queues = max(cfg.write_queue_nums, 1)
+        if sp.message_group:
+            qid = abs(java_string_hash(sp.message_group)) % queues
+        else:
+            qid = random.randrange(queues)  # spreading, not security
+        request = messaging_pb2.SendRequest(
+            producer_group="rmq_v2_gateway",
+            queue_id=qid,
+            messages=[common_pb2.Message(topic=topic, body=message.body, properties=props)],
+        )
+        try:
+            response = await self.messaging.sender.send(request, peer)
+        except ServiceError as exc:
+            return svc.SendResultEntry(status=status_of(exc), message_id=msg_id)
+        result = response.results[0]
+        return svc.SendResultEntry(
+            status=status(),
+            message_id=result.msg_id,
+            transaction_id=result.msg_id,
+            offset=result.queue_offset,
+        )
+
+    # -- receive, ack, change --------------------------------------------------------------
+    async def ReceiveMessage(self, request: Any, context: Context) -> AsyncIterator[Any]:
+        poll_ms = (
+            _ms(request.long_polling_timeout)
+            if request.HasField("long_polling_timeout")
+            else LONG_POLLING_MAX_MS
+        )
+        if not LONG_POLLING_MIN_MS <= poll_ms <= LONG_POLLING_MAX_MS:
+            yield svc.ReceiveMessageResponse(
+                status=status(
+                    v2.ILLEGAL_POLLING_TIME,
+                    f"long_polling_timeout {poll_ms} ms is outside {LONG_POLLING_MIN_MS}.."
+                    f"{LONG_POLLING_MAX_MS} ms",
+                )
+            )
+            return
+        invisible_ms = (
+            _ms(request.invisible_duration)
+            if request.HasField("invisible_duration") and not request.auto_renew
+            else INVISIBLE_DEFAULT_MS
+        )
+        pop = messaging_pb2.PopRequest(
+            consumer_group=request.group.name,
+            topic=request.message_queue.topic.name,
+            max_msg_nums=max(1, min(request.batch_size or RECEIVE_BATCH_SIZE, RECEIVE_BATCH_SIZE)),
+            invisible_time_ms=invisible_ms,
+            poll_time_ms=poll_ms,
+            expression=request.filter_expression.expression or "*",
+            expression_type=common_pb2.SQL92
+            if request.filter_expression.type == v2.SQL
+            else common_pb2.TAG,
+        )
+        try:
+            popped = await self.messaging.pops.pop(pop, context)
+        except ServiceError as exc:
+            code = v2.ILLEGAL_INVISIBLE_TIME if "invisible_time_ms" in exc.message else None
+            yield svc.ReceiveMessageResponse(
+                status=status(code, exc.message) if code else status_of(exc)
+            )
+            return
+        if not popped.messages:
+            yield svc.ReceiveMessageResponse(status=status(v2.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        yield svc.ReceiveMessageResponse(status=status())
+        for m in popped.messages:
+            yield svc.ReceiveMessageResponse(message=self._message(m, invisible_ms))
+        now = self.messaging.clock.now_ms()
+        yield svc.ReceiveMessageResponse(delivery_timestamp=_timestamp(now))
+
+    def _message(self, popped: messaging_pb2.PoppedMessage, invisible_ms: int) -> Any:
+        stored = popped.message
+        props = dict(stored.message.properties)
+        body = stored.message.body
+        sp = v2.SystemProperties(
+            tag=props.pop(Prop.TAGS, ""),
+            keys=[k for k in props.pop(Prop.KEYS, "").split(" ") if k],
+            message_id=stored.msg_id,
+            body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(body).hexdigest().upper()),
+            body_encoding=v2.IDENTITY,
+            message_type=v2.NORMAL,
+            born_timestamp=_timestamp(stored.born_timestamp_ms),
+            born_host=stored.born_host,
+            store_timestamp=_timestamp(stored.store_timestamp_ms),
+            store_host=stored.store_host,
+            receipt_handle=popped.receipt_handle,
+            queue_id=stored.queue_id,
+            queue_offset=stored.queue_offset,
+            invisible_duration=_duration(invisible_ms),
+            delivery_attempt=popped.delivery_attempt,
+        )
+        user = {k: v for k, v in props.items() if k not in _SYSTEM_PROPERTIES}
+        return v2.Message(
+            topic=v2.Resource(name=stored.message.topic),
+            user_properties=user,
+            system_properties=sp,
+            body=body,
+        )
+
+    async def AckMessage(self, request: Any, context: Context) -> Any:
+        results = []
+        for entry in request.entries:
+            ack = messaging_pb2.AckRequest(
+                consumer_group=request.group.name,
+                topic=request.topic.name,
+                receipt_handle=entry.receipt_handle,
+            )
+            try:
+                await self.messaging.pops.ack(ack)
+                st = status()
+            except ServiceError as exc:
+                st = status_of(exc)
+            results.append(
+                svc.AckMessageResultEntry(
+                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=st
+                )
+            )
+        failed = [r for r in results if r.status.code != v2.OK]
+        top = status()
+        if failed:
+            top = failed[0].status if len(failed) == len(results) else status(v2.MULTIPLE_RESULTS)
+        return svc.AckMessageResponse(status=top, entries=results)
+
+    async def ChangeInvisibleDuration(self, request: Any, context: Context) -> Any:
+        change = messaging_pb2.ChangeInvisibleTimeRequest(
+            consumer_group=request.group.name,
+            topic=request.topic.name,
+            receipt_handle=request.receipt_handle,
+            invisible_time_ms=_ms(request.invisible_duration),
+        )
+        try:
+            out = await self.messaging.pops.change_invisible_time(change)
+        except ServiceError as exc:
+            code = v2.ILLEGAL_INVISIBLE_TIME if "invisible_time_ms" in exc.message else None
+            return svc.ChangeInvisibleDurationResponse(
+                status=status(code, exc.message) if code else status_of(exc)
+            )
+        return svc.ChangeInvisibleDurationResponse(
+            status=status(), receipt_handle=out.receipt_handle
+        )
+
+
+_SYSTEM_PROPERTIES = frozenset(
+    {Prop.UNIQ_KEY, Prop.RETRY_TOPIC, Prop.ORIGIN_MESSAGE_ID, Prop.REAL_TOPIC, Prop.REAL_QUEUE_ID}
+)
+
+
+def add_to_server(gateway: GatewayService, server: grpc.aio.Server) -> None:
+    svc_grpc.add_MessagingServiceServicer_to_server(gateway, server)
