@@ -1,15 +1,15 @@
 """Pop consumption against real broker processes, through the SDK's SimpleConsumer and raw stubs
 (DESIGN.md §7, services/broker/pop).
 
-One nameserver and one broker for most tests, each test on its own topic and group; the restart
-scenario starts its own cluster. Messages are sent with raw Send calls; topics are created with
-one queue so that every consumer competes for the same queue.
+One nameserver and one master with a slave for most tests, each test on its own topic and group;
+the restart scenario starts its own cluster. Messages are sent with raw Send calls; topics are
+created with one queue so that every consumer competes for the same queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import grpc
 import pytest
@@ -28,7 +28,7 @@ BROKER = "broker-a"
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with cluster(tmp_path_factory.mktemp("pop")) as cl:
+    with cluster(tmp_path_factory.mktemp("pop"), slaves=1) as cl:
         yield cl
         cl.check_logs()
 
@@ -65,7 +65,11 @@ def consumer(
 ) -> SimpleConsumer:
     sc = SimpleConsumer(
         SimpleConsumerConfig(
-            group, tuple(cl.namesrv_addrs), await_duration_ms=await_ms, instance_name=name
+            group,
+            tuple(cl.namesrv_addrs),
+            await_duration_ms=await_ms,
+            request_timeout_ms=10_000,  # a loaded CI machine, not a slow broker
+            instance_name=name,
         )
     )
     sc.subscribe(topic)
@@ -227,3 +231,34 @@ async def test_pop_state_survives_a_killed_broker(
                 await sc.ack(m)
             assert await sc.receive(5, 1_000) == []
         cl.check_logs()
+
+
+async def test_the_slave_follows_the_pop_state_and_refuses_pops(c: Cluster) -> None:
+    topic, group = "PopReplicated", "pop-replicated"
+    await make_topic(c.broker.addr, topic)
+    await send(c.broker.addr, topic, [b"x", b"y"])
+
+    async def in_flight(addr: str) -> int:
+        async with RawClient(addr) as raw:
+            stats = await raw.admin.GetRuntimeStats(admin_pb2.GetRuntimeStatsRequest())
+            return int(stats.extra["pop_in_flight_checkpoints"])
+
+    async def same_on_both() -> int | None:
+        master, slave = await in_flight(c.broker.addr), await in_flight(c.slaves[0].addr)
+        return master if master == slave else None
+
+    async with consumer(c, group, topic, "r") as sc:
+        got = await receive_until(sc, "two messages", want=2)
+        before = await until(same_on_both, "the slave applying the checkpoint")
+        assert before >= 1
+        for m in got:
+            await sc.ack(m)
+        await until(lambda: _equals(same_on_both, before - 1), "the slave applying the acks")
+    async with RawClient(c.slaves[0].addr) as raw:
+        pop = messaging_pb2.PopRequest(consumer_group=group, topic=topic, invisible_time_ms=5000)
+        code, reason, _ = await refused(raw.messaging.Pop(pop))
+        assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, common_pb2.NOT_MASTER)
+
+
+async def _equals(probe: Callable[[], Awaitable[int | None]], want: int) -> bool:
+    return await probe() == want

@@ -60,6 +60,7 @@ from services.broker.topic_config_manager import TopicConfigManager
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import ServiceError, denied, exhausted, invalid, not_found, unavailable
 from services.store.commitlog import MessageToStore
+from services.store.consume_queue import CQ_UNIT, PRE_BLANK_SIZE
 from services.store.message_store import (
     GetStatus,
     MessageStore,
@@ -67,6 +68,7 @@ from services.store.message_store import (
     StoreClosedError,
     StoreFullError,
 )
+from services.store.types import QueueOffset
 
 log = logging.getLogger(__name__)
 
@@ -121,23 +123,30 @@ class PopProcessor:
 
     # -- the revive log --------------------------------------------------------------------
     def catch_up(self) -> None:
-        """Apply the revive log's records not applied yet (a replay on first use)."""
+        """Apply the revive log's records not applied yet (a replay on first use).
+
+        Read straight from the consume queue and the commitlog, not through ``get_messages``:
+        that stops at the replication confirm offset, and this broker's own decisions (a
+        checkpoint just written, an ack) must count at once, replicated or not yet."""
         state, topic = self.state, self.log_topic
         if state.applied_upto < 0:
             start = self.offsets.query(REPLAY_GROUP, topic, REVIVE_QUEUE_ID)
             state.applied_upto = max(start, int(self.store.min_offset(topic, REVIVE_QUEUE_ID)))
-        while True:
-            got = self.store.get_messages(
-                topic, REVIVE_QUEUE_ID, state.applied_upto, CATCH_UP_BATCH
-            )
-            if got.status is GetStatus.OFFSET_TOO_SMALL:
-                state.applied_upto = got.next_begin_offset  # trimmed by retention
-                continue
-            if got.status is not GetStatus.FOUND:
-                return
-            for raw, log_offset in zip(got.records, got.queue_offsets, strict=True):
-                state.apply(codec.decode_record(raw, check_crc=False).body, log_offset)
-            state.applied_upto = got.next_begin_offset
+        cq = self.store.queues.find(topic, REVIVE_QUEUE_ID)
+        if cq is None:
+            return
+        state.applied_upto = max(state.applied_upto, int(cq.min_offset))
+        end = int(cq.max_offset)
+        while state.applied_upto < end:
+            units = cq.units_from(QueueOffset(state.applied_upto), CATCH_UP_BATCH)
+            if not units:
+                return  # a unit file not readable yet; the next call goes on
+            for phys, size, _tags in CQ_UNIT.iter_unpack(units):
+                data = self.store.commitlog.read(phys, size) if size != PRE_BLANK_SIZE else None
+                if data is not None:
+                    body = codec.decode_record(data, check_crc=False).body
+                    state.apply(body, state.applied_upto)
+                state.applied_upto += 1
 
     async def append(self, records: list[dict[str, Any]]) -> None:
         """Store revive-log records (one atomic batch) and apply them."""
