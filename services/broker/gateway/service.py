@@ -6,6 +6,7 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | v2 RPC                     | here                                                          |
 |----------------------------|---------------------------------------------------------------|
 | QueryRoute                 | this broker's queues of the topic, at this gateway's address  |
+| QueryAssignment            | one assignment per broker (queue -1: pop balances messages)   |
 | Heartbeat, NotifyClient... | OK (pop needs no client registry)                             |
 | Telemetry                  | the settings handshake: echo plus server settings, status OK  |
 | SendMessage                | the broker's SendProcessor, one entry per message             |
@@ -13,10 +14,10 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | AckMessage                 | Ack, one result entry per entry                               |
 | ChangeInvisibleDuration    | ChangeInvisibleTime (a new receipt handle)                    |
 
-Not yet (answered NOT_IMPLEMENTED, UNSUPPORTED for the unimplemented RPCs by grpc's default):
-routes across broker groups (a broker does not know another's gateway port), FIFO groups, delay
-and transactions, QueryAssignment (push consumers), namespaces, the SDKs' authorization. The
-facts behind the choices are in the shared brief v2-protocol.md.
+Not yet: routes across broker groups (a broker does not know another's gateway port), FIFO
+groups, delay and transactions, the server-side auto-renew of push consumers' invisible time,
+namespaces, the SDKs' authorization, the other RPCs (grpc answers UNIMPLEMENTED). The facts
+behind the choices are in the shared brief v2-protocol.md.
 """
 
 # ruff: noqa: N802  (servicer methods carry the proto's RPC names)
@@ -127,6 +128,26 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             for qid in range(cfg.queue_nums)
         ]
         return svc.QueryRouteResponse(status=status(), message_queues=queues)
+
+    async def QueryAssignment(self, request: Any, context: Context) -> Any:
+        """Push consumers: one assignment per broker (queue -1, every queue: pop balances the
+        messages, not the queues), as Apache's proxy answers normal groups."""
+        topic = request.topic.name
+        if self.messaging.topics.get(topic) is None:
+            return svc.QueryAssignmentResponse(
+                status=status(v2.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
+            )
+        broker = v2.Broker(name=self.config.broker_name, id=0, endpoints=self._endpoints())
+        queue = v2.MessageQueue(
+            topic=request.topic,
+            id=-1,
+            permission=v2.READ_WRITE,
+            broker=broker,
+            accept_message_types=ACCEPTED_TYPES,
+        )
+        return svc.QueryAssignmentResponse(
+            status=status(), assignments=[v2.Assignment(message_queue=queue)]
+        )
 
     async def Heartbeat(self, request: Any, context: Context) -> Any:
         return svc.HeartbeatResponse(status=status())
