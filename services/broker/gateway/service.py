@@ -9,15 +9,16 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | QueryAssignment            | one assignment per broker (queue -1: pop balances messages)   |
 | Heartbeat, NotifyClient... | OK (pop needs no client registry)                             |
 | Telemetry                  | the settings handshake: echo plus server settings, status OK  |
-| SendMessage                | the broker's SendProcessor, one entry per message             |
+| SendMessage                | the broker's SendProcessor, one entry per message (a delivery |
+|                            | timestamp becomes TIMER_DELIVER_MS: the timer wheel re-puts)  |
 | ReceiveMessage             | Pop (services/broker/pop): status, messages, delivery time    |
 | AckMessage                 | Ack, one result entry per entry                               |
 | ChangeInvisibleDuration    | ChangeInvisibleTime (a new receipt handle)                    |
 
 Not yet: routes across broker groups (a broker does not know another's gateway port), FIFO
-groups, delay and transactions, the server-side auto-renew of push consumers' invisible time,
-namespaces, the SDKs' authorization, the other RPCs (grpc answers UNIMPLEMENTED). The facts
-behind the choices are in the shared brief v2-protocol.md.
+groups (a message group is only hashed to a queue), transactions, the server-side auto-renew of
+push consumers' invisible time, namespaces, the SDKs' authorization, the other RPCs (grpc
+answers UNIMPLEMENTED). The facts behind the choices are in the shared brief v2-protocol.md.
 """
 
 # ruff: noqa: N802  (servicer methods carry the proto's RPC names)
@@ -51,7 +52,7 @@ LONG_POLLING_MIN_MS = 5_000
 LONG_POLLING_MAX_MS = 20_000
 RECEIVE_BATCH_SIZE = 32
 INVISIBLE_DEFAULT_MS = 60_000
-ACCEPTED_TYPES = (v2.NORMAL,)
+ACCEPTED_TYPES = (v2.NORMAL, v2.DELAY)
 
 _BY_REASON = {
     common_pb2.TOPIC_NOT_EXIST: v2.TOPIC_NOT_FOUND,
@@ -215,6 +216,10 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             props[Prop.KEYS] = " ".join(sp.keys)
         if msg_id:
             props[Prop.UNIQ_KEY] = msg_id
+        if sp.HasField("delivery_timestamp"):  # a delayed message: through the timer wheel
+            props[Prop.TIMER_DELIVER_MS] = str(
+                sp.delivery_timestamp.seconds * 1000 + sp.delivery_timestamp.nanos // 1_000_000
+            )
         cfg = self.messaging.topics.get(topic)
         if cfg is None:
             return svc.SendResultEntry(
@@ -238,7 +243,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         result = response.results[0]
         return svc.SendResultEntry(
             status=status(),
-            message_id=result.msg_id,
+            message_id=msg_id or result.msg_id,  # a delayed send's result names the timer
             transaction_id=result.msg_id,
             offset=result.queue_offset,
         )
