@@ -59,6 +59,7 @@ bench: setup  ## storage and messaging benchmarks; figures are printed, never as
 	$(PY) -m tools.bench.transaction_bench
 	$(PY) -m tools.bench.replication_bench
 	$(PY) -m tools.bench.failover_bench
+	$(PY) -m tools.bench.pop_bench
 
 gen-protos: setup  ## regenerate rocketq/_api from proto/
 	$(PY) tools/gen_protos.py
