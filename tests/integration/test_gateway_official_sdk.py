@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from rocketq._api.rocketq.v1 import admin_pb2, common_pb2
@@ -98,3 +99,48 @@ async def test_delayed_message_is_delivered_at_its_time(
     assert out["got"]["id"] == out["sent"]
     # Held by the timer wheel: never handed out before its delivery time.
     assert out["got"]["received_ms"] >= out["deliver_ms"]
+
+
+async def test_bad_requests_get_the_protocol_status_codes(gw: tuple[Cluster, int]) -> None:
+    """Raw v2 calls (the gateway's own generated classes, no SDK in this process)."""
+    from google.protobuf import duration_pb2
+
+    from services.broker.gateway._v2api import definition_pb2 as v2
+    from services.broker.gateway._v2api import service_pb2 as svc
+    from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
+
+    c, port = gw
+    await make_topic(c, "V2Bad")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = svc_grpc.MessagingServiceStub(channel)
+
+        async def receive(**fields: Any) -> list[Any]:
+            req = svc.ReceiveMessageRequest(
+                group=v2.Resource(name="v2-bad"),
+                message_queue=v2.MessageQueue(topic=v2.Resource(name="V2Bad"), id=-1),
+                batch_size=1,
+                **fields,
+            )
+            return [r async for r in stub.ReceiveMessage(req, timeout=30)]
+
+        def secs(s: int) -> duration_pb2.Duration:
+            return duration_pb2.Duration(seconds=s)
+
+        # A receive before any Telemetry settings works with defaults; nothing there yet.
+        [only] = await receive(invisible_duration=secs(10), long_polling_timeout=secs(5))
+        assert only.status.code == v2.MESSAGE_NOT_FOUND
+        [only] = await receive(invisible_duration=secs(10), long_polling_timeout=secs(1))
+        assert only.status.code == v2.ILLEGAL_POLLING_TIME
+        [only] = await receive(invisible_duration=secs(0), long_polling_timeout=secs(5))
+        assert only.status.code == v2.ILLEGAL_INVISIBLE_TIME
+        route = await stub.QueryRoute(svc.QueryRouteRequest(topic=v2.Resource(name="NoSuch")))
+        assert route.status.code == v2.TOPIC_NOT_FOUND
+        ack = await stub.AckMessage(
+            svc.AckMessageRequest(
+                group=v2.Resource(name="v2-bad"),
+                topic=v2.Resource(name="V2Bad"),
+                entries=[svc.AckMessageEntry(message_id="x", receipt_handle="forged")],
+            )
+        )
+        assert ack.status.code == v2.INVALID_RECEIPT_HANDLE
+        assert ack.entries[0].status.code == v2.INVALID_RECEIPT_HANDLE
