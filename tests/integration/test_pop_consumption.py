@@ -262,3 +262,30 @@ async def test_the_slave_follows_the_pop_state_and_refuses_pops(c: Cluster) -> N
 
 async def _equals(probe: Callable[[], Awaitable[int | None]], want: int) -> bool:
     return await probe() == want
+
+
+async def test_fifo_group_holds_the_queue_until_its_batch_is_acked(c: Cluster) -> None:
+    topic, group = "PopFifo", "pop-fifo"
+    await make_topic(c.broker.addr, topic)
+    async with RawClient(c.broker.addr) as raw:
+        await raw.admin.CreateSubscriptionGroup(
+            admin_pb2.CreateSubscriptionGroupRequest(
+                target=admin_pb2.ApplyTarget(broker_name=BROKER),
+                config=common_pb2.SubscriptionGroupConfig(
+                    group_name=group, consume_message_orderly=True
+                ),
+            )
+        )
+    await send(c.broker.addr, topic, [b"m0", b"m1", b"m2", b"m3"])
+    async with consumer(c, group, topic, "a") as a, consumer(c, group, topic, "b") as b:
+        first = await receive_until(a, "the first batch", want=2, invisible_ms=3_000)
+        assert [m.message.body for m in first] == [b"m0", b"m1"]
+        assert await b.receive(4, 30_000) == []  # the queue waits for the batch
+        await a.ack(first[0])  # m1 is not acked: it comes back, before m2
+        [again] = await receive_until(b, "m1 again after its invisible time")
+        assert (again.message.body, again.delivery_attempt) == (b"m1", 2)
+        with pytest.raises(InvalidReceiptHandleError):
+            await a.ack(first[1])
+        await b.ack(again)
+        rest = await receive_until(b, "the rest, in order", want=2)
+        assert [(m.message.body, m.delivery_attempt) for m in rest] == [(b"m2", 1), (b"m3", 1)]

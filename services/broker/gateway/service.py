@@ -16,7 +16,7 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | ChangeInvisibleDuration    | ChangeInvisibleTime (a new receipt handle)                    |
 
 Not yet: routes across broker groups (a broker does not know another's gateway port), FIFO
-groups (a message group is only hashed to a queue), transactions, the server-side auto-renew of
+per message group (a group is hashed to a queue and the whole queue is held), transactions, the server-side auto-renew of
 push consumers' invisible time, namespaces, the SDKs' authorization, the other RPCs (grpc
 answers UNIMPLEMENTED). The facts behind the choices are in the shared brief v2-protocol.md.
 """
@@ -188,7 +188,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 )
             )
             sub = out.subscription
-            sub.fifo = False
+            sub.fifo = group_cfg is not None and group_cfg.consume_message_orderly
             sub.receive_batch_size = RECEIVE_BATCH_SIZE
             if not sub.HasField("long_polling_timeout"):
                 sub.long_polling_timeout.CopyFrom(_duration(LONG_POLLING_MAX_MS))

@@ -3,10 +3,14 @@
 A Pop reads every queue it covers (the asked queue, or all read queues of the topic, plus the
 queues of the group's pop retry topic ``%RETRY%{group}_{topic}``, RocketMQ 5's name) from the
 group's pop offset, appends one checkpoint per queue that gave messages to the revive log, and
-moves the pop offset past what it read (messages a filter skipped included). The pop offset of a
-queue is the larger of the revive log's (``PopState.next_offsets``) and the consumer offset
-table's; a group that has neither starts at offset 0 while the queue was never trimmed (every
-message still there), else at the queue's end, and retry topics always at their start.
+moves the pop offset past what it read (messages a filter skipped included). FIFO groups (the
+group's ``consumeMessageOrderly``) hold a queue while its checkpoint is in flight: the next
+messages of the queue wait until the batch is acked, and a batch not acked in time is handed out
+again from the queue, in order, with one more delivery attempt (never through the retry topic).
+The pop offset of a queue is the larger of the revive log's (``PopState.next_offsets``) and the
+consumer offset table's; a group that has neither starts at offset 0 while the queue was never
+trimmed (every message still there), else at the queue's end, and retry topics always at their
+start.
 
 One lock orders the changes (Pop's read-then-append, Ack's check-then-append, the revive loop),
 so two consumers never get the same message: the second Pop reads after the first's checkpoint
@@ -281,12 +285,20 @@ class PopProcessor:
                 f"(limit {CHECKPOINTS_MAX}); ack messages or retry later",
             )
         group = req.consumer_group
-        until_ms = self.clock.now_ms() + req.invisible_time_ms
+        now_ms = self.clock.now_ms()
+        until_ms = now_ms + req.invisible_time_ms
+        fifo = self._fifo(group)
         records: list[dict[str, Any]] = []
-        taken: list[tuple[str, codec.Record]] = []
+        taken: list[tuple[str, codec.Record, int]] = []
         for topic, qid in sources:
             if len(taken) >= max_nums:
                 break
+            holder = self.state.fifo_holder(group, topic, qid) if fifo else None
+            if holder is not None:
+                if holder.until_ms > now_ms:
+                    continue  # the previous batch is not acked yet: the queue waits
+                self._fifo_again(holder, until_ms, records, taken)
+                continue
             offset = self._offset(group, topic, qid)
             got = self.store.get_messages(
                 topic, qid, offset, max_nums - len(taken),
@@ -297,31 +309,60 @@ class PopProcessor:
                     self.offsets.commit(group, topic, qid, got.next_begin_offset)
                 continue
             ck_id = new_checkpoint_id()
-            records.append(
-                {
-                    "t": "ck", "id": ck_id, "g": group, "at": req.topic, "rt": topic, "q": qid,
-                    "o": got.queue_offsets, "n": got.next_begin_offset, "u": until_ms,
-                }
-            )  # fmt: skip
+            record: dict[str, Any] = {
+                "t": "ck", "id": ck_id, "g": group, "at": req.topic, "rt": topic, "q": qid,
+                "o": got.queue_offsets, "n": got.next_begin_offset, "u": until_ms,
+            }  # fmt: skip
+            if fifo:
+                record.update(f=True, a=1)
+            records.append(record)
             self.offsets.commit(group, topic, qid, got.next_begin_offset, increase_only=True)
-            taken.extend((ck_id, codec.decode_record(r, check_crc=False)) for r in got.records)
+            taken.extend((ck_id, codec.decode_record(r, check_crc=False), 0) for r in got.records)
         if not records:
             return messaging_pb2.PopResponse()
         await self.append(records)
         broker = self.config.broker_name
         response = messaging_pb2.PopResponse()
-        for ck_id, rec in taken:
+        for ck_id, rec, earlier in taken:
             stored = record_to_pb(rec)
             stored.message.topic = req.topic
             response.messages.append(
                 messaging_pb2.PoppedMessage(
                     message=stored,
                     receipt_handle=handle_of(broker, ck_id, rec.queue_offset),
-                    delivery_attempt=rec.reconsume_times + 1,
+                    delivery_attempt=rec.reconsume_times + 1 + earlier,
                     invisible_until_ms=until_ms,
                 )
             )
         return response
+
+    def _fifo(self, group: str) -> bool:
+        group_cfg = self.groups.get(group)
+        return group_cfg is not None and group_cfg.consume_message_orderly
+
+    def _fifo_again(
+        self,
+        holder: Checkpoint,
+        until_ms: int,
+        records: list[dict[str, Any]],
+        taken: list[tuple[str, codec.Record, int]],
+    ) -> None:
+        """A FIFO queue whose batch was not acked in time: the same messages again, in order,
+        under a new checkpoint (one more attempt); the old one is acked in the same append."""
+        ck_id = new_checkpoint_id()
+        offsets = holder.unacked()
+        records.append(
+            {
+                "t": "ck", "id": ck_id, "g": holder.group, "at": holder.asked_topic,
+                "rt": holder.read_topic, "q": holder.queue_id, "o": offsets,
+                "n": offsets[-1] + 1, "u": until_ms, "f": True, "a": holder.attempt + 1,
+            }
+        )  # fmt: skip
+        records.extend({"t": "ack", "id": holder.ck_id, "o": o} for o in offsets)
+        for offset in offsets:
+            rec = self.read(holder.read_topic, holder.queue_id, offset)
+            if rec is not None:  # else removed by retention: nothing left to deliver
+                taken.append((ck_id, rec, holder.attempt))
 
     def _offset(self, group: str, topic: str, queue_id: int) -> int:
         """The queue offset this group pops next (see the module docstring)."""
@@ -367,7 +408,7 @@ class PopProcessor:
                     {
                         "t": "ck", "id": new_id, "g": ck.group, "at": ck.asked_topic,
                         "rt": ck.read_topic, "q": ck.queue_id, "o": [offset], "n": offset + 1,
-                        "u": until_ms,
+                        "u": until_ms, **({"f": True, "a": ck.attempt} if ck.fifo else {}),
                     },
                     {"t": "ack", "id": ck_id, "o": offset},
                 ]

@@ -7,7 +7,8 @@ a small JSON object; its ``t`` says what it is:
 |--------|----------------------------|----------------------------------------------------------|
 | ``ck`` | Pop, ChangeInvisibleTime   | id, group g, asked topic at, read topic rt, queue q,     |
 |        |                            | offsets o (queue offsets handed out), next n (the pop    |
-|        |                            | offset after this read), until u (epoch ms)              |
+|        |                            | offset after this read), until u (epoch ms); FIFO groups |
+|        |                            | also f (true) and the delivery attempt a                 |
 | ``ack``| Ack, ChangeInvisibleTime   | id, offset o                                             |
 | ``done``| the revive loop           | id (every unacked offset was copied for redelivery)      |
 
@@ -65,6 +66,11 @@ class Checkpoint:
     until_ms: int
     log_offset: int
     """Queue offset of the ``ck`` record in the revive log."""
+    attempt: int = 1
+    """FIFO checkpoints: which delivery of these offsets this is (the first is 1)."""
+    fifo: bool = False
+    """A FIFO group's checkpoint: it blocks its queue until acked, and is redelivered from
+    the queue itself, in order, rather than through the retry topic."""
     acked: set[int] = field(default_factory=set)
 
     def unacked(self) -> list[int]:
@@ -141,6 +147,8 @@ class PopState:
             offsets=tuple(int(o) for o in rec["o"]),
             until_ms=int(rec["u"]),
             log_offset=log_offset,
+            attempt=int(rec.get("a", 1)),
+            fifo=bool(rec.get("f", False)),
         )
         key = (ck.group, ck.read_topic, ck.queue_id)
         self.next_offsets[key] = max(self.next_offsets.get(key, -1), int(rec["n"]))
@@ -163,7 +171,17 @@ class PopState:
         return ck
 
     def due(self, now_ms: int) -> list[Checkpoint]:
-        return [ck for ck in self.cks.values() if ck.until_ms <= now_ms]
+        """Checkpoints past their invisible time that the revive loop redelivers (FIFO ones are
+        redelivered by the next Pop of their queue)."""
+        return [ck for ck in self.cks.values() if ck.until_ms <= now_ms and not ck.fifo]
+
+    def fifo_holder(self, group: str, topic: str, queue_id: int) -> Checkpoint | None:
+        """The FIFO checkpoint holding a queue for a group, if any (at most one: a Pop skips a
+        held queue)."""
+        for ck in self.cks.values():
+            if ck.fifo and (ck.group, ck.read_topic, ck.queue_id) == (group, topic, queue_id):
+                return ck
+        return None
 
     def replay_start(self) -> int:
         """The oldest in-flight checkpoint's log offset, else where the next record goes."""

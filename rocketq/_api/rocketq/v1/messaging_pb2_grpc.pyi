@@ -175,7 +175,10 @@ class MessagingStub:
     system topic rmq_sys_REVIVE_LOG_{cluster}, so they replicate and survive restarts. With
     poll_time_ms > 0 an empty call waits (long polling) until a message arrives or the time is
     up; nothing found is an empty response, not an error. A new group starts at the queue's
-    first offset while the queue was never trimmed, else at its end.
+    first offset while the queue was never trimmed, else at its end. A FIFO group (its
+    consume_message_orderly) holds each queue while a batch from it is in flight: the queue's
+    next messages wait until the batch is acked, and a batch not acked in time is delivered
+    again from the queue, in order (delivery_attempt + 1), not through the retry topic.
     INVALID_ARGUMENT: bad names, queue id outside [0, read_queue_nums), max_msg_nums outside
       1..32, invisible_time_ms outside 1 s..12 h, poll_time_ms outside 0..60 s, an expression
       that does not parse (reason ILLEGAL_EXPRESSION).
@@ -336,7 +339,10 @@ class MessagingAsyncStub(MessagingStub):
     system topic rmq_sys_REVIVE_LOG_{cluster}, so they replicate and survive restarts. With
     poll_time_ms > 0 an empty call waits (long polling) until a message arrives or the time is
     up; nothing found is an empty response, not an error. A new group starts at the queue's
-    first offset while the queue was never trimmed, else at its end.
+    first offset while the queue was never trimmed, else at its end. A FIFO group (its
+    consume_message_orderly) holds each queue while a batch from it is in flight: the queue's
+    next messages wait until the batch is acked, and a batch not acked in time is delivered
+    again from the queue, in order (delivery_attempt + 1), not through the retry topic.
     INVALID_ARGUMENT: bad names, queue id outside [0, read_queue_nums), max_msg_nums outside
       1..32, invisible_time_ms outside 1 s..12 h, poll_time_ms outside 0..60 s, an expression
       that does not parse (reason ILLEGAL_EXPRESSION).
@@ -596,7 +602,10 @@ class MessagingServicer(metaclass=_abc_1.ABCMeta):
         system topic rmq_sys_REVIVE_LOG_{cluster}, so they replicate and survive restarts. With
         poll_time_ms > 0 an empty call waits (long polling) until a message arrives or the time is
         up; nothing found is an empty response, not an error. A new group starts at the queue's
-        first offset while the queue was never trimmed, else at its end.
+        first offset while the queue was never trimmed, else at its end. A FIFO group (its
+        consume_message_orderly) holds each queue while a batch from it is in flight: the queue's
+        next messages wait until the batch is acked, and a batch not acked in time is delivered
+        again from the queue, in order (delivery_attempt + 1), not through the retry topic.
         INVALID_ARGUMENT: bad names, queue id outside [0, read_queue_nums), max_msg_nums outside
           1..32, invisible_time_ms outside 1 s..12 h, poll_time_ms outside 0..60 s, an expression
           that does not parse (reason ILLEGAL_EXPRESSION).
