@@ -15,10 +15,11 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | AckMessage                 | Ack, one result entry per entry                               |
 | ChangeInvisibleDuration    | ChangeInvisibleTime (a new receipt handle)                    |
 
-Not yet: routes across broker groups (a broker does not know another's gateway port), FIFO
-per message group (a group is hashed to a queue and the whole queue is held), transactions, the server-side auto-renew of
-push consumers' invisible time, namespaces, the SDKs' authorization, the other RPCs (grpc
-answers UNIMPLEMENTED). The facts behind the choices are in the shared brief v2-protocol.md.
+Not yet: routes across broker groups (a broker does not know another's gateway port), FIFO per
+message group (a group is hashed to a queue and the whole queue is held), transactions, the
+server-side auto-renew of push consumers' invisible time, namespaces, the SDKs' authorization,
+the other RPCs (grpc answers UNIMPLEMENTED). The facts behind the choices are in the shared
+brief v2-protocol.md.
 """
 
 # ruff: noqa: N802  (servicer methods carry the proto's RPC names)
