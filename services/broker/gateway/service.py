@@ -29,7 +29,7 @@ import hashlib
 import logging
 import random
 from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -42,7 +42,7 @@ from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
 from services.broker.messaging_service import MessagingService
-from services.common.errors import ServiceError
+from services.common.errors import ServiceError, rpc, rpc_stream
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return v2.Endpoints(scheme=scheme, addresses=[v2.Address(host=self.host, port=self.port)])
 
     # -- routes, liveness ------------------------------------------------------------------
+    @rpc
     async def QueryRoute(self, request: Any, context: Context) -> Any:
         topic = request.topic.name
         cfg = self.messaging.topics.get(topic)
@@ -131,6 +132,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         ]
         return svc.QueryRouteResponse(status=status(), message_queues=queues)
 
+    @rpc
     async def QueryAssignment(self, request: Any, context: Context) -> Any:
         """Push consumers: one assignment per broker (queue -1, every queue: pop balances the
         messages, not the queues), as Apache's proxy answers normal groups."""
@@ -151,12 +153,15 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             status=status(), assignments=[v2.Assignment(message_queue=queue)]
         )
 
+    @rpc
     async def Heartbeat(self, request: Any, context: Context) -> Any:
         return svc.HeartbeatResponse(status=status())
 
+    @rpc
     async def NotifyClientTermination(self, request: Any, context: Context) -> Any:
         return svc.NotifyClientTerminationResponse(status=status())
 
+    @rpc_stream
     async def Telemetry(
         self, request_iterator: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[Any]:
@@ -196,6 +201,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return out
 
     # -- send ------------------------------------------------------------------------------
+    @rpc
     async def SendMessage(self, request: Any, context: Context) -> Any:
         entries = []
         for message in request.messages:
@@ -250,6 +256,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         )
 
     # -- receive, ack, change --------------------------------------------------------------
+    @rpc_stream
     async def ReceiveMessage(self, request: Any, context: Context) -> AsyncIterator[Any]:
         poll_ms = (
             _ms(request.long_polling_timeout)
@@ -327,6 +334,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             body=body,
         )
 
+    @rpc
     async def AckMessage(self, request: Any, context: Context) -> Any:
         results = []
         for entry in request.entries:
@@ -351,6 +359,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             top = failed[0].status if len(failed) == len(results) else status(v2.MULTIPLE_RESULTS)
         return svc.AckMessageResponse(status=top, entries=results)
 
+    @rpc
     async def ChangeInvisibleDuration(self, request: Any, context: Context) -> Any:
         change = messaging_pb2.ChangeInvisibleTimeRequest(
             consumer_group=request.group.name,
@@ -368,6 +377,48 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return svc.ChangeInvisibleDurationResponse(
             status=status(), receipt_handle=out.receipt_handle
         )
+
+    # -- not yet (module docstring): a clear UNIMPLEMENTED, never grpc's default traceback --
+    @rpc
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Context) -> Any:
+        _not_yet("ForwardMessageToDeadLetterQueue (FIFO push consumers)")
+
+    @rpc
+    async def EndTransaction(self, request: Any, context: Context) -> Any:
+        _not_yet("EndTransaction (transactional messages)")
+
+    @rpc
+    async def UpdateOffset(self, request: Any, context: Context) -> Any:
+        _not_yet("UpdateOffset")
+
+    @rpc
+    async def GetOffset(self, request: Any, context: Context) -> Any:
+        _not_yet("GetOffset")
+
+    @rpc
+    async def QueryOffset(self, request: Any, context: Context) -> Any:
+        _not_yet("QueryOffset")
+
+    @rpc
+    async def RecallMessage(self, request: Any, context: Context) -> Any:
+        _not_yet("RecallMessage")
+
+    @rpc
+    async def SyncLiteSubscription(self, request: Any, context: Context) -> Any:
+        _not_yet("SyncLiteSubscription (lite topics)")
+
+    @rpc_stream
+    async def PullMessage(self, request: Any, context: Context) -> AsyncIterator[Any]:
+        _not_yet("PullMessage")
+        yield  # an async generator, like the streaming RPC it answers
+
+
+def _not_yet(what: str) -> NoReturn:
+    raise ServiceError(
+        grpc.StatusCode.UNIMPLEMENTED,
+        common_pb2.ERROR_REASON_UNSPECIFIED,
+        f"{what} is not served by RocketQ's gateway yet; use RocketQ's own API (rocketq.v1) for it",
+    )
 
 
 _SYSTEM_PROPERTIES = frozenset(
