@@ -17,10 +17,18 @@ from typing import Any
 import grpc
 import pytest
 
+from rocketq import (
+    Message,
+    Producer,
+    ProducerConfig,
+    SimpleConsumer,
+    SimpleConsumerConfig,
+)
 from rocketq._api.rocketq.v1 import admin_pb2, common_pb2
 from tests.integration.cluster import free_port
 from tests.support.cluster import Cluster, cluster
 from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -52,9 +60,9 @@ async def make_topic(c: Cluster, topic: str) -> None:
         )
 
 
-def run_app(app: str, port: int, topic: str, group: str, count: int, cwd: Path) -> Any:
+def run_app(app: str, port: int, topic: str, group: str, count: int, cwd: Path, *mode: str) -> Any:
     run = subprocess.run(
-        [str(SDK_PYTHON), str(APPS / app), f"127.0.0.1:{port}", topic, group, str(count)],
+        [str(SDK_PYTHON), str(APPS / app), *mode, f"127.0.0.1:{port}", topic, group, str(count)],
         capture_output=True, text=True, timeout=APP_TIMEOUT_S, check=False, cwd=cwd,
     )  # fmt: skip
     assert run.returncode == 0, f"the SDK app {app} failed:\n{run.stderr[-4000:]}"
@@ -144,3 +152,45 @@ async def test_bad_requests_get_the_protocol_status_codes(gw: tuple[Cluster, int
         )
         assert ack.status.code == v2.INVALID_RECEIPT_HANDLE
         assert ack.entries[0].status.code == v2.INVALID_RECEIPT_HANDLE
+
+
+async def test_messages_cross_between_rocketq_sdk_and_official_sdk(
+    gw: tuple[Cluster, int], tmp_path: Path
+) -> None:
+    c, port = gw
+    await make_topic(c, "V2Mixed")
+    # RocketQ's SDK sends on the native API; the official SDK receives through the gateway.
+    async with Producer(ProducerConfig("mixed-producers", c.namesrv_addrs)) as producer:
+        ours = [
+            await producer.send(
+                Message("V2Mixed", f"rq-{i}".encode(), tags="FromRocketQ", keys=[f"k{i}"],
+                        properties={"origin": "rocketq"})
+            )
+            for i in range(2)
+        ]  # fmt: skip
+    out = run_app("interop.py", port, "V2Mixed", "mixed-v2", 2, tmp_path, "receive")
+    got = sorted(out["received"], key=lambda r: r["body"])
+    assert [r["body"] for r in got] == ["rq-0", "rq-1"]
+    assert [r["id"] for r in got] == [r.msg_id for r in ours]
+    assert [(r["tag"], r["keys"]) for r in got] == [
+        ("FromRocketQ", ["k0"]),
+        ("FromRocketQ", ["k1"]),
+    ]
+    assert all(r["properties"]["origin"] == "rocketq" for r in got)
+    # The official SDK sends through the gateway; RocketQ's SimpleConsumer receives natively.
+    sent = run_app("interop.py", port, "V2Mixed", "-", 2, tmp_path, "send")["sent"]
+    cfg = SimpleConsumerConfig("mixed-rq", tuple(c.namesrv_addrs), await_duration_ms=1_000)
+    async with SimpleConsumer(cfg) as sc:
+        sc.subscribe("V2Mixed", "FromV2")
+        received = []
+
+        async def both() -> bool:
+            received.extend(await sc.receive(4, 30_000))
+            return len(received) >= 2
+
+        await until(both, "the official SDK's messages in RocketQ's SimpleConsumer")
+        for m in received:
+            await sc.ack(m)
+    assert sorted(m.message.msg_id for m in received) == sorted(sent)
+    assert sorted(m.message.body for m in received) == [b"v2-0", b"v2-1"]
+    assert all(m.message.properties["origin"] == "official-sdk" for m in received)
