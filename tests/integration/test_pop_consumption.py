@@ -304,3 +304,32 @@ async def test_fifo_group_holds_the_queue_until_its_batch_is_acked(c: Cluster) -
             (b"m2", 1),
             (b"m3", 1),
         ]
+
+
+async def test_fifo_batch_past_max_attempts_goes_to_the_dlq_and_the_queue_moves_on(
+    c: Cluster,
+) -> None:
+    topic, group = "PopFifoDead", "pop-fifo-dead"
+    await make_topic(c.broker.addr, topic)
+    async with RawClient(c.broker.addr) as raw:
+        await raw.admin.CreateSubscriptionGroup(
+            admin_pb2.CreateSubscriptionGroupRequest(
+                target=admin_pb2.ApplyTarget(broker_name=BROKER),
+                config=common_pb2.SubscriptionGroupConfig(
+                    group_name=group, consume_message_orderly=True, retry_max_times=1
+                ),
+            )
+        )
+    [poison, _] = await send(c.broker.addr, topic, [b"poison", b"next"])
+    async with consumer(c, group, topic, "f") as sc:
+        for attempt in (1, 2):  # never acked
+            [m] = await receive_until(sc, f"delivery {attempt}", invisible_ms=1_000)
+            assert (m.message.body, m.delivery_attempt) == (b"poison", attempt)
+        [m] = await receive_until(sc, "the next message once poison is dead")
+        assert (m.message.body, m.delivery_attempt) == (b"next", 1)
+        await sc.ack(m)
+    async with RawClient(c.broker.addr) as raw:
+        resp = await raw.messaging.QueryMessageById(
+            messaging_pb2.QueryMessageByIdRequest(topic=f"%DLQ%{group}", msg_id=poison)
+        )
+        assert [d.message.body for d in resp.messages] == [b"poison"]

@@ -46,6 +46,7 @@ from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.filter import parse_subscription, record_filter_of, tags_filter_of
 from services.broker.ha_tracker import HaWaiter, leadership_lost_error, sync_master_wait
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
+from services.broker.pop.dead_letter import copy_message, pop_retry_topic
 from services.broker.pop.state import (
     REPLAY_GROUP,
     REVIVE_QUEUE_ID,
@@ -91,11 +92,6 @@ RETRY_FIRST_PERCENT = 20
 neither starves the other."""
 DEADLINE_MARGIN_MS = 50
 CATCH_UP_BATCH = 256
-
-
-def pop_retry_topic(group: str, topic: str) -> str:
-    """RocketMQ 5's per-(group, topic) retry topic for pop consumers."""
-    return f"{RETRY_GROUP_TOPIC_PREFIX}{group}_{topic}"
 
 
 class PopProcessor:
@@ -297,7 +293,7 @@ class PopProcessor:
             if holder is not None:
                 if holder.until_ms > now_ms:
                     continue  # the previous batch is not acked yet: the queue waits
-                self._fifo_again(holder, until_ms, records, taken)
+                await self._fifo_again(holder, until_ms, records, taken)
                 continue
             offset = self._offset(group, topic, qid)
             got = self.store.get_messages(
@@ -340,7 +336,7 @@ class PopProcessor:
         group_cfg = self.groups.get(group)
         return group_cfg is not None and group_cfg.consume_message_orderly
 
-    def _fifo_again(
+    async def _fifo_again(
         self,
         holder: Checkpoint,
         until_ms: int,
@@ -348,9 +344,23 @@ class PopProcessor:
         taken: list[tuple[str, codec.Record, int]],
     ) -> None:
         """A FIFO queue whose batch was not acked in time: the same messages again, in order,
-        under a new checkpoint (one more attempt); the old one is acked in the same append."""
-        ck_id = new_checkpoint_id()
+        under a new checkpoint (one more attempt); the old one is acked in the same append.
+        A batch delivered retryMaxTimes + 1 times goes to %DLQ%{group} instead, and the queue
+        moves on."""
         offsets = holder.unacked()
+        records.extend({"t": "ack", "id": holder.ck_id, "o": o} for o in offsets)
+        group_cfg = self.groups.get(holder.group)
+        max_times = group_cfg.retry_max_times if group_cfg is not None else -1
+        if 0 <= max_times < holder.attempt:
+            for offset in offsets:
+                rec = self.read(holder.read_topic, holder.queue_id, offset)
+                if rec is not None:
+                    await copy_message(
+                        self, holder.group, holder.asked_topic, rec,
+                        reconsume_times=holder.attempt, to_dlq=True,
+                    )  # fmt: skip
+            return
+        ck_id = new_checkpoint_id()
         records.append(
             {
                 "t": "ck", "id": ck_id, "g": holder.group, "at": holder.asked_topic,
@@ -358,7 +368,6 @@ class PopProcessor:
                 "n": offsets[-1] + 1, "u": until_ms, "f": True, "a": holder.attempt + 1,
             }
         )  # fmt: skip
-        records.extend({"t": "ack", "id": holder.ck_id, "o": o} for o in offsets)
         for offset in offsets:
             rec = self.read(holder.read_topic, holder.queue_id, offset)
             if rec is not None:  # else removed by retention: nothing left to deliver

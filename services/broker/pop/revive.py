@@ -19,22 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 
 from rocketq import codec
-from rocketq.codec import Prop
-from rocketq.validation import dlq_topic
-from services.broker.model import SubscriptionGroupConfig, TopicConfig
-from services.broker.pop.processor import PopProcessor, pop_retry_topic
+from services.broker.model import SubscriptionGroupConfig
+from services.broker.pop.dead_letter import copy_message
+from services.broker.pop.processor import PopProcessor
 from services.broker.pop.state import Checkpoint
-from services.broker.send_back import (
-    DLQ_PERM,
-    DLQ_QUEUE_NUMS,
-    RETRY_PERM,
-    goes_to_dlq,
-    resend_message,
-    resend_properties,
-)
+from services.broker.send_back import goes_to_dlq
 from services.common.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -104,38 +95,14 @@ class ReviveService:
         group_cfg = pops.groups.get(ck.group) or SubscriptionGroupConfig(ck.group)
         times = record.reconsume_times + 1
         to_dlq = goes_to_dlq(0, times, group_cfg.retry_max_times)
-        target = self._dlq(ck.group) if to_dlq else self._retry(ck, group_cfg)
-        props = resend_properties(record, origin_msg_id_hint="", origin_topic_hint=ck.asked_topic)
-        try:
-            message = resend_message(
-                record,
-                topic=target.topic_name,
-                queue_id=random.randrange(max(target.write_queue_nums, 1)),  # spreading
-                properties=props,
-                reconsume_times=times,
-            )
-        except ServiceError as exc:  # properties grew past the record limit: cannot copy
-            log.error("pop revive: message %s cannot be copied: %s", record.uniq_key, exc.message)
+        copied = await copy_message(
+            pops, ck.group, ck.asked_topic, record,
+            reconsume_times=times, to_dlq=to_dlq, retry_queue_nums=group_cfg.retry_queue_nums,
+        )  # fmt: skip
+        if not copied:
             return 0
-        await pops.put([message])
         if to_dlq:
             self.dead_lettered += 1
-            log.info(
-                "group %s: message %s delivered %d times, moved to %s",
-                ck.group, props.get(Prop.ORIGIN_MESSAGE_ID, ""), times, target.topic_name,
-            )  # fmt: skip
         else:
             self.revived += 1
         return 1
-
-    def _retry(self, ck: Checkpoint, group_cfg: SubscriptionGroupConfig) -> TopicConfig:
-        name = pop_retry_topic(ck.group, ck.asked_topic)
-        topics = self.pops.topics
-        return topics.get(name) or topics.create_system_topic(
-            name, max(group_cfg.retry_queue_nums, 1), RETRY_PERM
-        )
-
-    def _dlq(self, group: str) -> TopicConfig:
-        name = dlq_topic(group)
-        topics = self.pops.topics
-        return topics.get(name) or topics.create_system_topic(name, DLQ_QUEUE_NUMS, DLQ_PERM)
