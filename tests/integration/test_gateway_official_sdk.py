@@ -24,10 +24,10 @@ from rocketq import (
     SimpleConsumer,
     SimpleConsumerConfig,
 )
-from rocketq._api.rocketq.v1 import admin_pb2, common_pb2
+from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
 from tests.integration.cluster import free_port
 from tests.support.cluster import Cluster, cluster
-from tests.support.raw_client import RawClient
+from tests.support.raw_client import RawClient, refused
 from tests.support.until import until
 
 pytestmark = pytest.mark.integration
@@ -60,9 +60,20 @@ async def make_topic(c: Cluster, topic: str) -> None:
         )
 
 
-def run_app(app: str, port: int, topic: str, group: str, count: int, cwd: Path, *mode: str) -> Any:
+def run_app(
+    app: str,
+    port: int,
+    topic: str,
+    group: str,
+    count: int,
+    cwd: Path,
+    *mode: str,
+    extra: tuple[str, ...] = (),
+) -> Any:
+    """Run an official-SDK app (``mode`` before and ``extra`` after its usual arguments)."""
+    args = [*mode, f"127.0.0.1:{port}", topic, group, str(count), *extra]
     run = subprocess.run(
-        [str(SDK_PYTHON), str(APPS / app), *mode, f"127.0.0.1:{port}", topic, group, str(count)],
+        [str(SDK_PYTHON), str(APPS / app), *args],
         capture_output=True, text=True, timeout=APP_TIMEOUT_S, check=False, cwd=cwd,
     )  # fmt: skip
     assert run.returncode == 0, f"the SDK app {app} failed:\n{run.stderr[-4000:]}"
@@ -194,3 +205,24 @@ async def test_messages_cross_between_rocketq_sdk_and_official_sdk(
     assert sorted(m.message.msg_id for m in received) == sorted(sent)
     assert sorted(m.message.body for m in received) == [b"v2-0", b"v2-1"]
     assert all(m.message.properties["origin"] == "official-sdk" for m in received)
+
+
+async def test_a_namespace_isolates_its_resources_by_prefix(
+    gw: tuple[Cluster, int], tmp_path: Path
+) -> None:
+    c, port = gw
+    await make_topic(c, "tenant1%V2Ns")  # what namespace tenant1's topic V2Ns is on RocketQ
+    out = run_app("simple_roundtrip.py", port, "V2Ns", "v2-ns", 2, tmp_path, extra=("tenant1",))
+    assert {r["id"] for r in out["received"]} == set(out["sent"])
+    async with RawClient(c.broker.addr) as raw:
+        stored = [
+            await raw.messaging.GetMaxOffset(
+                messaging_pb2.GetMaxOffsetRequest(topic="tenant1%V2Ns", queue_id=q)
+            )
+            for q in range(2)
+        ]
+        assert sum(o.offset for o in stored) == 2
+        code, _, _ = await refused(
+            raw.messaging.GetMaxOffset(messaging_pb2.GetMaxOffsetRequest(topic="V2Ns"))
+        )
+        assert code == grpc.StatusCode.NOT_FOUND  # nothing outside the namespace

@@ -6,6 +6,7 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | v2 RPC                     | here                                                          |
 |----------------------------|---------------------------------------------------------------|
 | QueryRoute                 | this broker's queues of the topic, at this gateway's address  |
+| (every RPC)                | a namespace ``ns`` names resources ``ns%{name}`` (isolated)   |
 | QueryAssignment            | one assignment per broker (queue -1: pop balances messages)   |
 | Heartbeat, NotifyClient... | OK (pop needs no client registry)                             |
 | Telemetry                  | the settings handshake: echo plus server settings, status OK  |
@@ -17,7 +18,7 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 
 Not yet: routes across broker groups (a broker does not know another's gateway port), FIFO per
 message group (a group is hashed to a queue and the whole queue is held), transactions, the
-server-side auto-renew of push consumers' invisible time, namespaces, the SDKs' authorization,
+server-side auto-renew of push consumers' invisible time, the SDKs' authorization,
 the other RPCs (grpc answers UNIMPLEMENTED). The facts behind the choices are in the shared
 brief v2-protocol.md.
 """
@@ -73,6 +74,13 @@ _BY_CODE = {
 }
 
 
+def named(resource: Any) -> str:
+    """A v2 resource's name on RocketQ: namespaces isolate by prefix, ``{namespace}%{name}``, as
+    Apache RocketMQ's proxy names them (create ``tenant%Orders`` for namespace ``tenant``)."""
+    ns = resource.resource_namespace
+    return f"{ns}%{resource.name}" if ns else str(resource.name)
+
+
 def status(code: int = v2.OK, message: str = "OK") -> Any:
     return v2.Status(code=code, message=message)
 
@@ -113,7 +121,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     # -- routes, liveness ------------------------------------------------------------------
     @rpc
     async def QueryRoute(self, request: Any, context: Context) -> Any:
-        topic = request.topic.name
+        topic = named(request.topic)
         cfg = self.messaging.topics.get(topic)
         if cfg is None:
             return svc.QueryRouteResponse(
@@ -122,7 +130,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         broker = v2.Broker(name=self.config.broker_name, id=0, endpoints=self._endpoints())
         queues = [
             v2.MessageQueue(
-                topic=v2.Resource(resource_namespace=request.topic.resource_namespace, name=topic),
+                topic=request.topic,
                 id=qid,
                 permission=v2.READ_WRITE,
                 broker=broker,
@@ -136,7 +144,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def QueryAssignment(self, request: Any, context: Context) -> Any:
         """Push consumers: one assignment per broker (queue -1, every queue: pop balances the
         messages, not the queues), as Apache's proxy answers normal groups."""
-        topic = request.topic.name
+        topic = named(request.topic)
         if self.messaging.topics.get(topic) is None:
             return svc.QueryAssignmentResponse(
                 status=status(v2.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
@@ -185,7 +193,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             out.publishing.max_body_size = self.config.max_message_size_bytes
             out.publishing.validate_message_type = False
         if client.HasField("subscription"):
-            group_cfg = self.messaging.groups.get(client.subscription.group.name)
+            group_cfg = self.messaging.groups.get(named(client.subscription.group))
             retries = group_cfg.retry_max_times if group_cfg is not None else 16
             backoff.max_attempts = retries + 1
             backoff.exponential_backoff.CopyFrom(
@@ -213,7 +221,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return svc.SendMessageResponse(status=top, entries=entries)
 
     async def _send_one(self, message: Any, peer: str) -> Any:
-        topic = message.topic.name
+        topic = named(message.topic)
         props = dict(message.user_properties)
         sp = message.system_properties
         msg_id = sp.message_id
@@ -278,8 +286,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             else INVISIBLE_DEFAULT_MS
         )
         pop = messaging_pb2.PopRequest(
-            consumer_group=request.group.name,
-            topic=request.message_queue.topic.name,
+            consumer_group=named(request.group),
+            topic=named(request.message_queue.topic),
             max_msg_nums=max(1, min(request.batch_size or RECEIVE_BATCH_SIZE, RECEIVE_BATCH_SIZE)),
             invisible_time_ms=invisible_ms,
             poll_time_ms=poll_ms,
@@ -301,11 +309,13 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return
         yield svc.ReceiveMessageResponse(status=status())
         for m in popped.messages:
-            yield svc.ReceiveMessageResponse(message=self._message(m, invisible_ms))
+            yield svc.ReceiveMessageResponse(
+                message=self._message(m, invisible_ms, request.message_queue.topic)
+            )
         now = self.messaging.clock.now_ms()
         yield svc.ReceiveMessageResponse(delivery_timestamp=_timestamp(now))
 
-    def _message(self, popped: messaging_pb2.PoppedMessage, invisible_ms: int) -> Any:
+    def _message(self, popped: messaging_pb2.PoppedMessage, invisible_ms: int, topic: Any) -> Any:
         stored = popped.message
         props = dict(stored.message.properties)
         body = stored.message.body
@@ -328,7 +338,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         )
         user = {k: v for k, v in props.items() if k not in _SYSTEM_PROPERTIES}
         return v2.Message(
-            topic=v2.Resource(name=stored.message.topic),
+            topic=topic,
             user_properties=user,
             system_properties=sp,
             body=body,
@@ -339,8 +349,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         results = []
         for entry in request.entries:
             ack = messaging_pb2.AckRequest(
-                consumer_group=request.group.name,
-                topic=request.topic.name,
+                consumer_group=named(request.group),
+                topic=named(request.topic),
                 receipt_handle=entry.receipt_handle,
             )
             try:
@@ -362,8 +372,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     @rpc
     async def ChangeInvisibleDuration(self, request: Any, context: Context) -> Any:
         change = messaging_pb2.ChangeInvisibleTimeRequest(
-            consumer_group=request.group.name,
-            topic=request.topic.name,
+            consumer_group=named(request.group),
+            topic=named(request.topic),
             receipt_handle=request.receipt_handle,
             invisible_time_ms=_ms(request.invisible_duration),
         )

@@ -1,6 +1,6 @@
 """An ordinary RocketMQ 5 application: produce, then receive with a SimpleConsumer.
 
-    python simple_roundtrip.py ENDPOINT TOPIC GROUP COUNT
+    python simple_roundtrip.py ENDPOINT TOPIC GROUP COUNT [NAMESPACE]
 
 Sends COUNT messages (tag "TagA", a key each), receives until it has seen each of them (a message
 not acked the first time comes back with delivery attempt 2: the first one is left unacked with a
@@ -26,8 +26,8 @@ from rocketmq import (
 DEADLINE_S = 60
 
 
-def main(endpoint: str, topic: str, group: str, count: int) -> None:
-    config = ClientConfiguration(endpoint, Credentials())
+def main(endpoint: str, topic: str, group: str, count: int, namespace: str = "") -> None:
+    config = ClientConfiguration(endpoint, Credentials(), namespace=namespace)
     producer = Producer(config, (topic,))
     producer.startup()
     sent = []
@@ -71,4 +71,4 @@ def main(endpoint: str, topic: str, group: str, count: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])
