@@ -352,6 +352,9 @@ class Broker:
             data_version=common_pb2.DataVersion(timestamp_ms=ts, counter=counter),
             heartbeat_timeout_ms=cfg.broker_heartbeat_timeout_ms,
             epoch=self.roles.epoch if self.roles is not None else 0,
+            gateway_addr=(
+                f"{cfg.advertised_host}:{cfg.gateway_port}" if self.gateway_server else ""
+            ),
         )
 
     def _registered_topic(self, topic: TopicConfig) -> TopicConfig:

@@ -24,7 +24,7 @@ from rocketq import (
     SimpleConsumer,
     SimpleConsumerConfig,
 )
-from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
+from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2, nameserver_pb2
 from tests.integration.cluster import free_port
 from tests.support.cluster import Cluster, cluster
 from tests.support.raw_client import RawClient, refused
@@ -226,3 +226,47 @@ async def test_a_namespace_isolates_its_resources_by_prefix(
             raw.messaging.GetMaxOffset(messaging_pb2.GetMaxOffsetRequest(topic="V2Ns"))
         )
         assert code == grpc.StatusCode.NOT_FOUND  # nothing outside the namespace
+
+
+async def test_any_gateway_routes_every_broker_group(tmp_path: Path) -> None:
+    """Two broker groups, each with its gateway: the SDK starts at broker-b's gateway only, and
+    sends to and receives from both groups through the route."""
+    ports = {"broker-a": free_port(), "broker-b": free_port()}
+    topic = "V2Spread"
+    with cluster(tmp_path, broker_keys={"gatewayPort": ports["broker-a"]}) as c:
+        c.start_broker("broker-b", gatewayPort=ports["broker-b"])
+        for b, name in zip(c.brokers, ports, strict=True):
+            async with RawClient(b.addr) as raw:
+                await raw.admin.CreateTopic(
+                    admin_pb2.CreateTopicRequest(
+                        target=admin_pb2.ApplyTarget(broker_name=name),
+                        config=common_pb2.TopicConfig(
+                            topic_name=topic, read_queue_nums=2, write_queue_nums=2, perm=6
+                        ),
+                    )
+                )
+
+        async def both_routed() -> bool:
+            async with RawClient(c.nameserver.addr) as raw:
+                try:
+                    resp = await raw.nameserver.GetRouteInfoByTopic(
+                        nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic)
+                    )
+                except grpc.RpcError:
+                    return False
+            gateways = {b.broker_name: b.gateway_addrs.get(0) for b in resp.route.brokers}
+            return gateways == {n: f"127.0.0.1:{p}" for n, p in ports.items()}
+
+        await until(both_routed, "both groups and their gateways in the route")
+        out = run_app("simple_roundtrip.py", ports["broker-b"], topic, "v2-spread", 4, tmp_path)
+        assert {r["id"] for r in out["received"]} == set(out["sent"])
+        for b in c.brokers:
+            async with RawClient(b.addr) as raw:
+                stored = [
+                    await raw.messaging.GetMaxOffset(
+                        messaging_pb2.GetMaxOffsetRequest(topic=topic, queue_id=q)
+                    )
+                    for q in range(2)
+                ]
+            assert sum(o.offset for o in stored) > 0, f"nothing was sent to {b.name}"
+        c.check_logs()

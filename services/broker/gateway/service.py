@@ -5,7 +5,8 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 
 | v2 RPC                     | here                                                          |
 |----------------------------|---------------------------------------------------------------|
-| QueryRoute                 | this broker's queues of the topic, at this gateway's address  |
+| QueryRoute                 | every broker group's queues, at the gateway address each      |
+|                            | master registered with the nameservers (gateway_addr)         |
 | (every RPC)                | a namespace ``ns`` names resources ``ns%{name}`` (isolated)   |
 | QueryAssignment            | one assignment per broker (queue -1: pop balances messages)   |
 | Heartbeat, NotifyClient... | OK (pop needs no client registry)                             |
@@ -16,11 +17,10 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | AckMessage                 | Ack, one result entry per entry                               |
 | ChangeInvisibleDuration    | ChangeInvisibleTime (a new receipt handle)                    |
 
-Not yet: routes across broker groups (a broker does not know another's gateway port), FIFO per
-message group (a group is hashed to a queue and the whole queue is held), transactions, the
-server-side auto-renew of push consumers' invisible time, the SDKs' authorization,
-the other RPCs (grpc answers UNIMPLEMENTED). The facts behind the choices are in the shared
-brief v2-protocol.md.
+Not yet: FIFO per message group (a group is hashed to a queue and the whole queue is held),
+transactions, the server-side auto-renew of push consumers' invisible time, the SDKs'
+authorization, the other RPCs (grpc answers UNIMPLEMENTED). The facts behind the choices are in
+the shared brief v2-protocol.md.
 """
 
 # ruff: noqa: N802  (servicer methods carry the proto's RPC names)
@@ -35,7 +35,12 @@ from typing import Any, NoReturn, TypeAlias
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq._api.rocketq.v1 import (
+    common_pb2,
+    messaging_pb2,
+    nameserver_pb2,
+    nameserver_pb2_grpc,
+)
 from rocketq.codec import Prop
 from rocketq.java_hash import java_string_hash
 from services.broker.config import BrokerConfig
@@ -54,6 +59,7 @@ LONG_POLLING_MIN_MS = 5_000
 LONG_POLLING_MAX_MS = 20_000
 RECEIVE_BATCH_SIZE = 32
 INVISIBLE_DEFAULT_MS = 60_000
+ROUTE_TIMEOUT_S = 3.0
 ACCEPTED_TYPES = (v2.NORMAL, v2.DELAY)
 
 _BY_REASON = {
@@ -115,50 +121,79 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self.port = port
 
     def _endpoints(self) -> Any:
-        scheme = v2.IPv4 if self.host.replace(".", "").isdigit() else v2.DOMAIN_NAME
-        return v2.Endpoints(scheme=scheme, addresses=[v2.Address(host=self.host, port=self.port)])
+        return _endpoints(self.host, self.port)
 
     # -- routes, liveness ------------------------------------------------------------------
     @rpc
     async def QueryRoute(self, request: Any, context: Context) -> Any:
+        """Every broker group's queues of the topic, each at its master's gateway (from the
+        nameservers' route, where brokers register their gateway address); this broker's own
+        queues when no nameserver answers."""
         topic = named(request.topic)
-        cfg = self.messaging.topics.get(topic)
-        if cfg is None:
+        queues = await self._routed_queues(request.topic, topic)
+        if queues is None:
+            queues = self._own_queues(request.topic, topic)
+        if not queues:
             return svc.QueryRouteResponse(
                 status=status(v2.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
             )
-        broker = v2.Broker(name=self.config.broker_name, id=0, endpoints=self._endpoints())
-        queues = [
-            v2.MessageQueue(
-                topic=request.topic,
-                id=qid,
-                permission=v2.READ_WRITE,
-                broker=broker,
-                accept_message_types=ACCEPTED_TYPES,
-            )
-            for qid in range(cfg.queue_nums)
-        ]
         return svc.QueryRouteResponse(status=status(), message_queues=queues)
+
+    def _own_queues(self, resource: Any, topic: str) -> list[Any]:
+        cfg = self.messaging.topics.get(topic)
+        if cfg is None:
+            return []
+        broker = v2.Broker(name=self.config.broker_name, id=0, endpoints=self._endpoints())
+        return [_queue(resource, qid, broker) for qid in range(cfg.queue_nums)]
+
+    async def _routed_queues(self, resource: Any, topic: str) -> list[Any] | None:
+        """None when no nameserver could be asked (not configured, or none answered)."""
+        for addr in self.config.namesrv_addrs:
+            try:
+                async with grpc.aio.insecure_channel(addr) as channel:
+                    response = await nameserver_pb2_grpc.NameServerStub(
+                        channel
+                    ).GetRouteInfoByTopic(
+                        nameserver_pb2.GetRouteInfoByTopicRequest(topic=topic),
+                        timeout=ROUTE_TIMEOUT_S,
+                    )
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.NOT_FOUND:
+                    return []
+                continue
+            gateways = {b.broker_name: b.gateway_addrs.get(0, "") for b in response.route.brokers}
+            out = []
+            for qd in sorted(response.route.queues, key=lambda q: q.broker_name):
+                host, _, port = gateways.get(qd.broker_name, "").rpartition(":")
+                if not host or not port.isdigit():
+                    continue  # a group whose master serves no gateway
+                broker = v2.Broker(name=qd.broker_name, id=0, endpoints=_endpoints(host, int(port)))
+                out += [
+                    _queue(resource, qid, broker)
+                    for qid in range(max(qd.read_queue_nums, qd.write_queue_nums))
+                ]
+            return out
+        return None
 
     @rpc
     async def QueryAssignment(self, request: Any, context: Context) -> Any:
-        """Push consumers: one assignment per broker (queue -1, every queue: pop balances the
-        messages, not the queues), as Apache's proxy answers normal groups."""
+        """Push consumers: one assignment per broker group (queue -1, every queue: pop balances
+        the messages, not the queues), as Apache's proxy answers normal groups."""
         topic = named(request.topic)
-        if self.messaging.topics.get(topic) is None:
+        queues = await self._routed_queues(request.topic, topic)
+        if queues is None:
+            queues = self._own_queues(request.topic, topic)
+        if not queues:
             return svc.QueryAssignmentResponse(
                 status=status(v2.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
             )
-        broker = v2.Broker(name=self.config.broker_name, id=0, endpoints=self._endpoints())
-        queue = v2.MessageQueue(
-            topic=request.topic,
-            id=-1,
-            permission=v2.READ_WRITE,
-            broker=broker,
-            accept_message_types=ACCEPTED_TYPES,
-        )
+        brokers = {q.broker.name: q.broker for q in queues}
         return svc.QueryAssignmentResponse(
-            status=status(), assignments=[v2.Assignment(message_queue=queue)]
+            status=status(),
+            assignments=[
+                v2.Assignment(message_queue=_queue(request.topic, -1, broker))
+                for broker in brokers.values()
+            ],
         )
 
     @rpc
@@ -421,6 +456,22 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def PullMessage(self, request: Any, context: Context) -> AsyncIterator[Any]:
         _not_yet("PullMessage")
         yield  # an async generator, like the streaming RPC it answers
+
+
+def _endpoints(host: str, port: int) -> Any:
+    """One address: IPv4 scheme for an IP, DOMAIN_NAME for a host name (as Apache's proxy)."""
+    scheme = v2.IPv4 if host.replace(".", "").isdigit() else v2.DOMAIN_NAME
+    return v2.Endpoints(scheme=scheme, addresses=[v2.Address(host=host, port=port)])
+
+
+def _queue(resource: Any, qid: int, broker: Any) -> Any:
+    return v2.MessageQueue(
+        topic=resource,
+        id=qid,
+        permission=v2.READ_WRITE,
+        broker=broker,
+        accept_message_types=ACCEPTED_TYPES,
+    )
 
 
 def _not_yet(what: str) -> NoReturn:
