@@ -270,3 +270,11 @@ async def test_any_gateway_routes_every_broker_group(tmp_path: Path) -> None:
                 ]
             assert sum(o.offset for o in stored) > 0, f"nothing was sent to {b.name}"
         c.check_logs()
+
+
+async def test_transactions_commit_and_roll_back(gw: tuple[Cluster, int], tmp_path: Path) -> None:
+    c, port = gw
+    await make_topic(c, "V2Tx")
+    out = run_app("transactions.py", port, "V2Tx", "v2-tx", 4, tmp_path)
+    assert len(out["committed"]) == 2 and len(out["rolled_back"]) == 2
+    assert sorted(out["received"]) == sorted(out["committed"])  # rolled back: never delivered

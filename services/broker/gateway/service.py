@@ -16,11 +16,14 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | ReceiveMessage             | Pop (services/broker/pop): status, messages, delivery time    |
 | AckMessage                 | Ack, one result entry per entry                               |
 | ChangeInvisibleDuration    | ChangeInvisibleTime (a new receipt handle)                    |
+| EndTransaction             | the broker's EndTransaction (a TRANSACTION message is stored  |
+|                            | as a half message; its transaction id locates it)             |
 
 Not yet: FIFO per message group (a group is hashed to a queue and the whole queue is held),
-transactions, the server-side auto-renew of push consumers' invisible time, the SDKs'
-authorization, the other RPCs (grpc answers UNIMPLEMENTED). The facts behind the choices are in
-the shared brief v2-protocol.md.
+transaction check-backs (RecoverOrphanedTransactionCommand on Telemetry: an unresolved half
+message is checked with no producer to ask, then discarded), the server-side auto-renew of push
+consumers' invisible time, the SDKs' authorization, the other RPCs (grpc answers UNIMPLEMENTED).
+The facts behind the choices are in the shared brief v2-protocol.md.
 """
 
 # ruff: noqa: N802  (servicer methods carry the proto's RPC names)
@@ -35,6 +38,7 @@ from typing import Any, NoReturn, TypeAlias
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     common_pb2,
     messaging_pb2,
@@ -60,7 +64,14 @@ LONG_POLLING_MAX_MS = 20_000
 RECEIVE_BATCH_SIZE = 32
 INVISIBLE_DEFAULT_MS = 60_000
 ROUTE_TIMEOUT_S = 3.0
-ACCEPTED_TYPES = (v2.NORMAL, v2.DELAY)
+ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
+GATEWAY_PRODUCER_GROUP = "rmq_v2_gateway"
+"""The producer group of every message sent through the gateway (v2 messages name none)."""
+TX_PREFIX = "rq1tx|"
+_RESOLUTIONS = {
+    v2.COMMIT: messaging_pb2.TRANSACTION_COMMIT,
+    v2.ROLLBACK: messaging_pb2.TRANSACTION_ROLLBACK,
+}
 
 _BY_REASON = {
     common_pb2.TOPIC_NOT_EXIST: v2.TOPIC_NOT_FOUND,
@@ -266,6 +277,9 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             props[Prop.KEYS] = " ".join(sp.keys)
         if msg_id:
             props[Prop.UNIQ_KEY] = msg_id
+        if sp.message_type == v2.TRANSACTION:  # a half message until EndTransaction
+            props[Prop.TRANSACTION_PREPARED] = "true"
+            props[Prop.PRODUCER_GROUP] = GATEWAY_PRODUCER_GROUP
         if sp.HasField("delivery_timestamp"):  # a delayed message: through the timer wheel
             props[Prop.TIMER_DELIVER_MS] = str(
                 sp.delivery_timestamp.seconds * 1000 + sp.delivery_timestamp.nanos // 1_000_000
@@ -282,7 +296,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         else:
             qid = random.randrange(queues)  # spreading, not security
         request = messaging_pb2.SendRequest(
-            producer_group="rmq_v2_gateway",
+            producer_group=GATEWAY_PRODUCER_GROUP,
             queue_id=qid,
             messages=[common_pb2.Message(topic=topic, body=message.body, properties=props)],
         )
@@ -291,12 +305,49 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         except ServiceError as exc:
             return svc.SendResultEntry(status=status_of(exc), message_id=msg_id)
         result = response.results[0]
+        # The transaction id says where the half message is, for EndTransaction (opaque to SDKs).
+        tx_id = f"{TX_PREFIX}{result.offset_msg_id}|{result.queue_offset}"
         return svc.SendResultEntry(
             status=status(),
             message_id=msg_id or result.msg_id,  # a delayed send's result names the timer
-            transaction_id=result.msg_id,
+            transaction_id=tx_id,
             offset=result.queue_offset,
         )
+
+    @rpc
+    async def EndTransaction(self, request: Any, context: Context) -> Any:
+        """Commit or roll back a half message through the broker's EndTransaction."""
+        where = request.transaction_id.removeprefix(TX_PREFIX).split("|")
+        try:
+            _host, commitlog_offset = codec.decode_offset_msg_id(where[0])
+            queue_offset = int(where[1])
+        except (ValueError, IndexError):
+            return svc.EndTransactionResponse(
+                status=status(
+                    v2.INVALID_TRANSACTION_ID,
+                    f"transaction id {request.transaction_id[:80]!r} is not one this gateway "
+                    "issued (SendResultEntry.transaction_id)",
+                )
+            )
+        resolution = _RESOLUTIONS.get(request.resolution)
+        if resolution is None:
+            return svc.EndTransactionResponse(
+                status=status(v2.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+            )
+        end = messaging_pb2.EndTransactionRequest(
+            producer_group=GATEWAY_PRODUCER_GROUP,
+            commitlog_offset=commitlog_offset,
+            queue_offset=queue_offset,
+            msg_id=request.message_id,
+            transaction_id=request.message_id,
+            resolution=resolution,
+            from_transaction_check=request.source == v2.SOURCE_SERVER_CHECK,
+        )
+        try:
+            await self.messaging.transaction_ends.end(end)
+        except ServiceError as exc:
+            return svc.EndTransactionResponse(status=status_of(exc))
+        return svc.EndTransactionResponse(status=status())
 
     # -- receive, ack, change --------------------------------------------------------------
     @rpc_stream
@@ -427,10 +478,6 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     @rpc
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Context) -> Any:
         _not_yet("ForwardMessageToDeadLetterQueue (FIFO push consumers)")
-
-    @rpc
-    async def EndTransaction(self, request: Any, context: Context) -> Any:
-        _not_yet("EndTransaction (transactional messages)")
 
     @rpc
     async def UpdateOffset(self, request: Any, context: Context) -> Any:
