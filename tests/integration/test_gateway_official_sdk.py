@@ -42,7 +42,8 @@ APP_TIMEOUT_S = 120
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, int]]:
     assert SDK_PYTHON.exists(), "make setup installs the official SDK into .venv-rmq5"
     port = free_port()
-    keys = {"gatewayPort": port}
+    # Transactions left open are checked after 1 s, every second (defaults: 6 s, 60 s).
+    keys = {"gatewayPort": port, "transactionTimeout": 1000, "transactionCheckInterval": 1000}
     with cluster(tmp_path_factory.mktemp("gateway"), broker_keys=keys, timer_wheel=True) as c:
         yield c, port
         c.check_logs()
@@ -278,3 +279,13 @@ async def test_transactions_commit_and_roll_back(gw: tuple[Cluster, int], tmp_pa
     out = run_app("transactions.py", port, "V2Tx", "v2-tx", 4, tmp_path)
     assert len(out["committed"]) == 2 and len(out["rolled_back"]) == 2
     assert sorted(out["received"]) == sorted(out["committed"])  # rolled back: never delivered
+
+
+async def test_open_transactions_are_checked_back_through_telemetry(
+    gw: tuple[Cluster, int], tmp_path: Path
+) -> None:
+    c, port = gw
+    await make_topic(c, "V2Orphans")
+    out = run_app("orphans.py", port, "V2Orphans", "v2-orphans", 2, tmp_path)
+    assert out["asked"] == sorted(out["sent"])  # the checker heard about each one
+    assert sorted(out["received"]) == sorted(out["sent"])  # and its COMMIT answer was applied

@@ -10,7 +10,8 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | (every RPC)                | a namespace ``ns`` names resources ``ns%{name}`` (isolated)   |
 | QueryAssignment            | one assignment per broker (queue -1: pop balances messages)   |
 | Heartbeat, NotifyClient... | OK (pop needs no client registry)                             |
-| Telemetry                  | the settings handshake: echo plus server settings, status OK  |
+| Telemetry                  | the settings handshake: echo plus server settings, status OK; |
+|                            | transaction check-backs to producers (gateway/telemetry.py)   |
 | SendMessage                | the broker's SendProcessor, one entry per message (a delivery |
 |                            | timestamp becomes TIMER_DELIVER_MS: the timer wheel re-puts)  |
 | ReceiveMessage             | Pop (services/broker/pop): status, messages, delivery time    |
@@ -51,6 +52,7 @@ from services.broker.config import BrokerConfig
 from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
+from services.broker.gateway.telemetry import TelemetrySession, client_id_of, heartbeat
 from services.broker.messaging_service import MessagingService
 from services.common.errors import ServiceError, rpc, rpc_stream
 
@@ -209,6 +211,11 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @rpc
     async def Heartbeat(self, request: Any, context: Context) -> Any:
+        """Keeps a producer's check-back registration alive (gateway/telemetry.py)."""
+        client_id = client_id_of(context)
+        channel = self.messaging.clients.channel(client_id) if client_id else None
+        if channel is not None and not channel.closed:
+            heartbeat(self.messaging.clients, channel, GATEWAY_PRODUCER_GROUP)
         return svc.HeartbeatResponse(status=status())
 
     @rpc
@@ -219,12 +226,42 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def Telemetry(
         self, request_iterator: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[Any]:
-        """Answer each Settings with the client's settings completed by the server's."""
-        async for command in request_iterator:
-            if command.HasField("settings"):
-                yield svc.TelemetryCommand(
-                    status=status(), settings=self._settings(command.settings)
-                )
+        """The settings handshake; check-backs for producers (gateway/telemetry.py)."""
+        session = TelemetrySession(
+            clients=self.messaging.clients,
+            producer_group=GATEWAY_PRODUCER_GROUP,
+            settings=self._settings,
+            check_command=self._check_command,
+            client_id=client_id_of(context),
+            peer=context.peer(),
+        )
+        async for item in session.run(request_iterator):
+            yield item
+
+    def _check_command(self, check: messaging_pb2.CheckTransactionState) -> Any:
+        stored = check.message
+        props = dict(stored.message.properties)
+        message = v2.Message(
+            topic=v2.Resource(name=stored.message.topic),
+            user_properties={k: v for k, v in props.items() if k not in _SYSTEM_PROPERTIES},
+            system_properties=v2.SystemProperties(
+                tag=props.get(Prop.TAGS, ""),
+                keys=[k for k in props.get(Prop.KEYS, "").split(" ") if k],
+                message_id=stored.msg_id,
+                body_digest=_digest(stored.message.body),
+                body_encoding=v2.IDENTITY,
+                message_type=v2.TRANSACTION,
+                born_timestamp=_timestamp(stored.born_timestamp_ms),
+                born_host=stored.born_host,
+            ),
+            body=stored.message.body,
+        )
+        return svc.TelemetryCommand(
+            recover_orphaned_transaction_command=svc.RecoverOrphanedTransactionCommand(
+                message=message,
+                transaction_id=_tx_id(check.commitlog_offset, check.queue_offset),
+            )
+        )
 
     def _settings(self, client: Any) -> Any:
         out = v2.Settings()
@@ -306,7 +343,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return svc.SendResultEntry(status=status_of(exc), message_id=msg_id)
         result = response.results[0]
         # The transaction id says where the half message is, for EndTransaction (opaque to SDKs).
-        tx_id = f"{TX_PREFIX}{result.offset_msg_id}|{result.queue_offset}"
+        tx_id = _tx_id(codec.decode_offset_msg_id(result.offset_msg_id)[1], result.queue_offset)
         return svc.SendResultEntry(
             status=status(),
             message_id=msg_id or result.msg_id,  # a delayed send's result names the timer
@@ -319,8 +356,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         """Commit or roll back a half message through the broker's EndTransaction."""
         where = request.transaction_id.removeprefix(TX_PREFIX).split("|")
         try:
-            _host, commitlog_offset = codec.decode_offset_msg_id(where[0])
-            queue_offset = int(where[1])
+            commitlog_offset, queue_offset = int(where[0]), int(where[1])
         except (ValueError, IndexError):
             return svc.EndTransactionResponse(
                 status=status(
@@ -409,7 +445,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             tag=props.pop(Prop.TAGS, ""),
             keys=[k for k in props.pop(Prop.KEYS, "").split(" ") if k],
             message_id=stored.msg_id,
-            body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(body).hexdigest().upper()),
+            body_digest=_digest(body),
             body_encoding=v2.IDENTITY,
             message_type=v2.NORMAL,
             born_timestamp=_timestamp(stored.born_timestamp_ms),
@@ -519,6 +555,15 @@ def _queue(resource: Any, qid: int, broker: Any) -> Any:
         broker=broker,
         accept_message_types=ACCEPTED_TYPES,
     )
+
+
+def _tx_id(commitlog_offset: int, queue_offset: int) -> str:
+    return f"{TX_PREFIX}{commitlog_offset}|{queue_offset}"
+
+
+def _digest(body: bytes) -> Any:
+    """MD5 as uppercase hex: the only form both official SDKs accept."""
+    return v2.Digest(type=v2.MD5, checksum=hashlib.md5(body).hexdigest().upper())
 
 
 def _not_yet(what: str) -> NoReturn:
