@@ -289,3 +289,47 @@ async def test_open_transactions_are_checked_back_through_telemetry(
     out = run_app("orphans.py", port, "V2Orphans", "v2-orphans", 2, tmp_path)
     assert out["asked"] == sorted(out["sent"])  # the checker heard about each one
     assert sorted(out["received"]) == sorted(out["sent"])  # and its COMMIT answer was applied
+
+
+async def test_forward_to_dead_letter_queue_moves_and_acks(gw: tuple[Cluster, int]) -> None:
+    """Raw v2 calls, as a FIFO push consumer makes them when its local retries are used up."""
+    from google.protobuf import duration_pb2
+
+    from services.broker.gateway._v2api import definition_pb2 as v2
+    from services.broker.gateway._v2api import service_pb2 as svc
+    from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
+
+    c, port = gw
+    await make_topic(c, "V2Forward")
+    async with RawClient(c.broker.addr) as raw:
+        sent = await raw.messaging.Send(
+            messaging_pb2.SendRequest(
+                queue_id=0, messages=[common_pb2.Message(topic="V2Forward", body=b"give up")]
+            )
+        )
+    msg_id = sent.results[0].msg_id
+    group, topic = v2.Resource(name="v2-forward"), v2.Resource(name="V2Forward")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = svc_grpc.MessagingServiceStub(channel)
+        req = svc.ReceiveMessageRequest(
+            group=group,
+            message_queue=v2.MessageQueue(topic=topic, id=-1),
+            batch_size=1,
+            invisible_duration=duration_pb2.Duration(seconds=30),
+            long_polling_timeout=duration_pb2.Duration(seconds=5),
+        )
+        frames = [r async for r in stub.ReceiveMessage(req, timeout=30)]
+        [message] = [f.message for f in frames if f.HasField("message")]
+        handle = message.system_properties.receipt_handle
+        forward = svc.ForwardMessageToDeadLetterQueueRequest(
+            group=group, topic=topic, receipt_handle=handle, message_id=msg_id,
+            delivery_attempt=3, max_delivery_attempts=3,
+        )  # fmt: skip
+        assert (await stub.ForwardMessageToDeadLetterQueue(forward)).status.code == v2.OK
+        again = await stub.ForwardMessageToDeadLetterQueue(forward)
+        assert again.status.code == v2.INVALID_RECEIPT_HANDLE  # acked by the first
+    async with RawClient(c.broker.addr) as raw:
+        found = await raw.messaging.QueryMessageById(
+            messaging_pb2.QueryMessageByIdRequest(topic="%DLQ%v2-forward", msg_id=msg_id)
+        )
+    assert [(m.message.body, m.reconsume_times) for m in found.messages] == [(b"give up", 3)]

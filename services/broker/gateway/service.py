@@ -17,6 +17,7 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | ReceiveMessage             | Pop (services/broker/pop): status, messages, delivery time    |
 | AckMessage                 | Ack, one result entry per entry                               |
 | ChangeInvisibleDuration    | ChangeInvisibleTime (a new receipt handle)                    |
+| ForwardMessageToDeadLetter | the message to %DLQ%{group} now, acked (FIFO push consumers)  |
 | EndTransaction             | the broker's EndTransaction (a TRANSACTION message is stored  |
 |                            | as a half message; its transaction id locates it)             |
 
@@ -513,7 +514,17 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     # -- not yet (module docstring): a clear UNIMPLEMENTED, never grpc's default traceback --
     @rpc
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Context) -> Any:
-        _not_yet("ForwardMessageToDeadLetterQueue (FIFO push consumers)")
+        """A FIFO push consumer gave up on a message: to %DLQ%{group} now, and acked."""
+        try:
+            await self.messaging.pops.dead_letter(
+                named(request.group),
+                named(request.topic),
+                request.receipt_handle,
+                request.delivery_attempt,
+            )
+        except ServiceError as exc:
+            return svc.ForwardMessageToDeadLetterQueueResponse(status=status_of(exc))
+        return svc.ForwardMessageToDeadLetterQueueResponse(status=status())
 
     @rpc
     async def UpdateOffset(self, request: Any, context: Context) -> Any:

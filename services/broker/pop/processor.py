@@ -427,6 +427,24 @@ class PopProcessor:
             invisible_until_ms=until_ms,
         )
 
+    async def dead_letter(self, group: str, topic: str, handle: str, delivery_attempt: int) -> None:
+        """Move one popped message to %DLQ%{group} now and ack it (a FIFO push consumer whose
+        local retries are used up forwards it so; the gateway's ForwardMessageToDeadLetterQueue).
+        Errors as Ack."""
+        self._check_master()
+        _names(group, topic)
+        ck_id, offset = parse_handle(handle, self.config.broker_name)
+        async with self.lock:
+            ck = self._in_flight(group, topic, handle, ck_id, offset)
+            record = self.read(ck.read_topic, ck.queue_id, offset)
+            if record is not None:
+                await copy_message(
+                    self, group, ck.asked_topic, record,
+                    reconsume_times=max(delivery_attempt, record.reconsume_times + 1),
+                    to_dlq=True,
+                )  # fmt: skip
+            await self.append([{"t": "ack", "id": ck_id, "o": offset}])
+
     def _in_flight(
         self, group: str, topic: str, handle: str, ck_id: str, offset: int
     ) -> Checkpoint:
