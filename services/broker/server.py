@@ -128,6 +128,7 @@ class Broker:
         grpc_server.finish_setup(server, [SERVICE_NAME], f"{cfg.listen_host}:{cfg.gateway_port}")
         await server.start()
         self.gateway_server = server
+        self._spawn(gateway.renew.run())
         log.info(
             "apache.rocketmq.v2 gateway serving at %s:%d", cfg.advertised_host, cfg.gateway_port
         )

@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 SDK_PYTHON = REPO / ".venv-rmq5" / "bin" / "python"
 APPS = Path(__file__).resolve().parent / "v2_apps"
 APP_TIMEOUT_S = 120
+AUTO_RENEW_INVISIBLE_MS = 2_000
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,13 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, int]
     assert SDK_PYTHON.exists(), "make setup installs the official SDK into .venv-rmq5"
     port = free_port()
     # Transactions left open are checked after 1 s, every second (defaults: 6 s, 60 s).
-    keys = {"gatewayPort": port, "transactionTimeout": 1000, "transactionCheckInterval": 1000}
+    # Push consumers' messages are hidden 2 s at a time (60 s by default) and renewed.
+    keys = {
+        "gatewayPort": port,
+        "transactionTimeout": 1000,
+        "transactionCheckInterval": 1000,
+        "gatewayAutoRenewInvisibleMs": AUTO_RENEW_INVISIBLE_MS,
+    }
     with cluster(tmp_path_factory.mktemp("gateway"), broker_keys=keys, timer_wheel=True) as c:
         yield c, port
         c.check_logs()
@@ -333,3 +340,15 @@ async def test_forward_to_dead_letter_queue_moves_and_acks(gw: tuple[Cluster, in
             messaging_pb2.QueryMessageByIdRequest(topic="%DLQ%v2-forward", msg_id=msg_id)
         )
     assert [(m.message.body, m.reconsume_times) for m in found.messages] == [(b"give up", 3)]
+
+
+async def test_a_slow_push_listener_keeps_its_message_by_auto_renew(
+    gw: tuple[Cluster, int], tmp_path: Path
+) -> None:
+    c, port = gw
+    await make_topic(c, "V2Slow")
+    slow_s = 3 * AUTO_RENEW_INVISIBLE_MS / 1000  # past the invisible time, renewed meanwhile
+    out = run_app("push_slow.py", port, "V2Slow", "v2-slow", 2, tmp_path, extra=(str(slow_s),))
+    sent, seen = out["sent"], out["seen"]
+    assert sorted(s["id"] for s in seen) == sorted(sent), seen  # each delivered exactly once
+    assert all(s["attempt"] == 1 for s in seen), seen

@@ -14,7 +14,9 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 |                            | transaction check-backs to producers (gateway/telemetry.py)   |
 | SendMessage                | the broker's SendProcessor, one entry per message (a delivery |
 |                            | timestamp becomes TIMER_DELIVER_MS: the timer wheel re-puts)  |
-| ReceiveMessage             | Pop (services/broker/pop): status, messages, delivery time    |
+| ReceiveMessage             | Pop (services/broker/pop): status, messages, delivery time;   |
+|                            | with auto_renew the gateway renews the invisible time until   |
+|                            | the ack (gateway/renew.py)                                    |
 | AckMessage                 | Ack, one result entry per entry                               |
 | ChangeInvisibleDuration    | ChangeInvisibleTime (a new receipt handle)                    |
 | ForwardMessageToDeadLetter | the message to %DLQ%{group} now, acked (FIFO push consumers)  |
@@ -53,6 +55,7 @@ from services.broker.config import BrokerConfig
 from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
+from services.broker.gateway.renew import RenewTable
 from services.broker.gateway.telemetry import TelemetrySession, client_id_of, heartbeat
 from services.broker.messaging_service import MessagingService
 from services.common.errors import ServiceError, rpc, rpc_stream
@@ -65,7 +68,6 @@ SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 LONG_POLLING_MIN_MS = 5_000
 LONG_POLLING_MAX_MS = 20_000
 RECEIVE_BATCH_SIZE = 32
-INVISIBLE_DEFAULT_MS = 60_000
 ROUTE_TIMEOUT_S = 3.0
 ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
 GATEWAY_PRODUCER_GROUP = "rmq_v2_gateway"
@@ -133,6 +135,9 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self.messaging = messaging
         self.host = host
         self.port = port
+        self.renew = RenewTable(
+            messaging.pops, config.gateway_auto_renew_invisible_ms, messaging.clock
+        )
 
     def _endpoints(self) -> Any:
         return _endpoints(self.host, self.port)
@@ -214,6 +219,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def Heartbeat(self, request: Any, context: Context) -> Any:
         """Keeps a producer's check-back registration alive (gateway/telemetry.py)."""
         client_id = client_id_of(context)
+        self.renew.seen(client_id)
         channel = self.messaging.clients.channel(client_id) if client_id else None
         if channel is not None and not channel.closed:
             heartbeat(self.messaging.clients, channel, GATEWAY_PRODUCER_GROUP)
@@ -221,6 +227,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @rpc
     async def NotifyClientTermination(self, request: Any, context: Context) -> Any:
+        self.renew.gone(client_id_of(context))
         return svc.NotifyClientTerminationResponse(status=status())
 
     @rpc_stream
@@ -406,7 +413,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         invisible_ms = (
             _ms(request.invisible_duration)
             if request.HasField("invisible_duration") and not request.auto_renew
-            else INVISIBLE_DEFAULT_MS
+            else self.renew.invisible_ms
         )
         pop = messaging_pb2.PopRequest(
             consumer_group=named(request.group),
@@ -430,6 +437,10 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if not popped.messages:
             yield svc.ReceiveMessageResponse(status=status(v2.MESSAGE_NOT_FOUND, "no new message"))
             return
+        if request.auto_renew:
+            client_id = client_id_of(context)
+            for m in popped.messages:
+                self.renew.add(client_id, pop.consumer_group, pop.topic, m.receipt_handle)
         yield svc.ReceiveMessageResponse(status=status())
         for m in popped.messages:
             yield svc.ReceiveMessageResponse(
@@ -474,7 +485,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             ack = messaging_pb2.AckRequest(
                 consumer_group=named(request.group),
                 topic=named(request.topic),
-                receipt_handle=entry.receipt_handle,
+                receipt_handle=await self.renew.take(entry.receipt_handle),
             )
             try:
                 await self.messaging.pops.ack(ack)
@@ -497,7 +508,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         change = messaging_pb2.ChangeInvisibleTimeRequest(
             consumer_group=named(request.group),
             topic=named(request.topic),
-            receipt_handle=request.receipt_handle,
+            receipt_handle=await self.renew.take(request.receipt_handle),
             invisible_time_ms=_ms(request.invisible_duration),
         )
         try:
@@ -519,7 +530,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             await self.messaging.pops.dead_letter(
                 named(request.group),
                 named(request.topic),
-                request.receipt_handle,
+                await self.renew.take(request.receipt_handle),
                 request.delivery_attempt,
             )
         except ServiceError as exc:
