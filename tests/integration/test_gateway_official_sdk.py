@@ -352,3 +352,21 @@ async def test_a_slow_push_listener_keeps_its_message_by_auto_renew(
     sent, seen = out["sent"], out["seen"]
     assert sorted(s["id"] for s in seen) == sorted(sent), seen  # each delivered exactly once
     assert all(s["attempt"] == 1 for s in seen), seen
+
+
+async def test_fifo_message_group_is_received_in_order(
+    gw: tuple[Cluster, int], tmp_path: Path
+) -> None:
+    c, port = gw
+    await make_topic(c, "V2Fifo")
+    async with RawClient(c.broker.addr) as raw:
+        await raw.admin.CreateSubscriptionGroup(
+            admin_pb2.CreateSubscriptionGroupRequest(
+                target=admin_pb2.ApplyTarget(broker_name="broker-a"),
+                config=common_pb2.SubscriptionGroupConfig(
+                    group_name="v2-fifo", consume_message_orderly=True
+                ),
+            )
+        )
+    out = run_app("fifo.py", port, "V2Fifo", "v2-fifo", 6, tmp_path)
+    assert out["received"] == [[f"step-{i}", 1] for i in range(6)]
