@@ -68,6 +68,7 @@ _MODULE_OF: dict[str, str] = {
     "SendStatus": "rocketq.message",
     "SimpleConsumer": "rocketq.client.consumer",
     "SimpleConsumerConfig": "rocketq.client.consumer",
+    "SyncSimpleConsumer": "rocketq.client.consumer",
     "SubscriptionConflict": "rocketq.client.consumer",
     "SyncAccumulatingProducer": "rocketq.client",
     "SyncLitePullConsumer": "rocketq.client",
@@ -128,6 +129,7 @@ if _typing.TYPE_CHECKING:
         SimpleConsumer,
         SimpleConsumerConfig,
         SubscriptionConflict,
+        SyncSimpleConsumer,
     )
     from rocketq.client.errors import RocketQError
     from rocketq.client.producer import (
@@ -195,6 +197,7 @@ __all__ = [
     "SyncLitePullConsumer",
     "SyncProducer",
     "SyncPushConsumer",
+    "SyncSimpleConsumer",
     "SyncTransactionProducer",
     "TimerClient",
     "TimerStats",

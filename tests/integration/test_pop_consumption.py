@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable, Iterator
 import grpc
 import pytest
 
-from rocketq import PoppedMessage, SimpleConsumer, SimpleConsumerConfig
+from rocketq import PoppedMessage, SimpleConsumer, SimpleConsumerConfig, SyncSimpleConsumer
 from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
 from rocketq.client.consumer import InvalidReceiptHandleError
 from tests.support.cluster import Cluster, cluster
 from tests.support.raw_client import RawClient, refused
-from tests.support.until import until
+from tests.support.until import until, until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -333,3 +333,26 @@ async def test_fifo_batch_past_max_attempts_goes_to_the_dlq_and_the_queue_moves_
             messaging_pb2.QueryMessageByIdRequest(topic=f"%DLQ%{group}", msg_id=poison)
         )
         assert [d.message.body for d in resp.messages] == [b"poison"]
+
+
+def test_blocking_simple_consumer_receives_and_acks(c: Cluster) -> None:
+    topic, group = "PopBlocking", "pop-blocking"
+    asyncio.run(make_topic(c.broker.addr, topic))
+    [sent] = asyncio.run(send(c.broker.addr, topic, [b"no asyncio here"]))
+    cfg = SimpleConsumerConfig(
+        group, tuple(c.namesrv_addrs), await_duration_ms=1_000, request_timeout_ms=10_000
+    )
+    with SyncSimpleConsumer(cfg) as sc:
+        sc.subscribe(topic)
+        got: list[PoppedMessage] = []
+
+        def received() -> bool:
+            got.extend(sc.receive(1, 30_000))
+            return bool(got)
+
+        until_sync(received, "the message", timeout_s=20)
+        [m] = got
+        assert (m.message.msg_id, m.message.body) == (sent, b"no asyncio here")
+        m = sc.change_invisible_duration(m, 10_000)
+        sc.ack(m)
+        assert sc.receive(1, 30_000) == []

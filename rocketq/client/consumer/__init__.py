@@ -8,9 +8,9 @@ Public names are re-exported here from the private modules that implement them (
   :class:`ConsumeOrderlyContext`;
 - :class:`SubscriptionConflict`: group members disagreeing about a topic, from
   ``subscription_conflicts()``;
-- :class:`SimpleConsumer` with :class:`SimpleConsumerConfig`: pop consumption (receive, ack,
-  change the invisible duration of popped messages; stale handles raise
-  :class:`InvalidReceiptHandleError`);
+- :class:`SimpleConsumer` / :class:`SyncSimpleConsumer` with :class:`SimpleConsumerConfig`: pop
+  consumption (receive, ack, change the invisible duration of popped messages; stale handles
+  raise :class:`InvalidReceiptHandleError`);
 - :class:`LitePullConsumer` / :class:`SyncLitePullConsumer` with :class:`LitePullConsumerConfig`;
 - :class:`MessageModel`, :class:`ConsumeFromWhere`, :class:`ExpressionType`;
 - allocation strategies (``Allocate*``) and offset stores, for custom setups.
@@ -55,6 +55,7 @@ from rocketq.client.consumer.simple_consumer import (
     PoppedMessage,
     SimpleConsumer,
     SimpleConsumerConfig,
+    SyncSimpleConsumer,
 )
 from rocketq.client.consumer.sync import SyncLitePullConsumer, SyncPushConsumer
 
@@ -91,4 +92,5 @@ __all__ = [
     "SubscriptionConflict",
     "SyncLitePullConsumer",
     "SyncPushConsumer",
+    "SyncSimpleConsumer",
 ]

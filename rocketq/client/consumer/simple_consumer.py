@@ -29,13 +29,14 @@ import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client._admin_types import received_message
 from rocketq.client._instance import ClientConfig, ClientInstance, local_ip
+from rocketq.client._sync import BlockingLifecycle, LoopThread
 from rocketq.client.errors import (
     BrokerUnavailableError,
     ClientStateError,
@@ -272,3 +273,46 @@ def _broker_of(handle: str) -> str:
     """The broker name inside a receipt handle ("rq1|{broker}|...")."""
     parts = handle.split("|")
     return "|".join(parts[1:-2]) if len(parts) >= 4 else ""
+
+
+class SyncSimpleConsumer(BlockingLifecycle):
+    """A blocking :class:`SimpleConsumer` for code without asyncio: the async one runs on a
+    private loop thread, and every method blocks until its call is done::
+
+        with SyncSimpleConsumer(SimpleConsumerConfig("workers", ("127.0.0.1:9876",))) as c:
+            c.subscribe("Orders")
+            for m in c.receive(16, invisible_duration_ms=30_000):
+                c.ack(m)
+    """
+
+    def __init__(self, config: SimpleConsumerConfig) -> None:
+        self._loop = LoopThread("rocketq-simple-consumer")
+        self._consumer = SimpleConsumer(config)
+        self._producer = self._consumer  # what BlockingLifecycle starts and closes
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        self._loop.run(_call(self._consumer.subscribe, topic, expression))
+
+    def unsubscribe(self, topic: str) -> None:
+        self._loop.run(_call(self._consumer.unsubscribe, topic))
+
+    def receive(
+        self, max_messages: int = 16, invisible_duration_ms: int = 30_000
+    ) -> list[PoppedMessage]:
+        """See :meth:`SimpleConsumer.receive`."""
+        return self._loop.run(self._consumer.receive(max_messages, invisible_duration_ms))
+
+    def ack(self, message: PoppedMessage) -> None:
+        self._loop.run(self._consumer.ack(message))
+
+    def change_invisible_duration(
+        self, message: PoppedMessage, invisible_duration_ms: int
+    ) -> PoppedMessage:
+        """See :meth:`SimpleConsumer.change_invisible_duration`."""
+        return self._loop.run(
+            self._consumer.change_invisible_duration(message, invisible_duration_ms)
+        )
+
+
+async def _call(fn: Callable[..., None], *args: Any) -> None:
+    fn(*args)
