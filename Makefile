@@ -4,6 +4,10 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The official RocketMQ 5 Python SDK in its own environment: the gateway's tests run it as a
+# separate application, and tools/gen_protos.py --v2 generates the gateway's classes from it.
+RMQ5_VENV := .venv-rmq5
+RMQ5_SDK  := rocketmq-python-client==5.1.2
 
 IMAGE ?= localhost/rocketq:dev
 
@@ -18,6 +22,9 @@ $(STAMP): pyproject.toml
 	sh tools/install_etcd.sh
 	sh tools/install_podman.sh
 	sh tools/install_java.sh
+	test -x $(RMQ5_VENV)/bin/python || $(PYTHON) -m venv $(RMQ5_VENV)
+	$(RMQ5_VENV)/bin/python -m pip install --quiet '$(RMQ5_SDK)'
+	$(PY) tools/gen_protos.py --v2
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install RocketQ with its dev tools
@@ -65,6 +72,7 @@ bench: setup  ## storage and messaging benchmarks; figures are printed, never as
 	$(PY) -m tools.bench.security_bench
 	$(PY) -m tools.bench.telemetry_bench
 	$(PY) -m tools.bench.spark_bench
+	$(PY) -m tools.bench.pop_bench
 
 # perf: RocketQ beside Redis / NATS / RabbitMQ (Debian packages, installed by peers.py when
 # missing); never in CI. ARGS=--quick for short phases.

@@ -295,6 +295,24 @@ def write(api_root: Path) -> int:
     return 0
 
 
+def write_v2() -> int:
+    """The gateway's apache.rocketmq.v2 classes (see tools/gen_v2_protos.py)."""
+    sys.path.insert(0, str(REPO_ROOT))  # run as a script: tools/ is not on the path
+    from tools import gen_v2_protos  # noqa: PLC0415 (needs the path set just above)
+
+    try:
+        digest = gen_v2_protos.generate()
+    except (gen_v2_protos.V2GenerationError, OSError, subprocess.SubprocessError) as error:
+        print(f"gen_protos --v2: {error}", file=sys.stderr)
+        return 2
+    rel = gen_v2_protos.OUT_DIR.relative_to(REPO_ROOT)
+    print(
+        f"{rel}: apache.rocketmq.v2 from {gen_v2_protos.SDK_PACKAGE} "
+        f"{gen_v2_protos.SDK_VERSION} (descriptors sha256 {digest[:16]})"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
@@ -302,7 +320,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not write; exit 1 if rocketq/_api differs from a fresh generation",
     )
+    parser.add_argument(
+        "--v2",
+        action="store_true",
+        help="generate the apache.rocketmq.v2 gateway classes instead (tools/gen_v2_protos.py)",
+    )
     args = parser.parse_args(argv)
+    if args.v2:
+        return write_v2()
     try:
         return check(API_ROOT) if args.check else write(API_ROOT)
     except GenerationError as error:

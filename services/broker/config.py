@@ -199,6 +199,13 @@ class BrokerConfig:
     """[traceSampleRatio] Share of new traces sampled (0..1); negative = OTEL_TRACES_SAMPLER."""
     trace_file: str = ""
     """[traceFile] The file exporter's JSON-lines output (a path)."""
+    # -- gateway (apache.rocketmq.v2, services/broker/gateway) --
+    gateway_port: int = 0
+    """[gatewayPort] Port of the RocketMQ 5 gRPC gateway for the official SDKs; 0 = off. Off by
+    default until the gateway covers the whole protocol (then 8081, DESIGN.md §7)."""
+    gateway_auto_renew_invisible_ms: int = 60_000
+    """[gatewayAutoRenewInvisibleMs] How long a push consumer's message (received with
+    auto_renew) is hidden at a time; the gateway renews it at half that until the ack."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -223,6 +230,13 @@ class BrokerConfig:
     def validate(self) -> None:
         if self.broker_role not in BROKER_ROLES:
             raise ValueError(f"brokerRole {self.broker_role!r}: use one of {BROKER_ROLES}")
+        if not 0 <= self.gateway_port <= 65535:
+            raise ValueError(f"gatewayPort {self.gateway_port}: 0 (off) or a port number")
+        if not 1_000 <= self.gateway_auto_renew_invisible_ms <= 3_600_000:
+            raise ValueError(
+                f"gatewayAutoRenewInvisibleMs {self.gateway_auto_renew_invisible_ms}: "
+                "1000..3600000 (1 s to 1 h)"
+            )
         if self.flush_disk_type not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             raise ValueError(f"flushDiskType {self.flush_disk_type!r}: ASYNC_FLUSH or SYNC_FLUSH")
         if self.broker_id < 0:
@@ -416,6 +430,8 @@ TABLE = KeyTable(
         log_level_key(),
         *security_keys(),  # sec
         *telemetry_keys(),  # metricsPort, traceExporter, traceSampleRatio, traceFile
+        Key("gatewayPort", "gateway_port", int),
+        Key("gatewayAutoRenewInvisibleMs", "gateway_auto_renew_invisible_ms", int),
     ],
 )
 
@@ -435,6 +451,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "learnClusterTopics",
         "storePathRootDir",
         "brokerRole",
+        "gatewayPort",
         "etcdEndpoints",
         "controllerKeyPrefix",
         "controllerLeaseTtlSec",

@@ -57,6 +57,7 @@ from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.ha_config_sync import SlaveOffsetCommits
 from services.broker.model import TopicConfig
+from services.broker.pop.processor import PopProcessor
 from services.broker.pull_hold import PullHoldService
 from services.broker.pull_processor import PullProcessor
 from services.broker.query_processor import QueryProcessor
@@ -155,6 +156,16 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         self.slave_commits: SlaveOffsetCommits | None = None
         """On a slave: takes offset commits while its master is unreachable (server.py sets
         it, and the pull processor's, on slaves)."""
+        self.pops = PopProcessor(
+            config=config,
+            store=store,
+            topics=topics,
+            groups=groups,
+            offsets=offsets,
+            hold=hold,
+            clock=clock,
+            ha_waiter=lambda: self.sender.ha_waiter,
+        )
         self.send_backs = SendBackProcessor(
             config=config,
             store=store,
@@ -404,6 +415,25 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         return messaging_pb2.GetConsumerIdListResponse(
             consumer_ids=self.clients.consumer_ids(request.consumer_group)
         )
+
+    # -- pop consumption (services/broker/pop) ---------------------------------------------
+    @rpc
+    async def Pop(
+        self, request: messaging_pb2.PopRequest, context: Context
+    ) -> messaging_pb2.PopResponse:
+        return await self.pops.pop(request, context)
+
+    @rpc
+    async def Ack(
+        self, request: messaging_pb2.AckRequest, context: Context
+    ) -> messaging_pb2.AckResponse:
+        return await self.pops.ack(request)
+
+    @rpc
+    async def ChangeInvisibleTime(
+        self, request: messaging_pb2.ChangeInvisibleTimeRequest, context: Context
+    ) -> messaging_pb2.ChangeInvisibleTimeResponse:
+        return await self.pops.change_invisible_time(request)
 
     # -- client stream ---------------------------------------------------------------------
     @rpc_stream

@@ -26,6 +26,8 @@ import logging
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
 
+import grpc
+
 from rocketq._api.rocketq.v1 import (
     admin_pb2_grpc,
     common_pb2,
@@ -49,6 +51,7 @@ from services.broker.ha_master import ReplicationService
 from services.broker.ha_slave import ReplicationClient
 from services.broker.messaging_service import MessagingService
 from services.broker.model import TopicConfig
+from services.broker.pop.revive import ReviveService
 from services.broker.pull_hold import PullHoldService
 from services.broker.rebalance_lock import RebalanceLockManager
 from services.broker.registration import BrokerRegistrar
@@ -80,6 +83,7 @@ class Broker:
         self.security.install_client_default()  # registration, replication, fan-out channels
         self.server = grpc_server.create_server(self.security)
         self.advertised_addr = ""
+        self.gateway_server: grpc.aio.Server | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.stopped = asyncio.Event()
         self.ha_slave: ReplicationClient | None = None
@@ -95,6 +99,7 @@ class Broker:
         admin = self._build_services(config_dir)
         await self.store.start()
         await self.server.start()
+        await self._start_gateway()
         self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
         self._start_background(admin)
         broker_metrics.install(lambda: runtime_stats(admin), self.offsets, self.store)
@@ -109,6 +114,32 @@ class Broker:
             cfg.store_dir,
         )
         return self.advertised_addr
+
+    async def _start_gateway(self) -> None:
+        """The apache.rocketmq.v2 gateway on its own server, when gatewayPort is set."""
+        cfg = self.config
+        if cfg.gateway_port <= 0:
+            return
+        # Imported only when on: its classes are generated at setup (tools/gen_protos.py --v2),
+        # and a broker without the gateway must start without them.
+        from services.broker.gateway.service import (  # noqa: PLC0415
+            SERVICE_NAME,
+            GatewayService,
+            add_to_server,
+        )
+
+        server = grpc_server.create_server()
+        gateway = GatewayService(
+            config=cfg, messaging=self.messaging, host=cfg.advertised_host, port=cfg.gateway_port
+        )
+        add_to_server(gateway, server)
+        grpc_server.finish_setup(server, [SERVICE_NAME], f"{cfg.listen_host}:{cfg.gateway_port}")
+        await server.start()
+        self.gateway_server = server
+        self._spawn(gateway.renew.run())
+        log.info(
+            "apache.rocketmq.v2 gateway serving at %s:%d", cfg.advertised_host, cfg.gateway_port
+        )
 
     def _open_store(self) -> Path:
         """Bind the port first: the advertised address is written into every record the store
@@ -165,6 +196,8 @@ class Broker:
             clock=self.clock,
             transactions=self.transactions,
         )
+        self.pop_revive = ReviveService(messaging.pops)
+        self.messaging = messaging
         if not cfg.is_master:
             self._wire_slave(messaging, config_dir)
         admin = AdminService(
@@ -202,6 +235,8 @@ class Broker:
         self._spawn(self.offsets.run_persist_loop(cfg.flush_consumer_offset_interval_ms))
         self._spawn(self.clients.run_scan_loop())
         self._spawn(self.hold.run())
+        self._spawn(self.pop_revive.run())
+        admin.extra_stats.append(self.pop_revive.stats)
         self._spawn(self.locks.run_purge_loop())
         self.transaction_checks = TransactionCheckService(
             config=cfg,
@@ -341,6 +376,9 @@ class Broker:
             data_version=common_pb2.DataVersion(timestamp_ms=ts, counter=counter),
             heartbeat_timeout_ms=cfg.broker_heartbeat_timeout_ms,
             epoch=self.roles.epoch if self.roles is not None else 0,
+            gateway_addr=(
+                f"{cfg.advertised_host}:{cfg.gateway_port}" if self.gateway_server else ""
+            ),
         )
 
     def _registered_topic(self, topic: TopicConfig) -> TopicConfig:
@@ -373,6 +411,8 @@ class Broker:
         if self.ha_slave is not None:
             self.ha_slave.close()
         await self.server.stop(SHUTDOWN_GRACE_S)
+        if self.gateway_server is not None:
+            await self.gateway_server.stop(SHUTDOWN_GRACE_S)
         for task in self.tasks:
             task.cancel()
         if self.tasks:

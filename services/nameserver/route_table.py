@@ -97,6 +97,7 @@ class _Live:
     data_version: tuple[int, int]
     ha_server_addr: str
     epoch: int
+    gateway_addr: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,8 @@ def check_register(request: nameserver_pb2.RegisterBrokerRequest) -> None:
         _illegal(f"broker_id is {request.broker_id}; use 0 for a master or >= 1 for a slave")
     if request.ha_server_addr:
         _check_addr(request.ha_server_addr, "ha_server_addr")
+    if request.gateway_addr:
+        _check_addr(request.gateway_addr, "gateway_addr")
     if request.HasField("heartbeat_timeout_ms") and not (
         1 <= request.heartbeat_timeout_ms <= HEARTBEAT_TIMEOUT_MAX_MS
     ):
@@ -204,6 +207,7 @@ class RouteTable:
             data_version=(request.data_version.timestamp_ms, request.data_version.counter),
             ha_server_addr=request.ha_server_addr,
             epoch=request.epoch,
+            gateway_addr=request.gateway_addr,
         )
         if old is None:
             log.info(
@@ -366,10 +370,17 @@ class RouteTable:
             live.cluster, live.broker_name, live.broker_id, addr, reason, silent_ms
         )
 
-    @staticmethod
-    def _broker_data(name: str, group: _Group) -> nameserver_pb2.BrokerData:
+    def _broker_data(self, name: str, group: _Group) -> nameserver_pb2.BrokerData:
+        gateways = {
+            bid: live.gateway_addr
+            for bid, addr in group.addrs.items()
+            if (live := self._live.get(addr)) is not None and live.gateway_addr
+        }
         return nameserver_pb2.BrokerData(
-            cluster=group.cluster, broker_name=name, broker_addrs=group.addrs
+            cluster=group.cluster,
+            broker_name=name,
+            broker_addrs=group.addrs,
+            gateway_addrs=gateways,
         )
 
     @staticmethod

@@ -48,15 +48,24 @@ from rocketq._api.rocketq.v1 import (
     replication_pb2,
     timer_pb2,
 )
+from services.broker.gateway._v2api import service_pb2 as gateway_v2_pb2
 from services.store.inspect import detect_layout, verify
 from tests.integration.cluster import (
     ServiceProcess,
+    free_port,
     start_broker,
     start_nameserver,
     start_timer_wheel,
 )
 
-DESCRIPTOR_MODULES = (admin_pb2, messaging_pb2, nameserver_pb2, replication_pb2, timer_pb2)
+DESCRIPTOR_MODULES = (
+    admin_pb2,
+    messaging_pb2,
+    nameserver_pb2,
+    replication_pb2,
+    timer_pb2,
+    gateway_v2_pb2,  # the broker's apache.rocketmq.v2 gateway (services/broker/gateway)
+)
 SKIPPED_SERVICES = frozenset({"grpc.reflection.v1alpha.ServerReflection"})
 """Reflection is grpcio's own; the health service is fuzzed like ours."""
 CALL_TIMEOUT_S = 2.0
@@ -314,6 +323,8 @@ class FuzzCluster:
     namesrv: ServiceProcess
     broker: ServiceProcess
     timer: ServiceProcess
+    gateway_port: int = 0
+    """The broker's apache.rocketmq.v2 gateway (a second server in the broker process)."""
 
     @property
     def servers(self) -> dict[str, ServiceProcess]:
@@ -326,11 +337,12 @@ def fuzz_cluster(root: Path) -> Iterator[FuzzCluster]:
     try:
         ns = start_nameserver(root)
         started.append(ns)
-        broker = start_broker(root, [ns.addr])
+        gateway_port = free_port()
+        broker = start_broker(root, [ns.addr], gatewayPort=gateway_port)
         started.append(broker)
         timer = start_timer_wheel(root, [ns.addr])
         started.append(timer)
-        yield FuzzCluster(ns, broker, timer)
+        yield FuzzCluster(ns, broker, timer, gateway_port)
     finally:
         for sp in reversed(started):
             if sp.alive():
@@ -421,6 +433,7 @@ def run(root: Path, budget_s: float, seed: int) -> Findings:
     with fuzz_cluster(root) as c:
         names = seed_cluster(c)
         servers = {name: sp.addr for name, sp in c.servers.items()}
+        servers["gateway"] = f"127.0.0.1:{c.gateway_port}"
         findings = fuzz(methods_of(servers), budget_s, seed, names)
         findings.problems += after_checks(c)
     return findings

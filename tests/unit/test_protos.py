@@ -53,6 +53,9 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
             "ViewMessage",
             "ClientStream",
             "GetConsumerIdList",
+            "Pop",
+            "Ack",
+            "ChangeInvisibleTime",
         },
     ),
     "admin": (

@@ -8,6 +8,9 @@ Public names are re-exported here from the private modules that implement them (
   :class:`ConsumeOrderlyContext`;
 - :class:`SubscriptionConflict`: group members disagreeing about a topic, from
   ``subscription_conflicts()``;
+- :class:`SimpleConsumer` / :class:`SyncSimpleConsumer` with :class:`SimpleConsumerConfig`: pop
+  consumption (receive, ack, change the invisible duration of popped messages; stale handles
+  raise :class:`InvalidReceiptHandleError`);
 - :class:`LitePullConsumer` / :class:`SyncLitePullConsumer` with :class:`LitePullConsumerConfig`;
 - :class:`MessageModel`, :class:`ConsumeFromWhere`, :class:`ExpressionType`;
 - allocation strategies (``Allocate*``) and offset stores, for custom setups.
@@ -47,6 +50,13 @@ from rocketq.client.consumer.offset_store import (
 )
 from rocketq.client.consumer.process_queue import ProcessQueue
 from rocketq.client.consumer.push_consumer import PushConsumer
+from rocketq.client.consumer.simple_consumer import (
+    InvalidReceiptHandleError,
+    PoppedMessage,
+    SimpleConsumer,
+    SimpleConsumerConfig,
+    SyncSimpleConsumer,
+)
 from rocketq.client.consumer.sync import SyncLitePullConsumer, SyncPushConsumer
 
 __all__ = [
@@ -63,6 +73,7 @@ __all__ = [
     "ConsumeOrderlyStatus",
     "ConsumeResult",
     "ExpressionType",
+    "InvalidReceiptHandleError",
     "LitePullConsumer",
     "LitePullConsumerConfig",
     "LocalFileOffsetStore",
@@ -70,12 +81,16 @@ __all__ = [
     "MessageModel",
     "OffsetStore",
     "OrderlyMessageListener",
+    "PoppedMessage",
     "ProcessQueue",
     "PushConsumer",
     "PushConsumerConfig",
     "ReadOffsetType",
     "RemoteBrokerOffsetStore",
+    "SimpleConsumer",
+    "SimpleConsumerConfig",
     "SubscriptionConflict",
     "SyncLitePullConsumer",
     "SyncPushConsumer",
+    "SyncSimpleConsumer",
 ]

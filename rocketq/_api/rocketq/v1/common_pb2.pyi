@@ -99,6 +99,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     member's filter could skip messages another member wanted; pulls of that topic are refused
     until they agree (FAILED_PRECONDITION, strictSubscriptionConsistency, SPEC §6.17).
     """
+    INVALID_RECEIPT_HANDLE: _ErrorReason.ValueType  # 13
+    """A pop receipt handle is malformed, from another broker, group or topic, or stale: the
+    message was acked, its invisible time changed (a new handle was issued), or it was delivered
+    again after its invisible time (INVALID_ARGUMENT).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Stable machine-readable reasons carried in ErrorDetail. The gRPC status code says what kind of
@@ -133,6 +138,11 @@ SUBSCRIPTION_INCONSISTENT: ErrorReason.ValueType  # 12
 """Live members of a clustering consumer group subscribe to the topic differently, so any
 member's filter could skip messages another member wanted; pulls of that topic are refused
 until they agree (FAILED_PRECONDITION, strictSubscriptionConsistency, SPEC §6.17).
+"""
+INVALID_RECEIPT_HANDLE: ErrorReason.ValueType  # 13
+"""A pop receipt handle is malformed, from another broker, group or topic, or stale: the
+message was acked, its invisible time changed (a new handle was issued), or it was delivered
+again after its invisible time (INVALID_ARGUMENT).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 

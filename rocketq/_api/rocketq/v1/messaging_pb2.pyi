@@ -1650,3 +1650,227 @@ class GetConsumerIdListResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetConsumerIdListResponse: _TypeAlias = GetConsumerIdListResponse  # noqa: Y015
+
+@_typing.final
+class PopRequest(_message.Message):
+    """Pop: take messages for a consumer group (see Messaging.Pop)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    MAX_MSG_NUMS_FIELD_NUMBER: _builtins.int
+    INVISIBLE_TIME_MS_FIELD_NUMBER: _builtins.int
+    POLL_TIME_MS_FIELD_NUMBER: _builtins.int
+    EXPRESSION_FIELD_NUMBER: _builtins.int
+    EXPRESSION_TYPE_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    """Consumer group."""
+    topic: _builtins.str
+    """Topic (a normal topic; the group's retry topic is read along with it)."""
+    queue_id: _builtins.int
+    """One queue of the topic; absent = every readable queue of the topic on this broker."""
+    max_msg_nums: _builtins.int
+    """Most messages to return, 1..32; absent = 32."""
+    invisible_time_ms: _builtins.int
+    """How long the returned messages stay hidden from the group, 1 s..12 h."""
+    poll_time_ms: _builtins.int
+    """Long polling: how long an empty call waits for a message, 0..60 s (0 = answer at once)."""
+    expression: _builtins.str
+    """"*" (or empty), "TAGA || TAGB", or a SQL92 predicate."""
+    expression_type: _common_pb2.ExpressionType.ValueType
+    """How to read expression."""
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int | None = ...,
+        max_msg_nums: _builtins.int | None = ...,
+        invisible_time_ms: _builtins.int = ...,
+        poll_time_ms: _builtins.int = ...,
+        expression: _builtins.str = ...,
+        expression_type: _common_pb2.ExpressionType.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_msg_nums", b"_max_msg_nums", "_queue_id", b"_queue_id", "max_msg_nums", b"max_msg_nums", "queue_id", b"queue_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_msg_nums", b"_max_msg_nums", "_queue_id", b"_queue_id", "consumer_group", b"consumer_group", "expression", b"expression", "expression_type", b"expression_type", "invisible_time_ms", b"invisible_time_ms", "max_msg_nums", b"max_msg_nums", "poll_time_ms", b"poll_time_ms", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_msg_nums: _TypeAlias = _typing.Literal["max_msg_nums"]  # noqa: Y015
+    _WhichOneofArgType__max_msg_nums: _TypeAlias = _typing.Literal["_max_msg_nums", b"_max_msg_nums"]  # noqa: Y015
+    _WhichOneofReturnType__queue_id: _TypeAlias = _typing.Literal["queue_id"]  # noqa: Y015
+    _WhichOneofArgType__queue_id: _TypeAlias = _typing.Literal["_queue_id", b"_queue_id"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_msg_nums) -> _WhichOneofReturnType__max_msg_nums | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_id) -> _WhichOneofReturnType__queue_id | None: ...
+
+Global___PopRequest: _TypeAlias = PopRequest  # noqa: Y015
+
+@_typing.final
+class PoppedMessage(_message.Message):
+    """One message taken by Pop."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    DELIVERY_ATTEMPT_FIELD_NUMBER: _builtins.int
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    receipt_handle: _builtins.str
+    """Opaque; names this delivery for Ack and ChangeInvisibleTime."""
+    delivery_attempt: _builtins.int
+    """1 for the first delivery, 2 for the first redelivery, ..."""
+    invisible_until_ms: _builtins.int
+    """When the message becomes visible again unless acked (epoch ms)."""
+    @_builtins.property
+    def message(self) -> _common_pb2.StoredMessage:
+        """The message; for a redelivery its topic is the topic it was first sent to."""
+
+    def __init__(
+        self,
+        *,
+        message: _common_pb2.StoredMessage | None = ...,
+        receipt_handle: _builtins.str = ...,
+        delivery_attempt: _builtins.int = ...,
+        invisible_until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_attempt", b"delivery_attempt", "invisible_until_ms", b"invisible_until_ms", "message", b"message", "receipt_handle", b"receipt_handle"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoppedMessage: _TypeAlias = PoppedMessage  # noqa: Y015
+
+@_typing.final
+class PopResponse(_message.Message):
+    """Messages taken by Pop; empty when none arrived within poll_time_ms."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoppedMessage]:
+        """In queue order within each queue."""
+
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___PoppedMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PopResponse: _TypeAlias = PopResponse  # noqa: Y015
+
+@_typing.final
+class AckRequest(_message.Message):
+    """Ack: one popped message is done."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    """Consumer group that popped it."""
+    topic: _builtins.str
+    """The topic the consumer asked Pop for."""
+    receipt_handle: _builtins.str
+    """PoppedMessage.receipt_handle."""
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        receipt_handle: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "receipt_handle", b"receipt_handle", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckRequest: _TypeAlias = AckRequest  # noqa: Y015
+
+@_typing.final
+class AckResponse(_message.Message):
+    """Empty on success."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckResponse: _TypeAlias = AckResponse  # noqa: Y015
+
+@_typing.final
+class ChangeInvisibleTimeRequest(_message.Message):
+    """ChangeInvisibleTime: hide a popped message for a new time from now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    INVISIBLE_TIME_MS_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    """Consumer group that popped it."""
+    topic: _builtins.str
+    """The topic the consumer asked Pop for."""
+    receipt_handle: _builtins.str
+    """PoppedMessage.receipt_handle (or the handle a previous change returned)."""
+    invisible_time_ms: _builtins.int
+    """New invisible time from now, 1 s..12 h."""
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        receipt_handle: _builtins.str = ...,
+        invisible_time_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "invisible_time_ms", b"invisible_time_ms", "receipt_handle", b"receipt_handle", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeInvisibleTimeRequest: _TypeAlias = ChangeInvisibleTimeRequest  # noqa: Y015
+
+@_typing.final
+class ChangeInvisibleTimeResponse(_message.Message):
+    """The message's new handle (the old one is stale) and when it becomes visible again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    receipt_handle: _builtins.str
+    """Use this one for the next Ack or change."""
+    invisible_until_ms: _builtins.int
+    """Epoch ms."""
+    def __init__(
+        self,
+        *,
+        receipt_handle: _builtins.str = ...,
+        invisible_until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invisible_until_ms", b"invisible_until_ms", "receipt_handle", b"receipt_handle"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeInvisibleTimeResponse: _TypeAlias = ChangeInvisibleTimeResponse  # noqa: Y015

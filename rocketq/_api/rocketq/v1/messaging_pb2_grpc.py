@@ -115,6 +115,21 @@ class MessagingStub:
                 request_serializer=rocketq_dot_v1_dot_messaging__pb2.GetConsumerIdListRequest.SerializeToString,
                 response_deserializer=rocketq_dot_v1_dot_messaging__pb2.GetConsumerIdListResponse.FromString,
                 _registered_method=True)
+        self.Pop = channel.unary_unary(
+                '/rocketq.v1.Messaging/Pop',
+                request_serializer=rocketq_dot_v1_dot_messaging__pb2.PopRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_messaging__pb2.PopResponse.FromString,
+                _registered_method=True)
+        self.Ack = channel.unary_unary(
+                '/rocketq.v1.Messaging/Ack',
+                request_serializer=rocketq_dot_v1_dot_messaging__pb2.AckRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_messaging__pb2.AckResponse.FromString,
+                _registered_method=True)
+        self.ChangeInvisibleTime = channel.unary_unary(
+                '/rocketq.v1.Messaging/ChangeInvisibleTime',
+                request_serializer=rocketq_dot_v1_dot_messaging__pb2.ChangeInvisibleTimeRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_messaging__pb2.ChangeInvisibleTimeResponse.FromString,
+                _registered_method=True)
 
 
 class MessagingServicer:
@@ -310,6 +325,51 @@ class MessagingServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pop(self, request, context):
+        """Pop consumption (DESIGN.md §7): message-level load balancing. Takes up to max_msg_nums
+        messages of a topic (and of the group's %RETRY%{group} topic) on this broker for a consumer
+        group and hides them from the group's other consumers for invisible_time_ms; each comes with
+        a receipt handle for Ack or ChangeInvisibleTime. A message not acked in time is delivered
+        again (delivery_attempt + 1) through %RETRY%{group}, or moved to %DLQ%{group} once its
+        deliveries exceed the group's retryMaxTimes + 1. Checkpoints and acks are stored in the
+        system topic rmq_sys_REVIVE_LOG_{cluster}, so they replicate and survive restarts. With
+        poll_time_ms > 0 an empty call waits (long polling) until a message arrives or the time is
+        up; nothing found is an empty response, not an error. A new group starts at the queue's
+        first offset while the queue was never trimmed, else at its end. A FIFO group (its
+        consume_message_orderly) holds each queue while a batch from it is in flight: the queue's
+        next messages wait until the batch is acked, and a batch not acked in time is delivered
+        again from the queue, in order (delivery_attempt + 1), not through the retry topic.
+        INVALID_ARGUMENT: bad names, queue id outside [0, read_queue_nums), max_msg_nums outside
+        1..32, invisible_time_ms outside 1 s..12 h, poll_time_ms outside 0..60 s, an expression
+        that does not parse (reason ILLEGAL_EXPRESSION).
+        NOT_FOUND: unknown topic (TOPIC_NOT_EXIST), unknown group with auto-create off.
+        PERMISSION_DENIED: topic or broker not readable, group consume disabled.
+        RESOURCE_EXHAUSTED: too many messages in flight on this broker (reason FLOW_CONTROL).
+        UNAVAILABLE: the broker is a slave (reason NOT_MASTER).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ack(self, request, context):
+        """Acknowledges one popped message: it is never delivered to the group again.
+        INVALID_ARGUMENT reason INVALID_RECEIPT_HANDLE: the handle is malformed, not from this
+        broker, for another group or topic, or stale (already acked, changed, or the message was
+        delivered again after its invisible time). UNAVAILABLE: the broker is a slave.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeInvisibleTime(self, request, context):
+        """Gives a popped message a new invisible time counted from now, and a new receipt handle; the
+        old handle becomes stale. Errors as Ack, plus INVALID_ARGUMENT for invisible_time_ms outside
+        1 s..12 h.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MessagingServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -392,6 +452,21 @@ def add_MessagingServicer_to_server(servicer, server):
                     servicer.GetConsumerIdList,
                     request_deserializer=rocketq_dot_v1_dot_messaging__pb2.GetConsumerIdListRequest.FromString,
                     response_serializer=rocketq_dot_v1_dot_messaging__pb2.GetConsumerIdListResponse.SerializeToString,
+            ),
+            'Pop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pop,
+                    request_deserializer=rocketq_dot_v1_dot_messaging__pb2.PopRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_messaging__pb2.PopResponse.SerializeToString,
+            ),
+            'Ack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ack,
+                    request_deserializer=rocketq_dot_v1_dot_messaging__pb2.AckRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_messaging__pb2.AckResponse.SerializeToString,
+            ),
+            'ChangeInvisibleTime': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeInvisibleTime,
+                    request_deserializer=rocketq_dot_v1_dot_messaging__pb2.ChangeInvisibleTimeRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_messaging__pb2.ChangeInvisibleTimeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -827,6 +902,87 @@ class Messaging:
             '/rocketq.v1.Messaging/GetConsumerIdList',
             rocketq_dot_v1_dot_messaging__pb2.GetConsumerIdListRequest.SerializeToString,
             rocketq_dot_v1_dot_messaging__pb2.GetConsumerIdListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Messaging/Pop',
+            rocketq_dot_v1_dot_messaging__pb2.PopRequest.SerializeToString,
+            rocketq_dot_v1_dot_messaging__pb2.PopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Messaging/Ack',
+            rocketq_dot_v1_dot_messaging__pb2.AckRequest.SerializeToString,
+            rocketq_dot_v1_dot_messaging__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeInvisibleTime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Messaging/ChangeInvisibleTime',
+            rocketq_dot_v1_dot_messaging__pb2.ChangeInvisibleTimeRequest.SerializeToString,
+            rocketq_dot_v1_dot_messaging__pb2.ChangeInvisibleTimeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -165,6 +165,39 @@ class MessagingStub:
     broker (SPEC §6.10: every member asks a broker, sorts the ids and allocates queues).
     INVALID_ARGUMENT: bad group name. An unknown group is an empty list, not an error.
     """
+    Pop: _grpc.UnaryUnaryMultiCallable[_messaging_pb2.PopRequest, _messaging_pb2.PopResponse]
+    """Pop consumption (DESIGN.md §7): message-level load balancing. Takes up to max_msg_nums
+    messages of a topic (and of the group's %RETRY%{group} topic) on this broker for a consumer
+    group and hides them from the group's other consumers for invisible_time_ms; each comes with
+    a receipt handle for Ack or ChangeInvisibleTime. A message not acked in time is delivered
+    again (delivery_attempt + 1) through %RETRY%{group}, or moved to %DLQ%{group} once its
+    deliveries exceed the group's retryMaxTimes + 1. Checkpoints and acks are stored in the
+    system topic rmq_sys_REVIVE_LOG_{cluster}, so they replicate and survive restarts. With
+    poll_time_ms > 0 an empty call waits (long polling) until a message arrives or the time is
+    up; nothing found is an empty response, not an error. A new group starts at the queue's
+    first offset while the queue was never trimmed, else at its end. A FIFO group (its
+    consume_message_orderly) holds each queue while a batch from it is in flight: the queue's
+    next messages wait until the batch is acked, and a batch not acked in time is delivered
+    again from the queue, in order (delivery_attempt + 1), not through the retry topic.
+    INVALID_ARGUMENT: bad names, queue id outside [0, read_queue_nums), max_msg_nums outside
+      1..32, invisible_time_ms outside 1 s..12 h, poll_time_ms outside 0..60 s, an expression
+      that does not parse (reason ILLEGAL_EXPRESSION).
+    NOT_FOUND: unknown topic (TOPIC_NOT_EXIST), unknown group with auto-create off.
+    PERMISSION_DENIED: topic or broker not readable, group consume disabled.
+    RESOURCE_EXHAUSTED: too many messages in flight on this broker (reason FLOW_CONTROL).
+    UNAVAILABLE: the broker is a slave (reason NOT_MASTER).
+    """
+    Ack: _grpc.UnaryUnaryMultiCallable[_messaging_pb2.AckRequest, _messaging_pb2.AckResponse]
+    """Acknowledges one popped message: it is never delivered to the group again.
+    INVALID_ARGUMENT reason INVALID_RECEIPT_HANDLE: the handle is malformed, not from this
+      broker, for another group or topic, or stale (already acked, changed, or the message was
+      delivered again after its invisible time). UNAVAILABLE: the broker is a slave.
+    """
+    ChangeInvisibleTime: _grpc.UnaryUnaryMultiCallable[_messaging_pb2.ChangeInvisibleTimeRequest, _messaging_pb2.ChangeInvisibleTimeResponse]
+    """Gives a popped message a new invisible time counted from now, and a new receipt handle; the
+    old handle becomes stale. Errors as Ack, plus INVALID_ARGUMENT for invisible_time_ms outside
+    1 s..12 h.
+    """
 
 @_typing.type_check_only
 class MessagingAsyncStub(MessagingStub):
@@ -295,6 +328,39 @@ class MessagingAsyncStub(MessagingStub):
     """Lists the client ids of a consumer group's live members, from their heartbeats to this
     broker (SPEC §6.10: every member asks a broker, sorts the ids and allocates queues).
     INVALID_ARGUMENT: bad group name. An unknown group is an empty list, not an error.
+    """
+    Pop: _aio.UnaryUnaryMultiCallable[_messaging_pb2.PopRequest, _messaging_pb2.PopResponse]  # type: ignore[assignment]
+    """Pop consumption (DESIGN.md §7): message-level load balancing. Takes up to max_msg_nums
+    messages of a topic (and of the group's %RETRY%{group} topic) on this broker for a consumer
+    group and hides them from the group's other consumers for invisible_time_ms; each comes with
+    a receipt handle for Ack or ChangeInvisibleTime. A message not acked in time is delivered
+    again (delivery_attempt + 1) through %RETRY%{group}, or moved to %DLQ%{group} once its
+    deliveries exceed the group's retryMaxTimes + 1. Checkpoints and acks are stored in the
+    system topic rmq_sys_REVIVE_LOG_{cluster}, so they replicate and survive restarts. With
+    poll_time_ms > 0 an empty call waits (long polling) until a message arrives or the time is
+    up; nothing found is an empty response, not an error. A new group starts at the queue's
+    first offset while the queue was never trimmed, else at its end. A FIFO group (its
+    consume_message_orderly) holds each queue while a batch from it is in flight: the queue's
+    next messages wait until the batch is acked, and a batch not acked in time is delivered
+    again from the queue, in order (delivery_attempt + 1), not through the retry topic.
+    INVALID_ARGUMENT: bad names, queue id outside [0, read_queue_nums), max_msg_nums outside
+      1..32, invisible_time_ms outside 1 s..12 h, poll_time_ms outside 0..60 s, an expression
+      that does not parse (reason ILLEGAL_EXPRESSION).
+    NOT_FOUND: unknown topic (TOPIC_NOT_EXIST), unknown group with auto-create off.
+    PERMISSION_DENIED: topic or broker not readable, group consume disabled.
+    RESOURCE_EXHAUSTED: too many messages in flight on this broker (reason FLOW_CONTROL).
+    UNAVAILABLE: the broker is a slave (reason NOT_MASTER).
+    """
+    Ack: _aio.UnaryUnaryMultiCallable[_messaging_pb2.AckRequest, _messaging_pb2.AckResponse]  # type: ignore[assignment]
+    """Acknowledges one popped message: it is never delivered to the group again.
+    INVALID_ARGUMENT reason INVALID_RECEIPT_HANDLE: the handle is malformed, not from this
+      broker, for another group or topic, or stale (already acked, changed, or the message was
+      delivered again after its invisible time). UNAVAILABLE: the broker is a slave.
+    """
+    ChangeInvisibleTime: _aio.UnaryUnaryMultiCallable[_messaging_pb2.ChangeInvisibleTimeRequest, _messaging_pb2.ChangeInvisibleTimeResponse]  # type: ignore[assignment]
+    """Gives a popped message a new invisible time counted from now, and a new receipt handle; the
+    old handle becomes stale. Errors as Ack, plus INVALID_ARGUMENT for invisible_time_ms outside
+    1 s..12 h.
     """
 
 class MessagingServicer(metaclass=_abc_1.ABCMeta):
@@ -519,6 +585,57 @@ class MessagingServicer(metaclass=_abc_1.ABCMeta):
         """Lists the client ids of a consumer group's live members, from their heartbeats to this
         broker (SPEC §6.10: every member asks a broker, sorts the ids and allocates queues).
         INVALID_ARGUMENT: bad group name. An unknown group is an empty list, not an error.
+        """
+
+    @_abc_1.abstractmethod
+    def Pop(
+        self,
+        request: _messaging_pb2.PopRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_messaging_pb2.PopResponse, _abc.Awaitable[_messaging_pb2.PopResponse]]:
+        """Pop consumption (DESIGN.md §7): message-level load balancing. Takes up to max_msg_nums
+        messages of a topic (and of the group's %RETRY%{group} topic) on this broker for a consumer
+        group and hides them from the group's other consumers for invisible_time_ms; each comes with
+        a receipt handle for Ack or ChangeInvisibleTime. A message not acked in time is delivered
+        again (delivery_attempt + 1) through %RETRY%{group}, or moved to %DLQ%{group} once its
+        deliveries exceed the group's retryMaxTimes + 1. Checkpoints and acks are stored in the
+        system topic rmq_sys_REVIVE_LOG_{cluster}, so they replicate and survive restarts. With
+        poll_time_ms > 0 an empty call waits (long polling) until a message arrives or the time is
+        up; nothing found is an empty response, not an error. A new group starts at the queue's
+        first offset while the queue was never trimmed, else at its end. A FIFO group (its
+        consume_message_orderly) holds each queue while a batch from it is in flight: the queue's
+        next messages wait until the batch is acked, and a batch not acked in time is delivered
+        again from the queue, in order (delivery_attempt + 1), not through the retry topic.
+        INVALID_ARGUMENT: bad names, queue id outside [0, read_queue_nums), max_msg_nums outside
+          1..32, invisible_time_ms outside 1 s..12 h, poll_time_ms outside 0..60 s, an expression
+          that does not parse (reason ILLEGAL_EXPRESSION).
+        NOT_FOUND: unknown topic (TOPIC_NOT_EXIST), unknown group with auto-create off.
+        PERMISSION_DENIED: topic or broker not readable, group consume disabled.
+        RESOURCE_EXHAUSTED: too many messages in flight on this broker (reason FLOW_CONTROL).
+        UNAVAILABLE: the broker is a slave (reason NOT_MASTER).
+        """
+
+    @_abc_1.abstractmethod
+    def Ack(
+        self,
+        request: _messaging_pb2.AckRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_messaging_pb2.AckResponse, _abc.Awaitable[_messaging_pb2.AckResponse]]:
+        """Acknowledges one popped message: it is never delivered to the group again.
+        INVALID_ARGUMENT reason INVALID_RECEIPT_HANDLE: the handle is malformed, not from this
+          broker, for another group or topic, or stale (already acked, changed, or the message was
+          delivered again after its invisible time). UNAVAILABLE: the broker is a slave.
+        """
+
+    @_abc_1.abstractmethod
+    def ChangeInvisibleTime(
+        self,
+        request: _messaging_pb2.ChangeInvisibleTimeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_messaging_pb2.ChangeInvisibleTimeResponse, _abc.Awaitable[_messaging_pb2.ChangeInvisibleTimeResponse]]:
+        """Gives a popped message a new invisible time counted from now, and a new receipt handle; the
+        old handle becomes stale. Errors as Ack, plus INVALID_ARGUMENT for invisible_time_ms outside
+        1 s..12 h.
         """
 
 def add_MessagingServicer_to_server(servicer: MessagingServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -89,9 +89,30 @@ class BrokerData(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class GatewayAddrsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CLUSTER_FIELD_NUMBER: _builtins.int
     BROKER_NAME_FIELD_NUMBER: _builtins.int
     BROKER_ADDRS_FIELD_NUMBER: _builtins.int
+    GATEWAY_ADDRS_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     """Cluster the group belongs to."""
     broker_name: _builtins.str
@@ -102,16 +123,21 @@ class BrokerData(_message.Message):
         brokers appear.
         """
 
+    @_builtins.property
+    def gateway_addrs(self) -> _containers.ScalarMap[_builtins.int, _builtins.str]:
+        """Broker id -> its apache.rocketmq.v2 gateway "host:port", for the live brokers that serve one."""
+
     def __init__(
         self,
         *,
         cluster: _builtins.str = ...,
         broker_name: _builtins.str = ...,
         broker_addrs: _abc.Mapping[_builtins.int, _builtins.str] | None = ...,
+        gateway_addrs: _abc.Mapping[_builtins.int, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_addrs", b"broker_addrs", "broker_name", b"broker_name", "cluster", b"cluster"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_addrs", b"broker_addrs", "broker_name", b"broker_name", "cluster", b"cluster", "gateway_addrs", b"gateway_addrs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -162,6 +188,7 @@ class RegisterBrokerRequest(_message.Message):
     DATA_VERSION_FIELD_NUMBER: _builtins.int
     HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    GATEWAY_ADDR_FIELD_NUMBER: _builtins.int
     cluster_name: _builtins.str
     """Cluster name the broker belongs to."""
     broker_addr: _builtins.str
@@ -179,6 +206,11 @@ class RegisterBrokerRequest(_message.Message):
     epoch: _builtins.int
     """Failover epoch of the broker group (DESIGN.md §6). 0 when roles are static (no etcd).
     Lets the nameserver refuse a stale master that has not yet noticed it was replaced.
+    """
+    gateway_addr: _builtins.str
+    """The broker's apache.rocketmq.v2 gateway "host:port" (DESIGN.md §7); empty when it serves
+    none. Routed in BrokerData.gateway_addrs so any broker's gateway can answer QueryRoute with
+    every broker group's gateway.
     """
     @_builtins.property
     def topic_configs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicConfig]:
@@ -200,10 +232,11 @@ class RegisterBrokerRequest(_message.Message):
         data_version: _common_pb2.DataVersion | None = ...,
         heartbeat_timeout_ms: _builtins.int | None = ...,
         epoch: _builtins.int = ...,
+        gateway_addr: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_timeout_ms", b"_heartbeat_timeout_ms", "data_version", b"data_version", "heartbeat_timeout_ms", b"heartbeat_timeout_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_timeout_ms", b"_heartbeat_timeout_ms", "broker_addr", b"broker_addr", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster_name", b"cluster_name", "data_version", b"data_version", "epoch", b"epoch", "ha_server_addr", b"ha_server_addr", "heartbeat_timeout_ms", b"heartbeat_timeout_ms", "topic_configs", b"topic_configs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_timeout_ms", b"_heartbeat_timeout_ms", "broker_addr", b"broker_addr", "broker_id", b"broker_id", "broker_name", b"broker_name", "cluster_name", b"cluster_name", "data_version", b"data_version", "epoch", b"epoch", "gateway_addr", b"gateway_addr", "ha_server_addr", b"ha_server_addr", "heartbeat_timeout_ms", b"heartbeat_timeout_ms", "topic_configs", b"topic_configs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__heartbeat_timeout_ms: _TypeAlias = _typing.Literal["heartbeat_timeout_ms"]  # noqa: Y015
     _WhichOneofArgType__heartbeat_timeout_ms: _TypeAlias = _typing.Literal["_heartbeat_timeout_ms", b"_heartbeat_timeout_ms"]  # noqa: Y015

@@ -1,0 +1,134 @@
+"""One official SDK's Telemetry stream: the settings handshake and transaction check-backs.
+
+Each Settings the client writes is answered with its settings completed by the server's
+(``GatewayService._settings``). A producer's stream also joins the broker's client registry as
+the producer group every gateway message is sent under (``rmq_v2_gateway``), under the client id
+``v2:{x-mq-client-id}``: the transaction check service then picks it like any RocketQ producer,
+and its ``CheckTransactionState`` goes down this stream as a
+``RecoverOrphanedTransactionCommand``; the SDK asks its checker and answers with
+EndTransaction(SOURCE_SERVER_CHECK). The registration is kept alive by the SDK's Heartbeat calls
+(every 10 s) and ends with the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from rocketq._api.rocketq.v1 import messaging_pb2
+from services.broker.client_manager import ClientChannel, ClientLimitError, ClientManager
+from services.broker.gateway._v2api import definition_pb2 as v2
+from services.broker.gateway._v2api import service_pb2 as svc
+
+log = logging.getLogger(__name__)
+
+CLIENT_ID_PREFIX = "v2:"
+CLIENT_ID_MAX_CHARS = 200
+OUT_QUEUE_MAX = 256
+
+
+def client_id_of(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The SDK's x-mq-client-id header as a registry id, or "" when it sent none."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id" and isinstance(value, str) and value:
+            return f"{CLIENT_ID_PREFIX}{value[:CLIENT_ID_MAX_CHARS]}"
+    return ""
+
+
+class TelemetrySession:
+    """Reads the client's commands and writes settings replies and check-backs."""
+
+    def __init__(
+        self,
+        *,
+        clients: ClientManager,
+        producer_group: str,
+        settings: Callable[[Any], Any],
+        check_command: Callable[[messaging_pb2.CheckTransactionState], Any],
+        client_id: str,
+        peer: str,
+    ) -> None:
+        self.clients = clients
+        self.producer_group = producer_group
+        self.settings = settings
+        self.check_command = check_command
+        self.client_id = client_id
+        self.peer = peer
+        self.out: asyncio.Queue[Any] = asyncio.Queue(maxsize=OUT_QUEUE_MAX)
+        self.channel: ClientChannel | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def run(self, commands: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        self.tasks.append(asyncio.create_task(self._read(commands)))
+        try:
+            while True:
+                item = await self.out.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            for task in self.tasks:
+                task.cancel()
+            for task in self.tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if self.channel is not None:
+                self.clients.close_channel(self.channel, "telemetry stream ended")
+
+    async def _read(self, commands: AsyncIterator[Any]) -> None:
+        try:
+            async for command in commands:
+                if not command.HasField("settings"):
+                    continue  # thread stack / verify results: nothing asked them yet
+                settings = command.settings
+                if settings.client_type == v2.PRODUCER:
+                    self._join_as_producer()
+                await self.out.put(
+                    svc.TelemetryCommand(
+                        status=v2.Status(code=v2.OK, message="OK"),
+                        settings=self.settings(settings),
+                    )
+                )
+            await self.out.put(None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to the writer: the stream ends with its status
+            await self.out.put(exc)
+
+    def _join_as_producer(self) -> None:
+        if self.channel is not None or not self.client_id:
+            return
+        try:
+            channel = self.clients.open_channel(self.client_id, self.peer)
+        except ClientLimitError as exc:
+            log.warning("v2 producer %s not registered for checks: %s", self.client_id, exc)
+            return
+        self.channel = channel
+        heartbeat(self.clients, channel, self.producer_group)
+        self.tasks.append(asyncio.create_task(self._forward(channel)))
+
+    async def _forward(self, channel: ClientChannel) -> None:
+        """Check-backs from the broker's registry, as the protocol's server commands."""
+        while True:
+            item = await channel.queue.get()
+            if item is None or channel.closed:
+                return
+            if item.WhichOneof("command") == "check_transaction_state":
+                await self.out.put(self.check_command(item.check_transaction_state))
+
+
+def heartbeat(clients: ClientManager, channel: ClientChannel, producer_group: str) -> None:
+    clients.heartbeat(
+        channel,
+        messaging_pb2.Heartbeat(
+            client_id=channel.client_id,
+            producers=[messaging_pb2.ProducerData(producer_group=producer_group)],
+        ),
+    )
