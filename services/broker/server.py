@@ -133,7 +133,10 @@ class Broker:
             config=cfg, messaging=self.messaging, host=cfg.advertised_host, port=cfg.gateway_port
         )
         add_to_server(gateway, server)
-        grpc_server.finish_setup(server, [SERVICE_NAME], f"{cfg.listen_host}:{cfg.gateway_port}")
+        # TLS like the broker's own port when it is configured (the official SDKs take a CA)
+        grpc_server.finish_setup(
+            server, [SERVICE_NAME], f"{cfg.listen_host}:{cfg.gateway_port}", self.security
+        )
         await server.start()
         self.gateway_server = server
         self._spawn(gateway.renew.run())

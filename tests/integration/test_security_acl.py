@@ -30,6 +30,8 @@ from rocketq.client.consumer import (
     ConsumeFromWhere,
     LitePullConsumer,
     LitePullConsumerConfig,
+    SimpleConsumer,
+    SimpleConsumerConfig,
 )
 from rocketq.client.errors import PermissionDeniedError
 from rocketq.client.producer import Producer, ProducerConfig
@@ -157,6 +159,29 @@ async def test_signed_clients_round_trip_within_their_permissions(env: Env) -> N
 
     master = max_offsets(env.broker.addr)
     await until(lambda: max_offsets(env.slave.addr) == master, "the slave caught up", 15)
+
+
+async def test_pop_consumption_needs_the_groups_and_the_topics_sub(env: Env) -> None:
+    await _route_ready(env, "orders")
+    async with Producer(ProducerConfig("pg-orders", env.namesrv, security=APP)) as producer:
+        await producer.send(Message("orders", b"popped"))
+    granted = SimpleConsumerConfig("billing", tuple(env.namesrv), 2_000, security=APP)
+    async with SimpleConsumer(granted) as consumer:
+        consumer.subscribe("orders")
+        got = []
+
+        async def received() -> bool:
+            got.extend(await consumer.receive(16, 30_000))
+            return any(p.message.body == b"popped" for p in got)
+
+        await until(received, "the message popped by a granted group", 20)
+        for popped in got:
+            await consumer.ack(popped)
+    refused = SimpleConsumerConfig("audit", tuple(env.namesrv), 0, security=APP)
+    async with SimpleConsumer(refused) as consumer:
+        consumer.subscribe("orders")
+        with pytest.raises(PermissionDeniedError, match="no SUB permission on group 'audit'"):
+            await consumer.receive(1, 30_000)
 
 
 def test_replication_needs_the_internal_role(env: Env) -> None:

@@ -296,10 +296,10 @@ class PushConsumerConfig:
     heartbeat_broker_interval_ms: int = 30_000
     """Heartbeat period to every broker in use."""
     request_timeout_ms: int = 3_000
+    """Timeout of non-held calls (offsets, consumer lists, send-back)."""
     security: ClientSecurity | None = None
     """TLS files and access key (rocketq.client.security); None = the process default, which
     the ROCKETQ_TLS_* / ROCKETQ_ACCESS_KEY environment sets."""
-    """Timeout of non-held calls (offsets, consumer lists, send-back)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "namesrv_addrs", _addrs(self.namesrv_addrs))
@@ -396,10 +396,10 @@ class LitePullConsumerConfig:
     heartbeat_broker_interval_ms: int = 30_000
     """Heartbeat period to every broker in use."""
     request_timeout_ms: int = 3_000
+    """Timeout of non-held calls (offsets, consumer lists)."""
     security: ClientSecurity | None = None
     """TLS files and access key (rocketq.client.security); None = the process default, which
     the ROCKETQ_TLS_* / ROCKETQ_ACCESS_KEY environment sets."""
-    """Timeout of non-held calls (offsets, consumer lists)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "namesrv_addrs", _addrs(self.namesrv_addrs))

@@ -44,6 +44,7 @@ from rocketq.client.errors import (
     RocketQError,
     from_rpc_error,
 )
+from rocketq.client.security import ClientSecurity
 from rocketq.message import ReceivedMessage
 from rocketq.validation import check_group, check_topic
 
@@ -73,6 +74,9 @@ class SimpleConsumerConfig:
     """Deadline of each call, on top of the await duration for receive."""
     instance_name: str = "DEFAULT"
     client_ip: str = field(default_factory=local_ip)
+    security: ClientSecurity | None = None
+    """TLS files and access key (rocketq.client.security); None = the process default, which
+    the ROCKETQ_TLS_* / ROCKETQ_ACCESS_KEY environment sets."""
 
     def __post_init__(self) -> None:
         check_group(self.consumer_group)
@@ -138,6 +142,7 @@ class SimpleConsumer:
                 instance_name=cfg.instance_name,
                 client_ip=cfg.client_ip,
                 request_timeout_ms=cfg.request_timeout_ms,
+                security=cfg.security,
             )
         )
         await instance.start()

@@ -79,6 +79,10 @@ RULES: dict[str, Rule] = {
     _M + "GetConsumerIdList": Rule("res", _group_sub),
     _M + "QueryMessageByKey": Rule("res", _topic_sub),
     _M + "QueryMessageById": Rule("res", _topic_sub),
+    # Pop consumption (services/broker/pop): the group's and the topic's SUB, like Pull
+    _M + "Pop": Rule("res", _topic_group_sub),
+    _M + "Ack": Rule("res", _topic_group_sub),
+    _M + "ChangeInvisibleTime": Rule("res", _topic_group_sub),
     # The producer group of a transaction is not a permission of its own; the half message
     # was only stored if the user could publish to its topic.
     _M + "EndTransaction": ANY,
