@@ -113,8 +113,15 @@ def status_of(exc: ServiceError) -> Any:
     return status(code, exc.message)
 
 
+DURATION_MS_CAP = 2**53
+"""A client's Duration is clamped to this many ms before it goes into an int64 field (seconds
+near 2**63 overflowed it: an INTERNAL error, found by the RPC fuzzer); the range checks of the
+pop service then refuse it with a message."""
+
+
 def _ms(d: duration_pb2.Duration) -> int:
-    return d.seconds * 1000 + d.nanos // 1_000_000
+    ms = d.seconds * 1000 + d.nanos // 1_000_000
+    return max(-DURATION_MS_CAP, min(DURATION_MS_CAP, ms))
 
 
 def _duration(ms: int) -> duration_pb2.Duration:
