@@ -44,6 +44,7 @@ from rocketq.client.consumer.config import (
 from rocketq.client.consumer.process_queue import ProcessQueue
 from rocketq.client.errors import BrokerUnavailableError
 from rocketq.message import MessageQueue, ReceivedMessage
+from tests.support.until import until
 from tests.unit.consumer_doubles import MQ, MemoryOffsets, ids_of, qs
 
 pytestmark = pytest.mark.unit
@@ -373,6 +374,60 @@ async def test_batches_split_by_consume_message_batch_max_size() -> None:
     await idle(svc)
     assert sorted(sizes) == [1, 3, 3]
     assert offsets.table[MQ] == 7
+
+
+async def test_workers_bound_the_calls_in_progress_and_drain_every_batch() -> None:
+    """Listener batches wait in one FIFO; at most thread_max (4) workers call the listener."""
+    offsets = MemoryOffsets()
+    running, most = [0], [0]
+    gate = asyncio.Event()
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await gate.wait()
+        running[0] -= 1
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(10)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)  # ten listener batches of one
+    await until(lambda: running[0] == 4, "four listener calls running")
+    assert MQ not in offsets.table  # nothing consumed yet: nothing committed
+    gate.set()
+    await until(lambda: offsets.table.get(MQ) == 10, "offset 10 committed")
+    assert most[0] == 4 and svc.consumed_ok == 10 and pq.msg_count == 0
+    # Workers that ran dry ended; a later pull starts them again.
+    later = [msg(i) for i in range(10, 12)]
+    pq.put_messages(later)
+    svc.submit(later, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 12, "offset 12 committed")
+    await svc.shutdown(0)
+
+
+async def test_batches_still_waiting_at_shutdown_are_not_consumed() -> None:
+    offsets = MemoryOffsets()
+    gate = asyncio.Event()
+    seen: list[int] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        seen.append(msgs[0].queue_offset)
+        await gate.wait()
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(8)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: len(seen) == 4, "four listener calls started")
+    closing = asyncio.create_task(svc.shutdown(5000))
+    gate.set()
+    await closing
+    assert seen == [0, 1, 2, 3]  # the four in progress finished; the rest never started
+    assert offsets.table[MQ] == 4  # the committed offset stays below what was not consumed
 
 
 async def test_listener_exception_and_bad_return_mean_reconsume_later() -> None:

@@ -249,8 +249,8 @@ class PushConsumerConfig:
     client_ip: str | None = None
     """IP part of the client id ("ip@instance"); None = this host's address."""
     consume_thread_max: int = 20
-    """Listener calls running at once (thread pool size for plain listeners, semaphore for async
-    ones)."""
+    """Listener calls running at once (thread pool size for plain listeners; worker tasks on the
+    event loop for every listener)."""
     consume_message_batch_max_size: int = 1
     """Messages per listener call (SPEC §6.18), 1..pull_batch_size."""
     pull_batch_size: int = 256
