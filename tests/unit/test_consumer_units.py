@@ -4,6 +4,7 @@ pull handling and rebalance decisions, with fakes in place of brokers (no socket
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -404,6 +405,35 @@ async def test_workers_bound_the_calls_in_progress_and_drain_every_batch() -> No
     pq.put_messages(later)
     svc.submit(later, pq, MQ, True)
     await until(lambda: offsets.table.get(MQ) == 12, "offset 12 committed")
+    await svc.shutdown(0)
+
+
+async def test_plain_listener_batches_share_thread_trips_and_keep_their_own_results() -> None:
+    """A backlog of 40 batches goes to the pool a few at a time; each is still one call."""
+    offsets = MemoryOffsets()
+    calls: list[int] = []
+    threads: set[str] = set()
+
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        calls.append(msgs[0].queue_offset)
+        threads.add(threading.current_thread().name)
+        if msgs[0].queue_offset == 7:
+            raise RuntimeError("offset 7 fails")
+        return (
+            ConsumeResult.RECONSUME_LATER
+            if msgs[0].queue_offset == 9
+            else ConsumeResult.CONSUME_SUCCESS
+        )
+
+    svc, sent = service(MessageModel.CLUSTERING, offsets, send_back_ok=True, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(40)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 40, "offset 40 committed")
+    assert sorted(calls) == list(range(40)) and sent == [7, 9]
+    assert (svc.consumed_ok, svc.consumed_failed) == (38, 2)
+    assert all(name.startswith("consume-g") for name in threads)
     await svc.shutdown(0)
 
 

@@ -63,6 +63,9 @@ LOCAL_RETRY_DELAY_S = 5.0
 EXPIRED_SEND_BACK_DELAY_LEVEL = 3
 """RocketMQ sends an expired message back with delay level 3 (10 s)."""
 
+THREAD_GROUP_MAX = 16
+"""Most listener batches one trip to the thread pool carries (plain listeners)."""
+
 SendBack = Callable[[MessageQueue, ReceivedMessage, int], Awaitable[bool]]
 """Returns a failed message to the broker; True if the broker took it."""
 
@@ -177,12 +180,105 @@ class ConsumeService:
         waiting = self._waiting
         try:
             while waiting and not self._closed:
-                msgs, pq, mq = waiting.popleft()
-                await self._consume(msgs, pq, mq)
+                if self._executor is None:
+                    msgs, pq, mq = waiting.popleft()
+                    await self._consume(msgs, pq, mq)
+                else:
+                    await self._consume_on_thread(self._take_group())
         finally:
             # Counted down here, not in a done callback: a submit running before that callback
             # would see one worker too many and could leave its batch waiting.
             self._workers -= 1
+
+    def _take_group(self) -> list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue]]:
+        """Plain listeners: the next batches for one thread hand-off — an even share of the
+        FIFO per worker (at most THREAD_GROUP_MAX), so every thread stays busy while a backlog
+        lasts and a lone batch still goes alone."""
+        share = -(-len(self._waiting) // self._workers_max)
+        return [self._waiting.popleft() for _ in range(max(1, min(share, THREAD_GROUP_MAX)))]
+
+    async def _consume_on_thread(
+        self, group: list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue]]
+    ) -> None:
+        """Call a plain listener on each batch of ``group`` in one trip to the thread pool.
+
+        One trip per batch (a future, a thread wake-up and a loop wake-up) cost a plain listener
+        more than the call itself. Each batch is still its own listener call with its own
+        context, span and consume-start time (set on the thread when its call starts); the
+        results are handled here in order, as :meth:`_consume` would.
+        """
+        items = []
+        for msgs, pq, mq in group:
+            if not pq.dropped:  # not consumed: the committed offset stays below them
+                reset_retry_topic(msgs, self._group)
+                items.append((msgs, pq, mq, ConsumeContext(mq)))
+        if not items:
+            return
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, self._call_group, items)
+        outcomes = await loop.run_in_executor(self._executor, call)
+        # Fewer outcomes than items: the group stopped at a dropped queue or at shutdown.
+        for (msgs, pq, mq, context), (outcome, error) in zip(items, outcomes, strict=False):
+            result = await self._checked(outcome, error, msgs, mq)
+            if pq.dropped:
+                self._log_dropped(mq, msgs)
+            elif result is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
+                self.consumed_ok += len(msgs)
+                self._release(msgs, pq, mq)
+            else:
+                await self.process_consume_result(result, context, msgs, pq, mq)
+
+    def _call_group(
+        self, items: list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue, ConsumeContext]]
+    ) -> list[tuple[object, BaseException | None]]:
+        """On a pool thread: the listener on each batch; (what it returned, what it raised)."""
+        outcomes: list[tuple[object, BaseException | None]] = []
+        for msgs, pq, mq, context in items:
+            if pq.dropped or self._closed:
+                break
+            pq.mark_consume_start(msgs)
+            try:
+                if _tracing.enabled():
+                    with _tracing.process_span(self._group, mq, msgs):
+                        outcomes.append((self._listener(list(msgs), context), None))
+                else:
+                    outcomes.append((self._listener(list(msgs), context), None))
+            except Exception as exc:
+                outcomes.append((None, exc))
+        return outcomes
+
+    async def _checked(
+        self,
+        outcome: object,
+        error: BaseException | None,
+        msgs: list[ReceivedMessage],
+        mq: MessageQueue,
+    ) -> ConsumeResult | None:
+        """A plain listener's outcome as a result (awaiting what it returned if awaitable)."""
+        if error is None and inspect.isawaitable(outcome):
+            try:
+                outcome = await outcome
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = exc
+        if error is not None:
+            log.error(
+                "group %s: listener raised on %d message(s) of %s; they will be retried",
+                self._group,
+                len(msgs),
+                mq,
+                exc_info=error,
+            )
+            return None
+        if outcome is not None and not isinstance(outcome, ConsumeResult):
+            log.warning(
+                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
+                self._group,
+                outcome,
+            )
+            return None
+        return outcome
 
     def submit_later(
         self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue, delay_s: float
@@ -220,13 +316,7 @@ class ConsumeService:
         pq.mark_consume_start(msgs)
         result = await self._call_listener(list(msgs), context, mq)
         if pq.dropped:
-            log.warning(
-                "group %s: %s was dropped while %d message(s) were consumed; their result is "
-                "ignored and the new owner may consume them again",
-                self._group,
-                mq,
-                len(msgs),
-            )
+            self._log_dropped(mq, msgs)
             return
         if result is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
             # The common outcome, without a coroutine for process_consume_result.
@@ -234,6 +324,15 @@ class ConsumeService:
             self._release(msgs, pq, mq)
             return
         await self.process_consume_result(result, context, msgs, pq, mq)
+
+    def _log_dropped(self, mq: MessageQueue, msgs: list[ReceivedMessage]) -> None:
+        log.warning(
+            "group %s: %s was dropped while %d message(s) were consumed; their result is "
+            "ignored and the new owner may consume them again",
+            self._group,
+            mq,
+            len(msgs),
+        )
 
     def _release(self, done: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue) -> None:
         """Forget consumed messages and move the offset to the smallest one still in flight."""
