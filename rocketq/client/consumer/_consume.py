@@ -7,8 +7,10 @@ coroutine function runs on the event loop. Batches wait in one FIFO and at most
 bounds the calls in progress as RocketMQ's pool does, without a task, a future and a semaphore
 wait per batch (with the default batch of one message those were most of the consumer's CPU per
 message, issue 16). A worker ends when the FIFO is empty; :meth:`ConsumeService.submit` starts
-workers again. The number of waiting batches is bounded by the pull flow control (1000 cached
-messages per queue), so nothing here grows without limit.
+workers again. A worker of a plain listener hands the pool an even share of the FIFO at a time
+(at most ``THREAD_GROUP_MAX`` batches, each still its own call), so a backlog costs one thread
+trip per few batches rather than per batch. The number of waiting batches is bounded by the pull
+flow control (1000 cached messages per queue), so nothing here grows without limit.
 
 After a call (``process_consume_result``):
 
