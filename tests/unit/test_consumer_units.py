@@ -437,6 +437,31 @@ async def test_plain_listener_batches_share_thread_trips_and_keep_their_own_resu
     await svc.shutdown(0)
 
 
+async def test_a_queue_dropped_mid_trip_skips_only_its_own_batches() -> None:
+    offsets = MemoryOffsets()
+    mq_a, mq_b = MessageQueue("T", "b", 1), MessageQueue("T", "b", 2)
+    pq_a, pq_b = ProcessQueue(), ProcessQueue()
+    called: list[tuple[int, int]] = []
+
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        called.append((ctx.message_queue.queue_id, msgs[0].queue_offset))
+        if ctx.message_queue == mq_a:
+            pq_a.dropped = True  # rebalanced away during its first call
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    for i in range(8):  # interleaved, so each thread trip carries batches of both queues
+        for mq, pq in ((mq_a, pq_a), (mq_b, pq_b)):
+            one = [msg(i)]
+            pq.put_messages(one)
+            svc.submit(one, pq, mq, True)
+    await until(lambda: offsets.table.get(mq_b) == 8, "queue b consumed to offset 8")
+    assert sorted(o for q, o in called if q == 2) == list(range(8))
+    assert len([o for q, o in called if q == 1]) < 8  # batches of a after the drop never ran
+    assert mq_a not in offsets.table
+    await svc.shutdown(0)
+
+
 async def test_batches_still_waiting_at_shutdown_are_not_consumed() -> None:
     offsets = MemoryOffsets()
     gate = asyncio.Event()

@@ -67,6 +67,8 @@ EXPIRED_SEND_BACK_DELAY_LEVEL = 3
 
 THREAD_GROUP_MAX = 16
 """Most listener batches one trip to the thread pool carries (plain listeners)."""
+_NOT_CALLED = object()
+"""A batch of a thread trip skipped because its queue was dropped first."""
 
 SendBack = Callable[[MessageQueue, ReceivedMessage, int], Awaitable[bool]]
 """Returns a failed message to the broker; True if the broker took it."""
@@ -219,8 +221,10 @@ class ConsumeService:
         loop = asyncio.get_running_loop()
         call = functools.partial(contextvars.copy_context().run, self._call_group, items)
         outcomes = await loop.run_in_executor(self._executor, call)
-        # Fewer outcomes than items: the group stopped at a dropped queue or at shutdown.
+        # Fewer outcomes than items: the group stopped at shutdown.
         for (msgs, pq, mq, context), (outcome, error) in zip(items, outcomes, strict=False):
+            if outcome is _NOT_CALLED:
+                continue  # dropped before its call: the committed offset stays below it
             result = await self._checked(outcome, error, msgs, mq)
             if pq.dropped:
                 self._log_dropped(mq, msgs)
@@ -236,8 +240,11 @@ class ConsumeService:
         """On a pool thread: the listener on each batch; (what it returned, what it raised)."""
         outcomes: list[tuple[object, BaseException | None]] = []
         for msgs, pq, mq, context in items:
-            if pq.dropped or self._closed:
+            if self._closed:
                 break
+            if pq.dropped:  # only this queue's batch: the others of the group still run
+                outcomes.append((_NOT_CALLED, None))
+                continue
             pq.mark_consume_start(msgs)
             try:
                 if _tracing.enabled():
