@@ -197,7 +197,9 @@ class ConsumeService:
     def _take_group(self) -> list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue]]:
         """Plain listeners: the next batches for one thread hand-off — an even share of the
         FIFO per worker (at most THREAD_GROUP_MAX), so every thread stays busy while a backlog
-        lasts and a lone batch still goes alone."""
+        lasts and a lone batch still goes alone. The price: batches sharing a trip with a call
+        that hangs wait behind it (at most THREAD_GROUP_MAX - 1 of them, and only under a
+        backlog of more than one batch per thread)."""
         share = -(-len(self._waiting) // self._workers_max)
         return [self._waiting.popleft() for _ in range(max(1, min(share, THREAD_GROUP_MAX)))]
 
