@@ -174,8 +174,12 @@ class BrokerConfig:
     """[syncFlushTimeout]"""
     flush_interval_commitlog_ms: int = 500
     """[flushIntervalCommitLog]"""
-    max_transfer_count_on_message_in_memory: int = 32
-    """[maxTransferCountOnMessageInMemory] Most messages one pull returns from the page cache."""
+    max_transfer_count_on_message_in_memory: int = 256
+    """[maxTransferCountOnMessageInMemory] Most messages one pull returns from the page cache.
+    RocketMQ's default is 32; 256 here (issue 16) because a pull's fixed cost in Python is a few
+    hundred µs of broker CPU, and with 1 KiB messages 32 used an eighth of the byte cap below,
+    which is what bounds a pull's size: a drain's broker CPU per message halves (15 → 6.5 µs).
+    A consumer asking for fewer (RocketMQ's clients: 32) still gets at most what it asks."""
     max_transfer_bytes_on_message_in_memory: int = 256 * 1024
     """[maxTransferBytesOnMessageInMemory] Most bytes one pull returns from the page cache."""
 

@@ -4,6 +4,7 @@ pull handling and rebalance decisions, with fakes in place of brokers (no socket
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -44,6 +45,7 @@ from rocketq.client.consumer.config import (
 from rocketq.client.consumer.process_queue import ProcessQueue
 from rocketq.client.errors import BrokerUnavailableError
 from rocketq.message import MessageQueue, ReceivedMessage
+from tests.support.until import until
 from tests.unit.consumer_doubles import MQ, MemoryOffsets, ids_of, qs
 
 pytestmark = pytest.mark.unit
@@ -132,7 +134,8 @@ def test_push_defaults_are_rocketmqs() -> None:
     cfg = PushConsumerConfig("g", ("127.0.0.1:9876",))
     assert cfg.message_model is MessageModel.CLUSTERING
     assert cfg.consume_from_where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
-    assert (cfg.pull_batch_size, cfg.consume_message_batch_max_size) == (32, 1)
+    # pull_batch_size is the one departure (RocketMQ: 32), see its note in config.py
+    assert (cfg.pull_batch_size, cfg.consume_message_batch_max_size) == (256, 1)
     assert (cfg.consume_thread_max, cfg.pull_threshold_for_queue) == (20, 1000)
     assert cfg.pull_threshold_size_for_queue_mib == 100
     assert cfg.consume_concurrently_max_span == 2000
@@ -372,6 +375,114 @@ async def test_batches_split_by_consume_message_batch_max_size() -> None:
     await idle(svc)
     assert sorted(sizes) == [1, 3, 3]
     assert offsets.table[MQ] == 7
+
+
+async def test_workers_bound_the_calls_in_progress_and_drain_every_batch() -> None:
+    """Listener batches wait in one FIFO; at most thread_max (4) workers call the listener."""
+    offsets = MemoryOffsets()
+    running, most = [0], [0]
+    gate = asyncio.Event()
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await gate.wait()
+        running[0] -= 1
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(10)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)  # ten listener batches of one
+    await until(lambda: running[0] == 4, "four listener calls running")
+    assert MQ not in offsets.table  # nothing consumed yet: nothing committed
+    gate.set()
+    await until(lambda: offsets.table.get(MQ) == 10, "offset 10 committed")
+    assert most[0] == 4 and svc.consumed_ok == 10 and pq.msg_count == 0
+    # Workers that ran dry ended; a later pull starts them again.
+    later = [msg(i) for i in range(10, 12)]
+    pq.put_messages(later)
+    svc.submit(later, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 12, "offset 12 committed")
+    await svc.shutdown(0)
+
+
+async def test_plain_listener_batches_share_thread_trips_and_keep_their_own_results() -> None:
+    """A backlog of 40 batches goes to the pool a few at a time; each is still one call."""
+    offsets = MemoryOffsets()
+    calls: list[int] = []
+    threads: set[str] = set()
+
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        calls.append(msgs[0].queue_offset)
+        threads.add(threading.current_thread().name)
+        if msgs[0].queue_offset == 7:
+            raise RuntimeError("offset 7 fails")
+        return (
+            ConsumeResult.RECONSUME_LATER
+            if msgs[0].queue_offset == 9
+            else ConsumeResult.CONSUME_SUCCESS
+        )
+
+    svc, sent = service(MessageModel.CLUSTERING, offsets, send_back_ok=True, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(40)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 40, "offset 40 committed")
+    assert sorted(calls) == list(range(40)) and sent == [7, 9]
+    assert (svc.consumed_ok, svc.consumed_failed) == (38, 2)
+    assert all(name.startswith("consume-g") for name in threads)
+    await svc.shutdown(0)
+
+
+async def test_a_queue_dropped_mid_trip_skips_only_its_own_batches() -> None:
+    offsets = MemoryOffsets()
+    mq_a, mq_b = MessageQueue("T", "b", 1), MessageQueue("T", "b", 2)
+    pq_a, pq_b = ProcessQueue(), ProcessQueue()
+    called: list[tuple[int, int]] = []
+
+    def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        called.append((ctx.message_queue.queue_id, msgs[0].queue_offset))
+        if ctx.message_queue == mq_a:
+            pq_a.dropped = True  # rebalanced away during its first call
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    for i in range(8):  # interleaved, so each thread trip carries batches of both queues
+        for mq, pq in ((mq_a, pq_a), (mq_b, pq_b)):
+            one = [msg(i)]
+            pq.put_messages(one)
+            svc.submit(one, pq, mq, True)
+    await until(lambda: offsets.table.get(mq_b) == 8, "queue b consumed to offset 8")
+    assert sorted(o for q, o in called if q == 2) == list(range(8))
+    assert len([o for q, o in called if q == 1]) < 8  # batches of a after the drop never ran
+    assert mq_a not in offsets.table
+    await svc.shutdown(0)
+
+
+async def test_batches_still_waiting_at_shutdown_are_not_consumed() -> None:
+    offsets = MemoryOffsets()
+    gate = asyncio.Event()
+    seen: list[int] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        seen.append(msgs[0].queue_offset)
+        await gate.wait()
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(8)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: len(seen) == 4, "four listener calls started")
+    closing = asyncio.create_task(svc.shutdown(5000))
+    gate.set()
+    await closing
+    assert seen == [0, 1, 2, 3]  # the four in progress finished; the rest never started
+    assert offsets.table[MQ] == 4  # the committed offset stays below what was not consumed
 
 
 async def test_listener_exception_and_bad_return_mean_reconsume_later() -> None:

@@ -45,8 +45,8 @@ pytestmark = pytest.mark.unit
 
 
 def test_consume_batch_must_fit_in_a_pull() -> None:
-    cfg = PushConsumerConfig("g", ("a:1",), consume_message_batch_max_size=32)
-    assert cfg.pull_batch_size == 32
+    cfg = PushConsumerConfig("g", ("a:1",), consume_message_batch_max_size=256)
+    assert cfg.pull_batch_size == 256
     with pytest.raises(ValueError, match=r"consume_message_batch_max_size.*pull_batch_size"):
         PushConsumerConfig("g", ("a:1",), consume_message_batch_max_size=8, pull_batch_size=4)
 

@@ -7,8 +7,15 @@ import asyncio
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rocketq.client.consumer.process_queue import CONSUME_TIMEOUT_MS, ConsumeLock, ProcessQueue
+from rocketq.client.consumer.process_queue import (
+    CONSUME_TIMEOUT_MS,
+    EXPIRED_SCAN_MAX,
+    ConsumeLock,
+    ProcessQueue,
+)
 from rocketq.codec import Prop
 from rocketq.message import ReceivedMessage
 
@@ -274,3 +281,118 @@ def test_concurrent_removals_from_threads_keep_counts_exact() -> None:
     assert (pq.msg_count, pq.msg_size_bytes) == (0, 0)
     assert max(results) == 4000
     assert results.count(4000) == 1  # only the removal that emptied the queue sees max + 1
+
+
+# ---- per-batch bookkeeping against a per-message model (issue 16) ---------------------------
+
+
+class ModelQueue:
+    """The ProcessQueue rules one message at a time: what the per-batch runs must match."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, ReceivedMessage] = {}
+        self.started: dict[int, int] = {}
+        self.consuming: dict[int, ReceivedMessage] = {}
+        self.offset_max = -1
+
+    def put(self, msgs: list[ReceivedMessage]) -> None:
+        for m in msgs:
+            if m.queue_offset not in self.waiting and m.queue_offset not in self.consuming:
+                self.waiting[m.queue_offset] = m
+            self.offset_max = max(self.offset_max, m.queue_offset)
+
+    def remove(self, msgs: list[ReceivedMessage]) -> int:
+        if not self.waiting:
+            return -1
+        for m in msgs:
+            if self.waiting.pop(m.queue_offset, None) is not None:
+                self.started.pop(m.queue_offset, None)
+        return min(self.waiting) if self.waiting else self.offset_max + 1
+
+    def take(self, n: int) -> list[int]:
+        taken = sorted(self.waiting)[:n]
+        for o in taken:
+            self.consuming[o] = self.waiting.pop(o)
+            self.started.pop(o, None)
+        return taken
+
+    def cached(self) -> list[ReceivedMessage]:
+        return [*self.waiting.values(), *self.consuming.values()]
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["pull", "put_old", "remove_slice", "remove_some", "start", "take",
+                         "again", "commit"]),
+        st.integers(0, 40),
+        st.integers(1, 12),
+        st.integers(0, 2**16),
+    ),
+    max_size=40,
+)  # fmt: skip
+
+
+@given(ops)
+@settings(max_examples=150, deadline=None)
+def test_per_batch_runs_answer_like_per_message_bookkeeping(steps: list) -> None:
+    clock = FakeClock()
+    pq, model = ProcessQueue(clock), ModelQueue()
+    next_offset = 0
+    for op, a, n, seed in steps:
+        clock.now_ms += 1
+        cached = sorted(model.waiting)
+        if op == "pull":  # a pull past everything, with gaps from filtered messages
+            batch = [msg(next_offset + i, b"x" * (i % 3 + 1)) for i in range(n) if (seed >> i) & 3]
+            next_offset += n
+            pq.put_messages(batch)
+            model.put(batch)
+        elif op == "put_old":  # re-pulled or lower offsets, possibly repeating cached ones
+            batch = [msg(max(0, next_offset - a) + i, b"yy") for i in range(n)]
+            pq.put_messages(batch)
+            model.put(batch)
+        elif op in ("remove_slice", "remove_some"):
+            picked = cached[a % len(cached) :][:n] if cached else [a]
+            if op == "remove_some":
+                picked = [o for i, o in enumerate(picked) if (seed >> i) & 1] + [a + 1000]
+            batch = [model.waiting.get(o) or msg(o) for o in picked]
+            assert pq.remove_messages(batch) == model.remove(batch)
+        elif op == "start" and cached:
+            batch = [model.waiting[o] for o in cached[a % len(cached) :][:n]]
+            pq.mark_consume_start(batch)
+            model.started.update((m.queue_offset, clock.now_ms) for m in batch)
+        elif op == "take":
+            assert [m.queue_offset for m in pq.take_messages(n)] == model.take(n)
+        elif op == "again" and model.consuming:
+            back = [m for o, m in sorted(model.consuming.items()) if (seed >> o % 16) & 1]
+            pq.make_messages_to_consume_again(back)
+            for m in back:
+                model.waiting[m.queue_offset] = model.consuming.pop(m.queue_offset)
+        elif op == "commit":
+            expected = max(model.consuming) + 1 if model.consuming else -1
+            model.consuming.clear()
+            assert pq.commit() == expected
+        cached = sorted(model.waiting)
+        assert pq.msg_count == len(model.cached())
+        assert pq.msg_size_bytes == sum(len(m.body) for m in model.cached())
+        assert pq.first_offset() == (cached[0] if cached else -1)
+        assert pq.last_offset() == (cached[-1] if cached else -1)
+        assert pq.max_span() == (cached[-1] - cached[0] if cached else 0)
+        stuck = []
+        for o in cached[:EXPIRED_SCAN_MAX]:
+            if o not in model.started or clock.now_ms - model.started[o] <= 3:
+                break
+            stuck.append(o)
+        assert [m.queue_offset for m in pq.expired_messages(clock.now_ms, 3)] == stuck
+
+
+def test_a_listener_batch_is_removed_as_one_slice_of_its_pull() -> None:
+    pq = ProcessQueue()
+    pulled = [msg(o, b"abc") for o in range(10, 42)]
+    pq.put_messages(pulled)
+    pq.put_messages([msg(o) for o in range(42, 50)])
+    assert pq.remove_messages(pulled[8:16]) == 10  # a later chunk finished first
+    assert pq.remove_messages(pulled[0:8]) == 26
+    assert (pq.msg_count, pq.msg_size_bytes) == (32 - 16 + 8, 16 * 3 + 8)
+    assert pq.remove_messages(pulled[16:]) == 42  # the first pull is gone; the second's head
+    assert pq.remove_messages(pulled[16:]) == 42  # removing twice changes nothing
+    assert pq.msg_count == 8

@@ -2,9 +2,15 @@
 
 Pulled messages are split into batches of ``consume_message_batch_max_size`` and each batch is
 one listener call. A plain function runs on a thread pool of ``consume_thread_max`` threads; a
-coroutine function runs on the event loop. Either way a semaphore of ``consume_thread_max``
-bounds the calls in progress, and the number of waiting batches is bounded by the pull flow
-control (1000 cached messages per queue), so nothing here grows without limit.
+coroutine function runs on the event loop. Batches wait in one FIFO and at most
+``consume_thread_max`` worker tasks take them off it, one listener call at a time each: that
+bounds the calls in progress as RocketMQ's pool does, without a task, a future and a semaphore
+wait per batch (with the default batch of one message those were most of the consumer's CPU per
+message, issue 16). A worker ends when the FIFO is empty; :meth:`ConsumeService.submit` starts
+workers again. A worker of a plain listener hands the pool an even share of the FIFO at a time
+(at most ``THREAD_GROUP_MAX`` batches, each still its own call), so a backlog costs one thread
+trip per few batches rather than per batch. The number of waiting batches is bounded by the pull
+flow control (1000 cached messages per queue), so nothing here grows without limit.
 
 After a call (``process_consume_result``):
 
@@ -34,6 +40,7 @@ import contextvars
 import functools
 import inspect
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -57,6 +64,11 @@ LOCAL_RETRY_DELAY_S = 5.0
 """SPEC §6.11: a message whose send-back failed is consumed again locally after 5 s."""
 EXPIRED_SEND_BACK_DELAY_LEVEL = 3
 """RocketMQ sends an expired message back with delay level 3 (10 s)."""
+
+THREAD_GROUP_MAX = 16
+"""Most listener batches one trip to the thread pool carries (plain listeners)."""
+_NOT_CALLED = object()
+"""A batch of a thread trip skipped because its queue was dropped first."""
 
 SendBack = Callable[[MessageQueue, ReceivedMessage, int], Awaitable[bool]]
 """Returns a failed message to the broker; True if the broker took it."""
@@ -133,13 +145,16 @@ class ConsumeService:
         self._send_back = send_back
         self.consume_timeout_ms = consume_timeout_ms
         self._local_retry_delay_s = local_retry_delay_s
-        self._slots = asyncio.Semaphore(thread_max)
+        self._workers_max = thread_max
+        # Batches waiting for a worker: (messages, their ProcessQueue, their queue).
+        self._waiting: deque[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue]] = deque()
+        self._workers = 0  # running _work tasks
         self._executor: ThreadPoolExecutor | None = None
         if not self._async:
             self._executor = ThreadPoolExecutor(
                 max_workers=thread_max, thread_name_prefix=f"consume-{group}"
             )
-        self._tasks: set[asyncio.Task[None]] = set()  # batches waiting for or in a listener
+        self._tasks: set[asyncio.Task[None]] = set()  # workers (each runs one call at a time)
         self._delayed: set[asyncio.Task[None]] = set()  # local retries waiting out their delay
         self._closed = False
         self.consumed_ok = 0
@@ -151,8 +166,130 @@ class ConsumeService:
         self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue, dispatch: bool
     ) -> None:
         """Consume ``msgs`` in batches (``dispatch`` is for orderly consumers; unused here)."""
-        for start in range(0, len(msgs), self._batch_max):
-            self._spawn(self._consume(msgs[start : start + self._batch_max], pq, mq))
+        if self._closed:
+            return
+        batch_max = self._batch_max
+        if len(msgs) <= batch_max:
+            self._waiting.append((msgs, pq, mq))
+        else:
+            for start in range(0, len(msgs), batch_max):
+                self._waiting.append((msgs[start : start + batch_max], pq, mq))
+        # One worker per waiting batch up to the cap; running workers pick up the rest.
+        for _ in range(min(len(self._waiting), self._workers_max - self._workers)):
+            self._workers += 1
+            self._spawn(self._work())
+
+    async def _work(self) -> None:
+        """Take batches off the FIFO until it is empty or the service closes."""
+        waiting = self._waiting
+        try:
+            while waiting and not self._closed:
+                if self._executor is None:
+                    msgs, pq, mq = waiting.popleft()
+                    await self._consume(msgs, pq, mq)
+                else:
+                    await self._consume_on_thread(self._take_group())
+        finally:
+            # Counted down here, not in a done callback: a submit running before that callback
+            # would see one worker too many and could leave its batch waiting.
+            self._workers -= 1
+
+    def _take_group(self) -> list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue]]:
+        """Plain listeners: the next batches for one thread hand-off — an even share of the
+        FIFO per worker (at most THREAD_GROUP_MAX), so every thread stays busy while a backlog
+        lasts and a lone batch still goes alone. The price: batches sharing a trip with a call
+        that hangs wait behind it (at most THREAD_GROUP_MAX - 1 of them, and only under a
+        backlog of more than one batch per thread)."""
+        share = -(-len(self._waiting) // self._workers_max)
+        return [self._waiting.popleft() for _ in range(max(1, min(share, THREAD_GROUP_MAX)))]
+
+    async def _consume_on_thread(
+        self, group: list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue]]
+    ) -> None:
+        """Call a plain listener on each batch of ``group`` in one trip to the thread pool.
+
+        One trip per batch (a future, a thread wake-up and a loop wake-up) cost a plain listener
+        more than the call itself. Each batch is still its own listener call with its own
+        context, span and consume-start time (set on the thread when its call starts); the
+        results are handled here in order, as :meth:`_consume` would.
+        """
+        items = []
+        for msgs, pq, mq in group:
+            if not pq.dropped:  # not consumed: the committed offset stays below them
+                reset_retry_topic(msgs, self._group)
+                items.append((msgs, pq, mq, ConsumeContext(mq)))
+        if not items:
+            return
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, self._call_group, items)
+        outcomes = await loop.run_in_executor(self._executor, call)
+        # Fewer outcomes than items: the group stopped at shutdown.
+        for (msgs, pq, mq, context), (outcome, error) in zip(items, outcomes, strict=False):
+            if outcome is _NOT_CALLED:
+                continue  # dropped before its call: the committed offset stays below it
+            result = await self._checked(outcome, error, msgs, mq)
+            if pq.dropped:
+                self._log_dropped(mq, msgs)
+            elif result is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
+                self.consumed_ok += len(msgs)
+                self._release(msgs, pq, mq)
+            else:
+                await self.process_consume_result(result, context, msgs, pq, mq)
+
+    def _call_group(
+        self, items: list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue, ConsumeContext]]
+    ) -> list[tuple[object, BaseException | None]]:
+        """On a pool thread: the listener on each batch; (what it returned, what it raised)."""
+        outcomes: list[tuple[object, BaseException | None]] = []
+        for msgs, pq, mq, context in items:
+            if self._closed:
+                break
+            if pq.dropped:  # only this queue's batch: the others of the group still run
+                outcomes.append((_NOT_CALLED, None))
+                continue
+            pq.mark_consume_start(msgs)
+            try:
+                if _tracing.enabled():
+                    with _tracing.process_span(self._group, mq, msgs):
+                        outcomes.append((self._listener(list(msgs), context), None))
+                else:
+                    outcomes.append((self._listener(list(msgs), context), None))
+            except Exception as exc:
+                outcomes.append((None, exc))
+        return outcomes
+
+    async def _checked(
+        self,
+        outcome: object,
+        error: BaseException | None,
+        msgs: list[ReceivedMessage],
+        mq: MessageQueue,
+    ) -> ConsumeResult | None:
+        """A plain listener's outcome as a result (awaiting what it returned if awaitable)."""
+        if error is None and inspect.isawaitable(outcome):
+            try:
+                outcome = await outcome
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = exc
+        if error is not None:
+            log.error(
+                "group %s: listener raised on %d message(s) of %s; they will be retried",
+                self._group,
+                len(msgs),
+                mq,
+                exc_info=error,
+            )
+            return None
+        if outcome is not None and not isinstance(outcome, ConsumeResult):
+            log.warning(
+                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
+                self._group,
+                outcome,
+            )
+            return None
+        return outcome
 
     def submit_later(
         self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue, delay_s: float
@@ -183,31 +320,45 @@ class ConsumeService:
         self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue
     ) -> None:
         if pq.dropped:
+            # Not consumed: the committed offset stays below these messages.
             return
-        async with self._slots:
-            if pq.dropped or self._closed:
-                # Not consumed: the committed offset stays below these messages.
-                return
-            context = ConsumeContext(mq)
-            reset_retry_topic(msgs, self._group)
-            pq.mark_consume_start(msgs)
-            result = await self._call_listener(list(msgs), context, mq)
+        context = ConsumeContext(mq)
+        reset_retry_topic(msgs, self._group)
+        pq.mark_consume_start(msgs)
+        result = await self._call_listener(list(msgs), context, mq)
         if pq.dropped:
-            log.warning(
-                "group %s: %s was dropped while %d message(s) were consumed; their result is "
-                "ignored and the new owner may consume them again",
-                self._group,
-                mq,
-                len(msgs),
-            )
+            self._log_dropped(mq, msgs)
+            return
+        if result is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
+            # The common outcome, without a coroutine for process_consume_result.
+            self.consumed_ok += len(msgs)
+            self._release(msgs, pq, mq)
             return
         await self.process_consume_result(result, context, msgs, pq, mq)
+
+    def _log_dropped(self, mq: MessageQueue, msgs: list[ReceivedMessage]) -> None:
+        log.warning(
+            "group %s: %s was dropped while %d message(s) were consumed; their result is "
+            "ignored and the new owner may consume them again",
+            self._group,
+            mq,
+            len(msgs),
+        )
+
+    def _release(self, done: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue) -> None:
+        """Forget consumed messages and move the offset to the smallest one still in flight."""
+        offset = pq.remove_messages(done)
+        if offset >= 0 and not pq.dropped:
+            self._offsets.update_offset(mq, offset, increase_only=True)
 
     async def _call_listener(
         self, msgs: list[ReceivedMessage], context: ConsumeContext, mq: MessageQueue
     ) -> ConsumeResult | None:
         try:
-            with _tracing.process_span(self._group, mq, msgs):
+            if _tracing.enabled():
+                with _tracing.process_span(self._group, mq, msgs):
+                    outcome = await invoke_listener(self._listener, self._executor, msgs, context)
+            else:  # without the context manager's generator: a tenth of the cost per call
                 outcome = await invoke_listener(self._listener, self._executor, msgs, context)
         except asyncio.CancelledError:
             raise
@@ -264,9 +415,7 @@ class ConsumeService:
                 kept = {id(m) for m in retry_here}
                 done = [m for m in msgs if id(m) not in kept]
                 self.submit_later(retry_here, pq, mq, self._local_retry_delay_s)
-        offset = pq.remove_messages(done)
-        if offset >= 0 and not pq.dropped:
-            self._offsets.update_offset(mq, offset, increase_only=True)
+        self._release(done, pq, mq)
 
     # ---- expiry (SPEC §6.13) ----------------------------------------------------------------
 
@@ -288,9 +437,7 @@ class ConsumeService:
                     self.consume_timeout_ms,
                 )
                 if await self._send_back(mq, msg, EXPIRED_SEND_BACK_DELAY_LEVEL):
-                    offset = pq.remove_messages([msg])
-                    if offset >= 0 and not pq.dropped:
-                        self._offsets.update_offset(mq, offset, increase_only=True)
+                    self._release([msg], pq, mq)
                     released += 1
                 else:
                     # Consume it again here; whichever call finishes first releases it, and
@@ -304,6 +451,7 @@ class ConsumeService:
     async def shutdown(self, await_termination_ms: int) -> None:
         """Stop taking work; wait up to ``await_termination_ms`` for calls in progress."""
         self._closed = True
+        self._waiting.clear()  # not consumed: the committed offsets stay below them
         for task in list(self._delayed):
             task.cancel()
         tasks = list(self._tasks)

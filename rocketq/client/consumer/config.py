@@ -1,7 +1,8 @@
 """Consumer configuration and the small types a listener sees (SPEC §6.1, §6.2, §6.11, §6.12).
 
-Every default is RocketMQ's (``DefaultMQPushConsumer`` / ``DefaultLitePullConsumer``), so a
-RocketMQ user finds the numbers they know, renamed only to put units last:
+Every default but one is RocketMQ's (``DefaultMQPushConsumer`` / ``DefaultLitePullConsumer``),
+so a RocketMQ user finds the numbers they know, renamed only to put units last. The exception is
+``pull_batch_size`` (RocketMQ: 32), see its note:
 
 | RocketMQ field                  | here                                 | default        |
 |---------------------------------|--------------------------------------|----------------|
@@ -15,7 +16,7 @@ RocketMQ user finds the numbers they know, renamed only to put units last:
 | pullThresholdSizeForQueue (MiB) | pull_threshold_size_for_queue_mib    | 100            |
 | pullInterval                    | pull_interval_ms                     | 0              |
 | consumeMessageBatchMaxSize      | consume_message_batch_max_size       | 1              |
-| pullBatchSize                   | pull_batch_size                      | 32             |
+| pullBatchSize                   | pull_batch_size                      | 256 (RMQ: 32)  |
 | maxReconsumeTimes               | max_reconsume_times                  | -1 (group's)   |
 | consumeTimeout (minutes)        | consume_timeout_minutes              | 15             |
 | suspendCurrentQueueTimeMillis   | suspend_current_queue_time_ms        | 1000           |
@@ -248,12 +249,18 @@ class PushConsumerConfig:
     client_ip: str | None = None
     """IP part of the client id ("ip@instance"); None = this host's address."""
     consume_thread_max: int = 20
-    """Listener calls running at once (thread pool size for plain listeners, semaphore for async
-    ones)."""
+    """Listener calls running at once (thread pool size for plain listeners; worker tasks on the
+    event loop for every listener)."""
     consume_message_batch_max_size: int = 1
     """Messages per listener call (SPEC §6.18), 1..pull_batch_size."""
-    pull_batch_size: int = 32
-    """Messages asked for per pull, 1..1024."""
+    pull_batch_size: int = 256
+    """Messages asked for per pull, 1..1024. RocketMQ asks for 32; RocketQ for 256 because a pull
+    call costs a Python client and broker a few hundred µs of CPU whatever it carries, and 32
+    messages of 1 KiB fill an eighth of the broker's byte cap per pull (256 KiB,
+    maxTransferBytesOnMessageInMemory, which still bounds every pull's memory). Measured on a
+    drain of 1 KiB messages (issue 16): broker CPU per message 15 → 6.5 µs, client 22 → 16.5 µs.
+    256 is a quarter of ``pull_threshold_for_queue``, so flow control stays fine-grained. A
+    broker gives at most its maxTransferCountOnMessageInMemory (RocketQ's default is 256 too)."""
     pull_interval_ms: int = 0
     """Pause between two pulls of one queue; 0 pulls again at once."""
     pull_threshold_for_queue: int = 1000

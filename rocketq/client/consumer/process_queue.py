@@ -20,20 +20,27 @@ listener has handled them. The structure serves four jobs:
   last saw it) and :attr:`ProcessQueue.consume_lock`, held around every listener call so the
   rebalance can wait for a running call before it gives the queue away.
 
-Design: offsets are kept in a plain sorted list (``bisect``) beside a dict of messages. Offsets
-arrive almost always in increasing order, so inserts are appends, and removals are a memmove of
-at most a few thousand pointers (the flow-control bound) — cheaper in CPython than any balanced
-tree written in Python. Every method takes one ``threading.Lock``: pulls run on the event loop
-while synchronous listeners finish on a thread pool.
+Design (issue 16: bookkeeping per pulled batch, not per message): each pulled batch stays one
+:class:`_Run` — its messages and offsets in lists as pulled, a ``bytearray`` of waiting flags,
+consume start times and a running sum of body sizes — and the runs are kept in offset order
+without overlapping. A listener batch is almost always a consecutive slice of one run, so
+removing it or marking it started is a handful of slice operations whatever its length, and the
+commit offset is the first waiting flag of the first run (runs with nothing waiting are
+dropped at once). Anything else (a message put twice, offsets below what is cached, orderly
+messages put back after their run went) takes a per-message path, and an insert that does not
+fit after the last run rebuilds the runs as one — rare, and bounded by the flow-control limit
+of a few thousand messages. Every method takes one ``threading.Lock``: pulls run on the event
+loop while synchronous listeners finish on a thread pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from rocketq.codec import Prop
 from rocketq.message import ReceivedMessage
@@ -121,6 +128,44 @@ class ConsumeLock:
             self._add_waiter(-1)
 
 
+class _Run:
+    """One pulled batch as cached: offsets ascending, ``waiting[i]`` 1 until message i is
+    removed (or, orderly, taken), ``started_ms[i]`` 0 until its listener call starts,
+    ``size_before[i]`` the body bytes of messages 0..i-1. ``head`` is the first waiting index
+    and ``left`` how many wait (a run with none left is dropped)."""
+
+    __slots__ = ("head", "left", "msgs", "offsets", "size_before", "started_ms", "waiting")
+
+    def __init__(self, msgs: list[ReceivedMessage], offsets: list[int]) -> None:
+        self.msgs = msgs
+        self.offsets = offsets
+        self.waiting = bytearray(b"\x01") * len(msgs)
+        self.started_ms = [0] * len(msgs)
+        self.size_before = [0, *itertools.accumulate(len(m.body) for m in msgs)]
+        self.head = 0
+        self.left = len(msgs)
+
+    def index(self, offset: int) -> int:
+        """Index of ``offset`` here, or -1."""
+        offsets = self.offsets
+        i = offset - offsets[0]  # exact when the run has no gaps (nothing filtered out)
+        if not (0 <= i < len(offsets) and offsets[i] == offset):
+            i = bisect.bisect_left(offsets, offset)
+            if i == len(offsets) or offsets[i] != offset:
+                return -1
+        return i
+
+    def slice_of(self, msgs: Sequence[ReceivedMessage]) -> int:
+        """Start index when ``msgs`` are consecutive messages of this run, else -1."""
+        start = self.index(msgs[0].queue_offset)
+        if start < 0 or len(msgs) == 1:
+            return start
+        end = start + len(msgs)
+        if self.offsets[start:end] != [m.queue_offset for m in msgs]:
+            return -1
+        return start
+
+
 class ProcessQueue:
     """Messages pulled from one queue and not yet consumed, in queue-offset order.
 
@@ -131,11 +176,11 @@ class ProcessQueue:
     def __init__(self, clock: Callable[[], int] = wall_clock_ms) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._msgs: dict[int, ReceivedMessage] = {}
-        self._offsets: list[int] = []  # the keys of _msgs, sorted
-        self._count = 0  # messages in _msgs and _consuming
+        self._runs: list[_Run] = []  # in offset order, none overlapping, each with left > 0
+        self._run_starts: list[int] = []  # first offset of each run (for bisect)
+        self._waiting = 0  # messages waiting in _runs
+        self._count = 0  # messages waiting and in _consuming
         self._size_bytes = 0  # their body bytes
-        self._consume_start_ms: dict[int, int] = {}
         # Orderly mode: messages handed to the listener and not yet committed.
         self._consuming: dict[int, ReceivedMessage] = {}
         self._dispatching = False
@@ -175,17 +220,29 @@ class ProcessQueue:
     def first_offset(self) -> int:
         """Smallest queue offset waiting here, or -1 if none."""
         with self._lock:
-            return self._offsets[0] if self._offsets else -1
+            return self._first_locked()
 
     def last_offset(self) -> int:
         """Largest queue offset waiting here, or -1 if none."""
         with self._lock:
-            return self._offsets[-1] if self._offsets else -1
+            return self._last_locked()
 
     def max_span(self) -> int:
         """Largest minus smallest waiting offset (0 when fewer than two are waiting)."""
         with self._lock:
-            return self._offsets[-1] - self._offsets[0] if self._offsets else 0
+            return self._last_locked() - self._first_locked() if self._runs else 0
+
+    def _first_locked(self) -> int:
+        if not self._runs:
+            return -1
+        run = self._runs[0]
+        return run.offsets[run.head]
+
+    def _last_locked(self) -> int:
+        if not self._runs:
+            return -1
+        run = self._runs[-1]
+        return run.offsets[run.waiting.rfind(1)]
 
     def is_lock_expired(self, now_ms: int, lock_max_live_ms: int) -> bool:
         """Orderly: True if the broker lock was not taken or renewed within
@@ -210,27 +267,98 @@ class ProcessQueue:
         task is draining the queue, in which case the caller must start one. (Concurrent
         consumers submit every batch and ignore the flag.)
         """
+        batch = msgs if isinstance(msgs, list) else list(msgs)
         with self._lock:
-            last: ReceivedMessage | None = None
-            for msg in msgs:
-                offset = msg.queue_offset
-                last = msg
-                if offset in self._msgs or offset in self._consuming:
-                    continue
-                self._msgs[offset] = msg
-                if not self._offsets or offset > self._offsets[-1]:
-                    self._offsets.append(offset)
+            if batch:
+                offsets = [m.queue_offset for m in batch]
+                if offsets[0] > self.queue_offset_max and _strictly_increasing(offsets):
+                    # A pull past everything cached: nothing here can repeat one of these.
+                    self._append_run(_Run(batch, offsets))
                 else:
-                    bisect.insort(self._offsets, offset)
-                self._count += 1
-                self._size_bytes += len(msg.body)
-            if last is not None:
-                self.queue_offset_max = max(self.queue_offset_max, last.queue_offset)
+                    self._insert_slow(batch)
+                last = batch[-1]
+                top = max(offsets)
+                self.queue_offset_max = max(self.queue_offset_max, top)
                 self._update_acc_count(last)
-            dispatch = bool(self._msgs) and not self._dispatching
+            dispatch = self._waiting > 0 and not self._dispatching
             if dispatch:
                 self._dispatching = True
             return dispatch
+
+    def _append_run(self, run: _Run) -> None:
+        self._runs.append(run)
+        self._run_starts.append(run.offsets[0])
+        self._waiting += run.left
+        self._count += run.left
+        self._size_bytes += run.size_before[-1]
+
+    def _insert_slow(self, batch: list[ReceivedMessage]) -> None:
+        """Add the messages of ``batch`` not cached yet, keeping the runs ordered."""
+        fresh: dict[int, ReceivedMessage] = {}
+        for msg in batch:
+            offset = msg.queue_offset
+            if offset not in fresh and offset not in self._consuming and not self._has(offset):
+                fresh[offset] = msg
+        if not fresh:
+            return
+        offsets = sorted(fresh)
+        if not self._runs or offsets[0] > self._runs[-1].offsets[-1]:
+            self._append_run(_Run([fresh[o] for o in offsets], offsets))
+            return
+        self._rebuild(fresh)
+
+    def _rebuild(self, fresh: dict[int, ReceivedMessage]) -> None:
+        """Merge every waiting message and ``fresh`` into one run (the rare out-of-order path)."""
+        entries = dict(fresh)
+        started: dict[int, int] = {}
+        for run in self._runs:
+            for i, flag in enumerate(run.waiting):
+                if flag:
+                    entries[run.offsets[i]] = run.msgs[i]
+                    started[run.offsets[i]] = run.started_ms[i]
+        self._count -= self._waiting
+        self._size_bytes -= sum(len(m.body) for o, m in entries.items() if o not in fresh)
+        self._waiting = 0
+        self._runs.clear()
+        self._run_starts.clear()
+        offsets = sorted(entries)
+        run = _Run([entries[o] for o in offsets], offsets)
+        run.started_ms = [started.get(o, 0) for o in offsets]
+        self._append_run(run)
+
+    def _find(self, offset: int) -> tuple[int, int]:
+        """(run index, index in the run) of a cached ``offset`` (waiting or not), or (-1, -1)."""
+        r = bisect.bisect_right(self._run_starts, offset) - 1
+        if r < 0:
+            return -1, -1
+        i = self._runs[r].index(offset)
+        return (r, i) if i >= 0 else (-1, -1)
+
+    def _has(self, offset: int) -> bool:
+        r, i = self._find(offset)
+        return r >= 0 and self._runs[r].waiting[i] == 1
+
+    def _locate_slice(self, msgs: list[ReceivedMessage]) -> tuple[int, int]:
+        """(run index, start) when ``msgs`` are consecutive in one run, else (-1, -1)."""
+        r = bisect.bisect_right(self._run_starts, msgs[0].queue_offset) - 1
+        if r < 0:
+            return -1, -1
+        start = self._runs[r].slice_of(msgs)
+        return (r, start) if start >= 0 else (-1, -1)
+
+    def _unwait(self, r: int, i: int, n: int) -> int:
+        """Clear waiting flags i..i+n-1 of run ``r`` (all set); returns their body bytes."""
+        run = self._runs[r]
+        run.waiting[i : i + n] = bytes(n)
+        run.left -= n
+        self._waiting -= n
+        size = run.size_before[i + n] - run.size_before[i]
+        if run.left == 0:
+            del self._runs[r]
+            del self._run_starts[r]
+        elif run.head >= i:
+            run.head = run.waiting.find(1, run.head)
+        return size
 
     def _update_acc_count(self, last: ReceivedMessage) -> None:
         max_offset = last.properties.get(Prop.MAX_OFFSET, "")
@@ -243,32 +371,60 @@ class ProcessQueue:
         That is the smallest offset still waiting; ``queue_offset_max + 1`` when none is left;
         -1 when nothing was cached at all (nothing to commit).
         """
+        batch = msgs if isinstance(msgs, list) else list(msgs)
         with self._lock:
             self.last_consume_timestamp_ms = self._clock()
-            if not self._msgs:
+            if not self._waiting:
                 return -1
-            for msg in msgs:
-                offset = msg.queue_offset
-                removed = self._msgs.pop(offset, None)
-                if removed is None:
-                    continue
-                del self._offsets[bisect.bisect_left(self._offsets, offset)]
-                self._consume_start_ms.pop(offset, None)
-                self._count -= 1
-                self._size_bytes -= len(removed.body)
-            return self._offsets[0] if self._offsets else self.queue_offset_max + 1
+            if batch:
+                r, start = self._locate_slice(batch)
+                n = len(batch)
+                if r >= 0 and self._runs[r].waiting.count(1, start, start + n) == n:
+                    removed_bytes = self._unwait(r, start, n)  # the usual case: one slice
+                    removed = n
+                else:
+                    removed, removed_bytes = self._remove_each(batch)
+                self._count -= removed
+                self._size_bytes -= removed_bytes
+            first = self._first_locked()
+            return first if first >= 0 else self.queue_offset_max + 1
+
+    def _remove_each(self, batch: list[ReceivedMessage]) -> tuple[int, int]:
+        removed = removed_bytes = 0
+        for msg in batch:
+            r, i = self._find(msg.queue_offset)
+            if r >= 0 and self._runs[r].waiting[i]:
+                removed_bytes += self._unwait(r, i, 1)
+                removed += 1
+        return removed, removed_bytes
 
     # ---- consume timeout (SPEC §6.13) -------------------------------------------------------
 
     def mark_consume_start(
-        self, msgs: Iterable[ReceivedMessage], now_ms: int | None = None
+        self, msgs: Sequence[ReceivedMessage], now_ms: int | None = None
     ) -> None:
         """Record that the listener is starting on ``msgs`` (call just before invoking it)."""
+        if not msgs:
+            return
         start_ms = self._clock() if now_ms is None else now_ms
+        batch = msgs if isinstance(msgs, list) else list(msgs)
         with self._lock:
-            for msg in msgs:
-                if msg.queue_offset in self._msgs:
-                    self._consume_start_ms[msg.queue_offset] = start_ms
+            r, start = self._locate_slice(batch)
+            if r >= 0:
+                self._runs[r].started_ms[start : start + len(batch)] = [start_ms] * len(batch)
+                return
+            for msg in batch:
+                r, i = self._find(msg.queue_offset)
+                if r >= 0:
+                    self._runs[r].started_ms[i] = start_ms
+
+    def _waiting_entries(self) -> Iterable[tuple[_Run, int]]:
+        """(run, index) of every waiting message, in offset order (call under the lock)."""
+        for run in self._runs:
+            i = run.head
+            while i >= 0:
+                yield run, i
+                i = run.waiting.find(1, i + 1)
 
     def expired_messages(
         self,
@@ -285,11 +441,11 @@ class ProcessQueue:
         """
         expired: list[ReceivedMessage] = []
         with self._lock:
-            for offset in self._offsets[:scan_max]:
-                start_ms = self._consume_start_ms.get(offset)
-                if start_ms is None or now_ms - start_ms <= consume_timeout_ms:
+            for run, i in itertools.islice(self._waiting_entries(), scan_max):
+                start_ms = run.started_ms[i]
+                if start_ms == 0 or now_ms - start_ms <= consume_timeout_ms:
                     break
-                expired.append(self._msgs[offset])
+                expired.append(run.msgs[i])
         return expired
 
     # ---- orderly consumption ----------------------------------------------------------------
@@ -303,9 +459,18 @@ class ProcessQueue:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         with self._lock:
             self.last_consume_timestamp_ms = self._clock()
-            taken = self._offsets[:batch_size]
-            del self._offsets[:batch_size]
-            batch = [self._msgs.pop(offset) for offset in taken]
+            batch: list[ReceivedMessage] = []
+            while self._runs and len(batch) < batch_size:
+                run = self._runs[0]
+                # Orderly runs wait as one block from the head (taken from the front, put back
+                # at the front), so this is usually a single slice.
+                n = min(batch_size - len(batch), run.left)
+                end = run.head + n
+                if run.waiting.count(1, run.head, end) != n:
+                    end = run.head + 1
+                    n = 1
+                batch.extend(run.msgs[run.head : end])
+                self._unwait(0, run.head, n)
             for msg in batch:
                 self._consuming[msg.queue_offset] = msg
             if not batch:
@@ -326,20 +491,33 @@ class ProcessQueue:
     def make_messages_to_consume_again(self, msgs: Iterable[ReceivedMessage]) -> None:
         """Orderly: put messages of the consuming set back, to be taken again first."""
         with self._lock:
+            again: dict[int, ReceivedMessage] = {}
             for msg in msgs:
-                offset = msg.queue_offset
-                if self._consuming.pop(offset, None) is None:
-                    continue
-                self._msgs[offset] = msg
-                bisect.insort(self._offsets, offset)
+                if self._consuming.pop(msg.queue_offset, None) is not None:
+                    again[msg.queue_offset] = msg
+            if not again:
+                return
+            # Counted while consuming; _append_run / _rebuild count them again as waiting.
+            self._count -= len(again)
+            self._size_bytes -= sum(len(m.body) for m in again.values())
+            offsets = sorted(again)
+            if not self._runs or offsets[-1] < self._runs[0].offsets[0]:
+                run = _Run([again[o] for o in offsets], offsets)
+                self._runs.insert(0, run)
+                self._run_starts.insert(0, offsets[0])
+                self._waiting += run.left
+                self._count += run.left
+                self._size_bytes += run.size_before[-1]
+            else:
+                self._rebuild(again)
 
     def clear(self) -> None:
         """Forget every message (the queue was dropped and will be rebuilt from its offset)."""
         with self._lock:
-            self._msgs.clear()
-            self._offsets.clear()
+            self._runs.clear()
+            self._run_starts.clear()
+            self._waiting = 0
             self._consuming.clear()
-            self._consume_start_ms.clear()
             self._count = 0
             self._size_bytes = 0
             self._dispatching = False
@@ -349,3 +527,8 @@ class ProcessQueue:
             f"ProcessQueue(count={self._count}, size_bytes={self._size_bytes}, "
             f"offset_max={self.queue_offset_max}, dropped={self.dropped}, locked={self.locked})"
         )
+
+
+def _strictly_increasing(offsets: list[int]) -> bool:
+    """True when ``offsets`` ascend without repeats (a pull's always do; checked in C)."""
+    return len(offsets) < 2 or (offsets == sorted(offsets) and len(set(offsets)) == len(offsets))
