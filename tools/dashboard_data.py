@@ -139,7 +139,7 @@ def record(seconds: float) -> list[Scrape]:
     os.environ["ROCKETQ_NAMESERVER_METRICSPORT"] = str(ports["namesrv"])
     try:
         dev_up.main(
-            ["--dir", str(base), "--namesrv-port", "0", "--broker-port", "0", "--timer-port",
+            ["--dir", str(base), "--namesrv-port", "0", "--broker-port", "0", "--gateway-port", "0", "--timer-port",
              "0", "--detach", "--no-demo",
              "--set", f"metricsPort={ports['broker']}",
              "--timer-set", f"metricsPort={ports['timer']}",

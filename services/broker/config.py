@@ -204,9 +204,9 @@ class BrokerConfig:
     trace_file: str = ""
     """[traceFile] The file exporter's JSON-lines output (a path)."""
     # -- gateway (apache.rocketmq.v2, services/broker/gateway) --
-    gateway_port: int = 0
-    """[gatewayPort] Port of the RocketMQ 5 gRPC gateway for the official SDKs; 0 = off. Off by
-    default until the gateway covers the whole protocol (then 8081, DESIGN.md §7)."""
+    gateway_port: int = 8081
+    """[gatewayPort] Port of the RocketMQ 5 gRPC gateway for the official SDKs (DESIGN.md §7);
+    0 = off. Several brokers on one host need one port each (or 0)."""
     gateway_auto_renew_invisible_ms: int = 60_000
     """[gatewayAutoRenewInvisibleMs] How long a push consumer's message (received with
     auto_renew) is hidden at a time; the gateway renews it at half that until the ack."""

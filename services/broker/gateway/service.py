@@ -1,6 +1,6 @@
 """``apache.rocketmq.v2.MessagingService`` on a broker: the official RocketMQ 5 SDKs' protocol.
 
-Served on ``gatewayPort`` (0 = off, the default for now) by its own grpc.aio server, beside the
+Served on ``gatewayPort`` (8081 by default, 0 = off) by its own grpc.aio server, beside the
 native ``rocketq.v1`` services. It translates; the work is the broker's own:
 
 | v2 RPC                     | here                                                          |
