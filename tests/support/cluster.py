@@ -159,7 +159,7 @@ class Cluster(spawning.Cluster):
         return {"gatewayPort": self.gateway_ports.setdefault(name, spawning.free_port())}
 
     def gateway_addr(self, sp: ServiceProcess) -> str:
-        """``127.0.0.1:port`` of broker ``sp``'s RocketMQ 5 gateway (the cluster has ``gateway``)."""
+        """``127.0.0.1:port`` of broker ``sp``'s RocketMQ 5 gateway (with ``gateway=True``)."""
         assert self.gateway_ports is not None, "the cluster was started without gateway=True"
         return f"127.0.0.1:{self.gateway_ports[sp.name]}"
 
