@@ -236,13 +236,6 @@ class BrokerConfig:
             raise ValueError(f"brokerRole {self.broker_role!r}: use one of {BROKER_ROLES}")
         if not 0 <= self.gateway_port <= 65535:
             raise ValueError(f"gatewayPort {self.gateway_port}: 0 (off) or a port number")
-        if self.gateway_port and self.acl_enable:
-            # The gateway does not check the official SDKs' signatures yet: serving it beside
-            # access control would open an unauthenticated way around it.
-            raise ValueError(
-                "gatewayPort with aclEnable=true: the RocketMQ 5 gateway does not enforce access "
-                "control yet; turn one of them off (gatewayPort=0 or aclEnable=false)"
-            )
         if not 1_000 <= self.gateway_auto_renew_invisible_ms <= 3_600_000:
             raise ValueError(
                 f"gatewayAutoRenewInvisibleMs {self.gateway_auto_renew_invisible_ms}: "

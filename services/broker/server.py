@@ -122,13 +122,17 @@ class Broker:
             return
         # Imported only when on: its classes are generated at setup (tools/gen_protos.py --v2),
         # and a broker without the gateway must start without them.
+        from services.broker.gateway.auth import GatewayAclGuard  # noqa: PLC0415
         from services.broker.gateway.service import (  # noqa: PLC0415
             SERVICE_NAME,
             GatewayService,
             add_to_server,
         )
 
-        server = grpc_server.create_server()
+        acl = self.security.acl if self.security.acl_enable else None
+        # The official SDKs sign like RocketQ's own: the same users, rules and refusals, said
+        # in the v2 protocol's statuses (gateway/auth.py)
+        server = grpc_server.create_server(acl_guard=GatewayAclGuard(acl) if acl else None)
         gateway = GatewayService(
             config=cfg, messaging=self.messaging, host=cfg.advertised_host, port=cfg.gateway_port
         )

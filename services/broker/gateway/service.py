@@ -49,6 +49,7 @@ from rocketq._api.rocketq.v1 import (
     nameserver_pb2,
     nameserver_pb2_grpc,
 )
+from rocketq.client.security import security_channel
 from rocketq.codec import Prop
 from rocketq.java_hash import java_string_hash
 from services.broker.config import BrokerConfig
@@ -81,6 +82,7 @@ LONG_POLLING_MIN_MS = 5_000
 LONG_POLLING_MAX_MS = 20_000
 RECEIVE_BATCH_SIZE = 32
 ROUTE_TIMEOUT_S = 3.0
+ROUTE_CHANNEL_OPTIONS: list[tuple[str, Any]] = []
 ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
 GATEWAY_PRODUCER_GROUP = "rmq_v2_gateway"
 """The producer group of every message sent through the gateway (v2 messages name none)."""
@@ -136,7 +138,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         """None when no nameserver could be asked (not configured, or none answered)."""
         for addr in self.config.namesrv_addrs:
             try:
-                async with grpc.aio.insecure_channel(addr) as channel:
+                # TLS and the internal user's signature when the nameservers require them
+                async with security_channel(addr, ROUTE_CHANNEL_OPTIONS) as channel:
                     response = await nameserver_pb2_grpc.NameServerStub(
                         channel
                     ).GetRouteInfoByTopic(
