@@ -99,7 +99,7 @@ class Broker:
         admin = self._build_services(config_dir)
         await self.store.start()
         await self.server.start()
-        await self._start_gateway()
+        await self._start_gateway(admin)
         self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
         self._start_background(admin)
         broker_metrics.install(lambda: runtime_stats(admin), self.offsets, self.store)
@@ -115,8 +115,9 @@ class Broker:
         )
         return self.advertised_addr
 
-    async def _start_gateway(self) -> None:
-        """The apache.rocketmq.v2 gateway on its own server, when gatewayPort is set."""
+    async def _start_gateway(self, admin: AdminService) -> None:
+        """The apache.rocketmq.v2 gateway on its own server, when gatewayPort is set (and its
+        connected clients for the Admin RPC AskGatewayClient)."""
         cfg = self.config
         if cfg.gateway_port <= 0:
             return
@@ -143,6 +144,7 @@ class Broker:
         )
         await server.start()
         self.gateway_server = server
+        admin.gateway_commands = gateway.commands
         self._spawn(gateway.renew.run())
         log.info(
             "apache.rocketmq.v2 gateway serving at %s:%d", cfg.advertised_host, cfg.gateway_port

@@ -24,11 +24,16 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 |                            | as a half message; its transaction id locates it)             |
 | PullMessage, UpdateOffset, | the broker's pull and consumer offsets (gateway/pull.py)      |
 | GetOffset, QueryOffset     |                                                               |
+| (access control)           | with aclEnable, the SDKs' signatures against the ACL file and |
+|                            | the broker port's rules; refusals as UNAUTHORIZED / FORBIDDEN |
+|                            | statuses (gateway/auth.py)                                    |
+| Telemetry server commands  | thread stack / verify message asked by an admin (Admin        |
+|                            | AskGatewayClient, ``rocketq gateway ask``: gateway/commands.py) |
 
 Not yet: FIFO per message group (a group is hashed to a queue and the whole queue is held),
 transaction check-backs (RecoverOrphanedTransactionCommand on Telemetry: an unresolved half
 message is checked with no producer to ask, then discarded), the server-side auto-renew of push
-consumers' invisible time, the SDKs' authorization, the other RPCs (grpc answers UNIMPLEMENTED).
+consumers' invisible time, the other RPCs (grpc answers UNIMPLEMENTED).
 The facts behind the choices are in the shared brief v2-protocol.md.
 """
 
@@ -56,6 +61,7 @@ from services.broker.config import BrokerConfig
 from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
+from services.broker.gateway.commands import ClientCommands
 from services.broker.gateway.pull import PullOffsets
 from services.broker.gateway.renew import RenewTable
 from services.broker.gateway.telemetry import TelemetrySession, client_id_of, heartbeat
@@ -107,6 +113,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             messaging.pops, config.gateway_auto_renew_invisible_ms, messaging.clock
         )
         self.pulls = PullOffsets(messaging)
+        self.commands = ClientCommands(messaging.queries)
+        """Connected clients, for the Admin RPC AskGatewayClient (gateway/commands.py)."""
 
     def _endpoints(self) -> Any:
         return _endpoints(self.host, self.port)
@@ -212,6 +220,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             check_command=self._check_command,
             client_id=client_id_of(context),
             peer=context.peer(),
+            commands=self.commands,
         )
         async for item in session.run(request_iterator):
             yield item
