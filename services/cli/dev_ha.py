@@ -81,6 +81,10 @@ def dev_up_ha(
         write_pids(base, {**known, "timer": addrs.get("timer", "")}, children)
     master_pid = next(c.pid for c in children if c.addr == master_addr)
     _summary_ha(base, addrs, replicas, (master_id, master_pid, epoch), detach)
+    if ports.gateway:
+        last = ports.gateway + replicas - 1
+        click.echo(f"RocketMQ 5 gateway (official SDKs' endpoint): 127.0.0.1:{ports.gateway}"
+                   f" (replica K: {ports.gateway} + K - 1, up to {last})")  # fmt: skip
     if not detach:
         supervise(children, expendable=(REPLICA_PREFIX,))
 
@@ -118,11 +122,11 @@ def _summary_ha(
 def _replica_args(
     base: Path, k: int, ports: HaPorts, etcd_addr: str, overrides: tuple[str, ...]
 ) -> list[str]:
-    """Broker flags of replica ``k``: SYNC_MASTER and its own gateway port unless the user says
-    otherwise, the user's keys, then the ones that give it its identity, store, port and etcd
-    (those win)."""
+    """Broker flags of replica ``k``: SYNC_MASTER unless the user says otherwise, the user's
+    keys, then the ones that give it its identity, store, ports and etcd (those win: replicas
+    share a host, so each needs its own ports)."""
     gateway = ports.gateway + k - 1 if ports.gateway else 0
-    args = ["--set", "brokerRole=SYNC_MASTER", "--set", f"gatewayPort={gateway}"]
+    args = ["--set", "brokerRole=SYNC_MASTER"]
     for item in overrides:
         args += ["--set", item]
     port = ports.broker + k - 1 if ports.broker else 0
@@ -132,6 +136,7 @@ def _replica_args(
         f"etcdEndpoints={etcd_addr}",
         "listenAddress=127.0.0.1",
         f"listenPort={port}",
+        f"gatewayPort={gateway}",
         "brokerIP1=127.0.0.1",
         f"storePathRootDir={base / f'store-{REPLICA_PREFIX}{k}'}",
     ):
