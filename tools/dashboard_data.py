@@ -140,7 +140,7 @@ def record(seconds: float) -> list[Scrape]:
     try:
         dev_up.main(
             ["--dir", str(base), "--namesrv-port", "0", "--broker-port", "0", "--timer-port",
-             "0", "--detach", "--no-demo",
+             "0", "--gateway-port", "0", "--detach", "--no-demo",
              "--set", f"metricsPort={ports['broker']}",
              "--timer-set", f"metricsPort={ports['timer']}",
              "--set", "transactionCheckInterval=3000", "--set", "transactionTimeout=2000",

@@ -122,6 +122,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         """Controller mode: role switches, Switchover and the controller stats (server.py)."""
         self.drainer: Drainer | None = None
         """DrainBroker (set by server.py, which owns the nameserver registration)."""
+        self.gateway_commands: Any = None
+        """AskGatewayClient: the v2 gateway's ClientCommands (server.py sets it when the gateway
+        runs; typed loosely: the gateway's classes exist only where it is generated)."""
         self.fanout = ClusterFanout(config, advertised_addr, fanout_timeout_ms)
         """Broker or cluster mode of a change (its ``timeout_ms`` is each master's)."""
         self.topic_admin = TopicAdmin(
@@ -293,3 +296,15 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         if self.drainer is None:
             precondition("this broker is still starting; drain it once it serves")
         return await self.drainer.drain(request)
+
+    @rpc
+    async def AskGatewayClient(
+        self, request: admin_pb2.AskGatewayClientRequest, context: Context
+    ) -> admin_pb2.AskGatewayClientResponse:
+        """A server command to an official-SDK client (services/broker/gateway/commands.py)."""
+        if self.gateway_commands is None:
+            precondition(
+                f"broker {self.config.broker_name} serves no RocketMQ 5 gateway (gatewayPort=0)"
+            )
+        response: admin_pb2.AskGatewayClientResponse = await self.gateway_commands.ask(request)
+        return response

@@ -204,9 +204,9 @@ class BrokerConfig:
     trace_file: str = ""
     """[traceFile] The file exporter's JSON-lines output (a path)."""
     # -- gateway (apache.rocketmq.v2, services/broker/gateway) --
-    gateway_port: int = 0
-    """[gatewayPort] Port of the RocketMQ 5 gRPC gateway for the official SDKs; 0 = off. Off by
-    default until the gateway covers the whole protocol (then 8081, DESIGN.md §7)."""
+    gateway_port: int = 8081
+    """[gatewayPort] Port of the RocketMQ 5 gRPC gateway for the official SDKs (DESIGN.md §7);
+    0 = off. Several brokers on one host need one port each (or 0)."""
     gateway_auto_renew_invisible_ms: int = 60_000
     """[gatewayAutoRenewInvisibleMs] How long a push consumer's message (received with
     auto_renew) is hidden at a time; the gateway renews it at half that until the ack."""
@@ -236,13 +236,6 @@ class BrokerConfig:
             raise ValueError(f"brokerRole {self.broker_role!r}: use one of {BROKER_ROLES}")
         if not 0 <= self.gateway_port <= 65535:
             raise ValueError(f"gatewayPort {self.gateway_port}: 0 (off) or a port number")
-        if self.gateway_port and self.acl_enable:
-            # The gateway does not check the official SDKs' signatures yet: serving it beside
-            # access control would open an unauthenticated way around it.
-            raise ValueError(
-                "gatewayPort with aclEnable=true: the RocketMQ 5 gateway does not enforce access "
-                "control yet; turn one of them off (gatewayPort=0 or aclEnable=false)"
-            )
         if not 1_000 <= self.gateway_auto_renew_invisible_ms <= 3_600_000:
             raise ValueError(
                 f"gatewayAutoRenewInvisibleMs {self.gateway_auto_renew_invisible_ms}: "

@@ -99,7 +99,7 @@ class Broker:
         admin = self._build_services(config_dir)
         await self.store.start()
         await self.server.start()
-        await self._start_gateway()
+        await self._start_gateway(admin)
         self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
         self._start_background(admin)
         broker_metrics.install(lambda: runtime_stats(admin), self.offsets, self.store)
@@ -115,20 +115,25 @@ class Broker:
         )
         return self.advertised_addr
 
-    async def _start_gateway(self) -> None:
-        """The apache.rocketmq.v2 gateway on its own server, when gatewayPort is set."""
+    async def _start_gateway(self, admin: AdminService) -> None:
+        """The apache.rocketmq.v2 gateway on its own server, when gatewayPort is set (and its
+        connected clients for the Admin RPC AskGatewayClient)."""
         cfg = self.config
         if cfg.gateway_port <= 0:
             return
         # Imported only when on: its classes are generated at setup (tools/gen_protos.py --v2),
         # and a broker without the gateway must start without them.
+        from services.broker.gateway.auth import GatewayAclGuard  # noqa: PLC0415
         from services.broker.gateway.service import (  # noqa: PLC0415
             SERVICE_NAME,
             GatewayService,
             add_to_server,
         )
 
-        server = grpc_server.create_server()
+        acl = self.security.acl if self.security.acl_enable else None
+        # The official SDKs sign like RocketQ's own: the same users, rules and refusals, said
+        # in the v2 protocol's statuses (gateway/auth.py)
+        server = grpc_server.create_server(acl_guard=GatewayAclGuard(acl) if acl else None)
         gateway = GatewayService(
             config=cfg, messaging=self.messaging, host=cfg.advertised_host, port=cfg.gateway_port
         )
@@ -139,6 +144,7 @@ class Broker:
         )
         await server.start()
         self.gateway_server = server
+        admin.gateway_commands = gateway.commands
         self._spawn(gateway.renew.run())
         log.info(
             "apache.rocketmq.v2 gateway serving at %s:%d", cfg.advertised_host, cfg.gateway_port

@@ -78,6 +78,11 @@ def dev() -> None:
 @click.option("--namesrv-port", type=int, default=9876, show_default=True, help="0 = any free.")
 @click.option("--broker-port", type=int, default=10911, show_default=True, help="0 = any free.")
 @click.option("--timer-port", type=int, default=10931, show_default=True, help="0 = any free.")
+@click.option(
+    "--gateway-port", type=click.IntRange(0, 65535), default=8081, show_default=True,
+    help="RocketMQ 5 gateway (official SDKs) of the broker; with --ha replica K gets this + K - 1;"
+    " slaves serve none; 0 = off.",
+)  # fmt: skip
 @click.option("--detach", is_flag=True, help="Return once running; stop with `rocketq dev down`.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Broker key.")
 @click.option("--timer-set", "timer_overrides", multiple=True, metavar="KEY=VALUE",
@@ -114,6 +119,7 @@ def dev_up(
     namesrv_port: int,
     broker_port: int,
     timer_port: int,
+    gateway_port: int,
     detach: bool,
     overrides: tuple[str, ...],
     timer_overrides: tuple[str, ...],
@@ -147,7 +153,7 @@ def dev_up(
         if slaves:
             raise click.UsageError("--slaves is for static roles; with --ha use --replicas N")
         _say_no_timer(with_timer)
-        ports = HaPorts(namesrv_port, broker_port, etcd_port)
+        ports = HaPorts(namesrv_port, broker_port, etcd_port, gateway_port)
         timer_args = _timer_args(base, timer_port, timer_overrides) if with_timer else None
         dev_up_ha(base, ports, replicas, overrides, timer_args, detach=detach, demo=not no_demo)
         return
@@ -158,6 +164,7 @@ def dev_up(
         *("--set", "brokerName=broker-a", "--set", "listenAddress=127.0.0.1"),
         *("--set", f"listenPort={broker_port}", "--set", "brokerIP1=127.0.0.1"),
         *("--set", f"storePathRootDir={base / 'store'}"),
+        *("--set", f"gatewayPort={gateway_port}"),  # before the user's keys: a --set wins
     ]
     for item in overrides:
         broker_args += ["--set", item]
@@ -175,11 +182,24 @@ def dev_up(
     _say_no_timer(with_timer)
     slave_addrs = [c.addr for c in children if c.name.startswith(SLAVE_PREFIX)]
     _summary(base, ns.addr, br.addr, addrs.get("timer", ""), detach, slave_addrs)
+    gateway = _effective_gateway_port(gateway_port, overrides)
+    if gateway:
+        click.echo(f"RocketMQ 5 gateway (official SDKs' endpoint): 127.0.0.1:{gateway}")
     if tls:
         click.echo(f"TLS: every port requires a client certificate; clients use\n"
                    f"  export {tls_client_env(base)}")  # fmt: skip
     if not detach:
         supervise(children)
+
+
+def _effective_gateway_port(option: int, overrides: tuple[str, ...]) -> int:
+    """The broker's gateway port: ``--gateway-port`` unless a ``--set gatewayPort=N`` wins."""
+    port = str(option)
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip() == "gatewayPort":
+            port = value.strip()
+    return int(port) if port.isdigit() else 0
 
 
 def _say_no_timer(with_timer: bool) -> None:
@@ -200,6 +220,7 @@ def _slave_args(base: Path, k: int, first_port: int, overrides: tuple[str, ...])
         "brokerRole=SLAVE",
         "listenAddress=127.0.0.1",
         f"listenPort={port}",
+        "gatewayPort=0",  # a slave takes no sends; its master's gateway serves the group
         "brokerIP1=127.0.0.1",
         f"storePathRootDir={base / f'store-{SLAVE_PREFIX}{k}'}",
     ):

@@ -38,6 +38,8 @@ class HaPorts:
     broker: int
     """Port of replica 1 (replica K gets this + K - 1); 0 = any free."""
     etcd: int
+    gateway: int = 0
+    """RocketMQ 5 gateway port of replica 1 (replica K gets this + K - 1); 0 = off."""
 
 
 def dev_up_ha(
@@ -62,7 +64,7 @@ def dev_up_ha(
         ns = spawn("namesrv", ["--listen", f"127.0.0.1:{ports.namesrv}"], base)
         children.append(ns)
         for k in range(1, replicas + 1):
-            args = _replica_args(base, k, ports.broker, etcd.addr, overrides)
+            args = _replica_args(base, k, ports, etcd.addr, overrides)
             name = f"{REPLICA_PREFIX}{k}"
             children.append(spawn(name, ["--set", f"namesrvAddr={ns.addr}", *args], base))
         master_id, master_addr, epoch = run(_wait_for_master(ns.addr, READY_TIMEOUT_S))
@@ -79,6 +81,10 @@ def dev_up_ha(
         write_pids(base, {**known, "timer": addrs.get("timer", "")}, children)
     master_pid = next(c.pid for c in children if c.addr == master_addr)
     _summary_ha(base, addrs, replicas, (master_id, master_pid, epoch), detach)
+    if ports.gateway:
+        last = ports.gateway + replicas - 1
+        click.echo(f"RocketMQ 5 gateway (official SDKs' endpoint): 127.0.0.1:{ports.gateway}"
+                   f" (replica K: {ports.gateway} + K - 1, up to {last})")  # fmt: skip
     if not detach:
         supervise(children, expendable=(REPLICA_PREFIX,))
 
@@ -114,20 +120,23 @@ def _summary_ha(
 
 
 def _replica_args(
-    base: Path, k: int, first_port: int, etcd_addr: str, overrides: tuple[str, ...]
+    base: Path, k: int, ports: HaPorts, etcd_addr: str, overrides: tuple[str, ...]
 ) -> list[str]:
     """Broker flags of replica ``k``: SYNC_MASTER unless the user says otherwise, the user's
-    keys, then the ones that give it its identity, store, port and etcd (those win)."""
+    keys, then the ones that give it its identity, store, ports and etcd (those win: replicas
+    share a host, so each needs its own ports)."""
+    gateway = ports.gateway + k - 1 if ports.gateway else 0
     args = ["--set", "brokerRole=SYNC_MASTER"]
     for item in overrides:
         args += ["--set", item]
-    port = first_port + k - 1 if first_port else 0
+    port = ports.broker + k - 1 if ports.broker else 0
     for item in (
         f"brokerName={HA_BROKER_NAME}",
         f"brokerId={k}",
         f"etcdEndpoints={etcd_addr}",
         "listenAddress=127.0.0.1",
         f"listenPort={port}",
+        f"gatewayPort={gateway}",
         "brokerIP1=127.0.0.1",
         f"storePathRootDir={base / f'store-{REPLICA_PREFIX}{k}'}",
     ):

@@ -35,15 +35,22 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
-def create_server(security: ServiceSecurity | None = None) -> grpc.aio.Server:
+def create_server(
+    security: ServiceSecurity | None = None,
+    *,
+    acl_guard: grpc.aio.ServerInterceptor | None = None,
+) -> grpc.aio.Server:
     """A server with RocketQ's transport options and the :class:`DecodeGuard` (undecodable
     requests answered INVALID_ARGUMENT), call metrics when telemetry is on, then access
     control when ``security`` enables it (after the metrics, so refused calls are counted); add
-    servicers, then :func:`finish_setup`."""
+    servicers, then :func:`finish_setup`. ``acl_guard`` replaces the security's own guard (the
+    v2 gateway's answers refusals in its protocol's statuses)."""
     interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
     if telemetry_state.METRICS:  # call duration and status per method (services.common.telemetry)
         interceptors.append(MetricsInterceptor())
-    if security is not None:  # sec: ACL
+    if acl_guard is not None:  # gwrpc: the gateway's ACL
+        interceptors.append(acl_guard)
+    elif security is not None:  # sec: ACL
         interceptors.extend(security.interceptors())
     return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
 

@@ -46,12 +46,14 @@ def start_nameserver(
 def broker_args(
     store_dir: Path, namesrv_addrs: list[str], name: str, config_keys: Mapping[str, object]
 ) -> list[str]:
-    """The flags of broker ``name`` on 127.0.0.1 port 0 with small files; ``config_keys``
-    (RocketMQ key names) win."""
+    """The flags of broker ``name`` on 127.0.0.1 port 0 with small files, its RocketMQ 5 gateway
+    off (``gatewayPort=0``: its default 8081 would clash between brokers on one host; give
+    each its own port to serve it); ``config_keys`` (RocketMQ key names) win."""
     keys: dict[str, object] = {
         "brokerName": name,
         "listenAddress": "127.0.0.1",
         "listenPort": 0,
+        "gatewayPort": 0,
         "brokerIP1": "127.0.0.1",
         "namesrvAddr": ";".join(namesrv_addrs),
         "storePathRootDir": store_dir,

@@ -303,3 +303,37 @@ def test_masters_drain_before_stopping_within_their_grace_and_new_groups_learn_t
     for values in (VALUE_SETS["ha-etcd"], VALUE_SETS["tls"], {"broker": {"drainOnStop": False}}):
         (c,) = containers(by_kind(render(values), "StatefulSet")[f"{RELEASE}-rocketq-broker"])
         assert "lifecycle" not in c
+
+
+@pytest.mark.parametrize("gateway_port", [8081, 0])
+def test_brokers_serve_the_rocketmq5_gateway_on_its_declared_port_or_not_at_all(
+    gateway_port: int,
+) -> None:
+    """gatewayPort (8081 by default): each broker pod's container port, env and Services (the
+    headless one and, with external access, its own); 0 leaves it out everywhere."""
+    values: dict[str, Any] = {
+        "broker": {"gatewayPort": gateway_port},
+        "externalAccess": {"enabled": True, "advertisedDomain": "mq.example.com"},
+    }
+    docs = render(values)
+    services = by_kind(docs, "Service")
+    for sts_name, sts in by_kind(docs, "StatefulSet").items():
+        if "-broker" not in sts_name:
+            continue
+        container = next(containers(sts))
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        env = env_of(container)
+        exposed = [services[sts_name], services[f"{sts_name}-0"]]
+        if gateway_port:
+            assert ports["gateway"] == gateway_port
+            assert env["ROCKETQ_BROKER_GATEWAYPORT"] == str(gateway_port)
+            for svc in exposed:
+                by_name = {p["name"]: p for p in svc["spec"]["ports"]}
+                assert by_name["gateway"]["port"] == gateway_port
+                assert by_name["gateway"]["targetPort"] == "gateway"
+        else:
+            assert "gateway" not in ports
+            assert env["ROCKETQ_BROKER_GATEWAYPORT"] == "0"
+            for svc in exposed:
+                assert "gateway" not in {p["name"] for p in svc["spec"]["ports"]}
+    assert ("official RocketMQ 5 SDKs" in notes(values)) == bool(gateway_port)

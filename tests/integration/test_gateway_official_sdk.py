@@ -239,10 +239,11 @@ async def test_a_namespace_isolates_its_resources_by_prefix(
 async def test_any_gateway_routes_every_broker_group(tmp_path: Path) -> None:
     """Two broker groups, each with its gateway: the SDK starts at broker-b's gateway only, and
     sends to and receives from both groups through the route."""
-    ports = {"broker-a": free_port(), "broker-b": free_port()}
     topic = "V2Spread"
-    with cluster(tmp_path, broker_keys={"gatewayPort": ports["broker-a"]}) as c:
-        c.start_broker("broker-b", gatewayPort=ports["broker-b"])
+    with cluster(tmp_path, gateway=True) as c:  # a free gateway port per broker
+        c.start_broker("broker-b")
+        assert c.gateway_ports is not None
+        ports = dict(c.gateway_ports)
         for b, name in zip(c.brokers, ports, strict=True):
             async with RawClient(b.addr) as raw:
                 await raw.admin.CreateTopic(

@@ -105,10 +105,15 @@ def dev_up(
 
     Afterwards ``rocketq dev down --dir BASE`` (a no-op if a test already ran it) and SIGKILL of
     every recorded process, whatever happened in between — also when ``dev up`` itself failed.
+    The broker's gateway is off (``--gateway-port 0``: tests run side by side; its default 8081
+    would clash) unless ``args`` give a port (the last one wins).
     """
     try:
         yield rocketq(
-            *("dev", "up", "--dir", str(base), *args), timeout_s=timeout_s, env=env, check=True
+            *("dev", "up", "--dir", str(base), "--gateway-port", "0", *args),
+            timeout_s=timeout_s,
+            env=env,
+            check=True,
         )
     finally:
         pids = dev_pids(base)

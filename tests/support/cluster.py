@@ -15,7 +15,10 @@ Options, all composable:
   (``c.clock`` reads the same time in the test);
 * ``etcd`` / ``replicas``: an etcd (``etcd_members`` > 1: an etcd cluster) and an HA
   :class:`Group` of ``replicas`` replicas of ``group_name`` in controller mode (``c.group``),
-  with ``group_keys``; every replica's etcdEndpoints lists every member.
+  with ``group_keys``; every replica's etcdEndpoints lists every member;
+* ``gateway``: every broker (master, slave, replica) serves the RocketMQ 5 gateway on a free
+  loopback port of its own (``c.gateway_addr(sp)``); off otherwise (``gatewayPort=0``: the
+  default 8081 would clash between brokers on one host).
 
 The old wrappers (``tests.integration.cluster.cluster``, ``timer_support.timer_cluster``,
 ``failover_support.ha_group``) are thin calls of this one. The process-spawning functions stay
@@ -59,6 +62,8 @@ class Group:
     replicas: dict[int, ServiceProcess] = field(default_factory=dict)
     endpoints: str = ""
     """etcdEndpoints of every replica (all members of an etcd cluster); ``etcd`` alone if empty."""
+    gateway_ports: dict[str, int] | None = None
+    """The cluster's map of gateway ports by process name when it serves the gateway."""
 
     @property
     def namesrv_addrs(self) -> list[str]:
@@ -69,6 +74,8 @@ class Group:
         workdir = self.tmp_path / name
         endpoints = self.endpoints or self.etcd.addr
         keys = {**self.keys, "brokerId": rid, "etcdEndpoints": endpoints, **extra}
+        if self.gateway_ports is not None and "gatewayPort" not in keys:
+            keys["gatewayPort"] = self.gateway_ports.setdefault(name, spawning.free_port())
         args = spawning.broker_args(workdir / "store", self.namesrv_addrs, self.broker_name, keys)
         sp = spawning.spawn(name, "services.broker", args, workdir)
         self.replicas[rid] = sp
@@ -142,6 +149,19 @@ class Cluster(spawning.Cluster):
     env: dict[str, str] = field(default_factory=dict)
     replaced: list[ServiceProcess] = field(default_factory=list)
     """Processes restarted by the test (stopped with the rest)."""
+    gateway_ports: dict[str, int] | None = None
+    """With ``gateway=True``: each broker's gateway port by process name (kept on restart)."""
+
+    def gateway_keys(self, name: str) -> dict[str, object]:
+        """``gatewayPort`` for broker process ``name``: a free port of its own with ``gateway``."""
+        if self.gateway_ports is None:
+            return {}
+        return {"gatewayPort": self.gateway_ports.setdefault(name, spawning.free_port())}
+
+    def gateway_addr(self, sp: ServiceProcess) -> str:
+        """``127.0.0.1:port`` of broker ``sp``'s RocketMQ 5 gateway (with ``gateway=True``)."""
+        assert self.gateway_ports is not None, "the cluster was started without gateway=True"
+        return f"127.0.0.1:{self.gateway_ports[sp.name]}"
 
     @property
     def nameserver(self) -> ServiceProcess:
@@ -186,6 +206,7 @@ class Cluster(spawning.Cluster):
 
     def start_broker(self, name: str, **keys: object) -> ServiceProcess:
         """One more master (e.g. with its own keys), stopped with the rest."""
+        keys = {**self.gateway_keys(name), **keys}
         sp = spawning.start_broker(self.root, self.namesrv_addrs, name, self.env or None, **keys)
         self.brokers.append(sp)
         return sp
@@ -221,9 +242,10 @@ def cluster(
     timer_keys: dict[str, object] | None = None,
     group_name: str = "broker-a",
     group_keys: dict[str, object] | None = None,
+    gateway: bool = False,
 ) -> Iterator[Cluster]:
     """Start the asked-for services in dependency order; stop them all after (see module)."""
-    c = Cluster([], [], root=root)
+    c = Cluster([], [], root=root, gateway_ports={} if gateway else None)
     if clock_speed is not None:
         c.env, c.clock = clock_env(clock_speed)
         c.speed = clock_speed
@@ -238,6 +260,7 @@ def cluster(
         if replicas:
             assert c.etcd is not None
             c.group = Group(root, c.nameserver, c.etcd, group_name, dict(group_keys or {}))
+            c.group.gateway_ports = c.gateway_ports
             c.group.endpoints = ",".join(m.addr for m in c.etcd_members)
             for rid in range(1, replicas + 1):  # a fresh group elects the lowest live id
                 c.group.start_replica(rid)
@@ -291,10 +314,11 @@ def _start(
         keys["channelExpiredTimeout"] = int(CHANNEL_EXPIRED_TIMEOUT_MS * c.speed)
     keys.update(broker_keys or {})
     for i in range(brokers):
-        b = spawning.start_broker(c.root, c.namesrv_addrs, broker_name(i), env, **keys)
+        bkeys = {**c.gateway_keys(broker_name(i)), **keys}
+        b = spawning.start_broker(c.root, c.namesrv_addrs, broker_name(i), env, **bkeys)
         c.brokers.append(b)
     for sid in range(1, slaves + 1):
-        skeys = slave_keys or {}
+        skeys = {**c.gateway_keys(f"broker-a-s{sid}"), **(slave_keys or {})}
         c.slaves.append(
             spawning.start_slave(c.root, c.namesrv_addrs, "broker-a", sid, env, **skeys)
         )

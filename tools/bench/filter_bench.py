@@ -259,7 +259,16 @@ def _start_local(base: Path) -> tuple[str, ...]:
     with contextlib.redirect_stdout(io.StringIO()):  # dev up's "next:" hints are noise here
         dev_up.main(
             [
-                *("--dir", str(base), "--namesrv-port", "0", "--broker-port", "0"),
+                *(
+                    "--dir",
+                    str(base),
+                    "--namesrv-port",
+                    "0",
+                    "--broker-port",
+                    "0",
+                    "--gateway-port",
+                    "0",
+                ),
                 *("--detach", "--no-demo", "--set", "enablePropertyFilter=true"),
             ],
             standalone_mode=False,

@@ -94,7 +94,18 @@ async def suite(namesrv: tuple[str, ...], duration_s: float) -> list[str]:
 
 def _start_local(base: Path) -> tuple[str, ...]:
     dev_up.main(
-        ["--dir", str(base), "--namesrv-port", "0", "--broker-port", "0", "--detach", "--no-demo"],
+        [
+            "--dir",
+            str(base),
+            "--namesrv-port",
+            "0",
+            "--broker-port",
+            "0",
+            "--gateway-port",
+            "0",
+            "--detach",
+            "--no-demo",
+        ],
         standalone_mode=False,
     )
     data = json.loads((base / "pids.json").read_text())

@@ -76,6 +76,7 @@ def broker_args(store: Path, namesrv: str, **keys: object) -> list[str]:
         "brokerName": "broker-a",
         "listenAddress": "127.0.0.1",
         "listenPort": 0,
+        "gatewayPort": 0,  # master and slave on one host: the default 8081 would clash
         "brokerIP1": "127.0.0.1",
         "namesrvAddr": namesrv,
         "storePathRootDir": store,

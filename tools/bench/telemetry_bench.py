@@ -181,7 +181,17 @@ def _quiet(_line: str) -> None:
 
 def _start(base: Path, mode: str) -> tuple[str, int, int]:
     """dev up for ``mode``: (nameserver address, broker pid, metrics port or 0)."""
-    args = ["--dir", str(base), "--namesrv-port", "0", "--broker-port", "0", "--detach"]
+    args = [
+        "--dir",
+        str(base),
+        "--namesrv-port",
+        "0",
+        "--broker-port",
+        "0",
+        "--gateway-port",
+        "0",
+        "--detach",
+    ]
     args += ["--no-demo", "--no-timer"]
     metrics_port = 0
     if mode != "plain":

@@ -1,6 +1,6 @@
 """``apache.rocketmq.v2.MessagingService`` on a broker: the official RocketMQ 5 SDKs' protocol.
 
-Served on ``gatewayPort`` (0 = off, the default for now) by its own grpc.aio server, beside the
+Served on ``gatewayPort`` (8081 by default, 0 = off) by its own grpc.aio server, beside the
 native ``rocketq.v1`` services. It translates; the work is the broker's own:
 
 | v2 RPC                     | here                                                          |
@@ -22,25 +22,30 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | ForwardMessageToDeadLetter | the message to %DLQ%{group} now, acked (FIFO push consumers)  |
 | EndTransaction             | the broker's EndTransaction (a TRANSACTION message is stored  |
 |                            | as a half message; its transaction id locates it)             |
+| PullMessage, UpdateOffset, | the broker's pull and consumer offsets (gateway/pull.py)      |
+| GetOffset, QueryOffset     |                                                               |
+| (access control)           | with aclEnable, the SDKs' signatures against the ACL file and |
+|                            | the broker port's rules; refusals as UNAUTHORIZED / FORBIDDEN |
+|                            | statuses (gateway/auth.py)                                    |
+| Telemetry server commands  | thread stack / verify message asked by an admin (Admin        |
+|                            | AskGatewayClient, ``rocketq gateway ask``: gateway/commands.py) |
 
 Not yet: FIFO per message group (a group is hashed to a queue and the whole queue is held),
 transaction check-backs (RecoverOrphanedTransactionCommand on Telemetry: an unresolved half
 message is checked with no producer to ask, then discarded), the server-side auto-renew of push
-consumers' invisible time, the SDKs' authorization, the other RPCs (grpc answers UNIMPLEMENTED).
+consumers' invisible time, the other RPCs (grpc answers UNIMPLEMENTED).
 The facts behind the choices are in the shared brief v2-protocol.md.
 """
 
 # ruff: noqa: N802  (servicer methods carry the proto's RPC names)
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn, TypeAlias
 
 import grpc
-from google.protobuf import duration_pb2, timestamp_pb2
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
@@ -49,14 +54,28 @@ from rocketq._api.rocketq.v1 import (
     nameserver_pb2,
     nameserver_pb2_grpc,
 )
+from rocketq.client.security import security_channel
 from rocketq.codec import Prop
 from rocketq.java_hash import java_string_hash
 from services.broker.config import BrokerConfig
 from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
+from services.broker.gateway.commands import ClientCommands
+from services.broker.gateway.pull import PullOffsets
 from services.broker.gateway.renew import RenewTable
 from services.broker.gateway.telemetry import TelemetrySession, client_id_of, heartbeat
+from services.broker.gateway.v2common import (
+    SYSTEM_PROPERTIES,
+    digest,
+    message_of,
+    named,
+    status,
+    status_of,
+)
+from services.broker.gateway.v2common import duration as _duration
+from services.broker.gateway.v2common import ms_of as _ms
+from services.broker.gateway.v2common import timestamp as _timestamp
 from services.broker.messaging_service import MessagingService
 from services.common.errors import ServiceError, rpc, rpc_stream
 
@@ -69,6 +88,7 @@ LONG_POLLING_MIN_MS = 5_000
 LONG_POLLING_MAX_MS = 20_000
 RECEIVE_BATCH_SIZE = 32
 ROUTE_TIMEOUT_S = 3.0
+ROUTE_CHANNEL_OPTIONS: list[tuple[str, Any]] = []
 ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
 GATEWAY_PRODUCER_GROUP = "rmq_v2_gateway"
 """The producer group of every message sent through the gateway (v2 messages name none)."""
@@ -77,59 +97,6 @@ _RESOLUTIONS = {
     v2.COMMIT: messaging_pb2.TRANSACTION_COMMIT,
     v2.ROLLBACK: messaging_pb2.TRANSACTION_ROLLBACK,
 }
-
-_BY_REASON = {
-    common_pb2.TOPIC_NOT_EXIST: v2.TOPIC_NOT_FOUND,
-    common_pb2.SUBSCRIPTION_GROUP_NOT_EXIST: v2.CONSUMER_GROUP_NOT_FOUND,
-    common_pb2.INVALID_RECEIPT_HANDLE: v2.INVALID_RECEIPT_HANDLE,
-    common_pb2.MESSAGE_TOO_LARGE: v2.MESSAGE_BODY_TOO_LARGE,
-    common_pb2.MESSAGE_NOT_FOUND: v2.MESSAGE_NOT_FOUND,
-    common_pb2.ILLEGAL_EXPRESSION: v2.ILLEGAL_FILTER_EXPRESSION,
-    common_pb2.FLOW_CONTROL: v2.TOO_MANY_REQUESTS,
-}
-_BY_CODE = {
-    grpc.StatusCode.INVALID_ARGUMENT: v2.BAD_REQUEST,
-    grpc.StatusCode.NOT_FOUND: v2.NOT_FOUND,
-    grpc.StatusCode.PERMISSION_DENIED: v2.FORBIDDEN,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: v2.TOO_MANY_REQUESTS,
-    grpc.StatusCode.FAILED_PRECONDITION: v2.PRECONDITION_FAILED,
-}
-
-
-def named(resource: Any) -> str:
-    """A v2 resource's name on RocketQ: namespaces isolate by prefix, ``{namespace}%{name}``, as
-    Apache RocketMQ's proxy names them (create ``tenant%Orders`` for namespace ``tenant``)."""
-    ns = resource.resource_namespace
-    return f"{ns}%{resource.name}" if ns else str(resource.name)
-
-
-def status(code: int = v2.OK, message: str = "OK") -> Any:
-    return v2.Status(code=code, message=message)
-
-
-def status_of(exc: ServiceError) -> Any:
-    """The protocol's Code for a refusal of the broker (Code table in the shared brief)."""
-    code = _BY_REASON.get(exc.reason) or _BY_CODE.get(exc.code, v2.INTERNAL_ERROR)
-    return status(code, exc.message)
-
-
-DURATION_MS_CAP = 2**53
-"""A client's Duration is clamped to this many ms before it goes into an int64 field (seconds
-near 2**63 overflowed it: an INTERNAL error, found by the RPC fuzzer); the range checks of the
-pop service then refuse it with a message."""
-
-
-def _ms(d: duration_pb2.Duration) -> int:
-    ms = d.seconds * 1000 + d.nanos // 1_000_000
-    return max(-DURATION_MS_CAP, min(DURATION_MS_CAP, ms))
-
-
-def _duration(ms: int) -> duration_pb2.Duration:
-    return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
-
-
-def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
-    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
 class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
@@ -145,6 +112,9 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self.renew = RenewTable(
             messaging.pops, config.gateway_auto_renew_invisible_ms, messaging.clock
         )
+        self.pulls = PullOffsets(messaging)
+        self.commands = ClientCommands(messaging.queries)
+        """Connected clients, for the Admin RPC AskGatewayClient (gateway/commands.py)."""
 
     def _endpoints(self) -> Any:
         return _endpoints(self.host, self.port)
@@ -176,7 +146,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         """None when no nameserver could be asked (not configured, or none answered)."""
         for addr in self.config.namesrv_addrs:
             try:
-                async with grpc.aio.insecure_channel(addr) as channel:
+                # TLS and the internal user's signature when the nameservers require them
+                async with security_channel(addr, ROUTE_CHANNEL_OPTIONS) as channel:
                     response = await nameserver_pb2_grpc.NameServerStub(
                         channel
                     ).GetRouteInfoByTopic(
@@ -249,6 +220,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             check_command=self._check_command,
             client_id=client_id_of(context),
             peer=context.peer(),
+            commands=self.commands,
         )
         async for item in session.run(request_iterator):
             yield item
@@ -258,12 +230,12 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         props = dict(stored.message.properties)
         message = v2.Message(
             topic=v2.Resource(name=stored.message.topic),
-            user_properties={k: v for k, v in props.items() if k not in _SYSTEM_PROPERTIES},
+            user_properties={k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES},
             system_properties=v2.SystemProperties(
                 tag=props.get(Prop.TAGS, ""),
                 keys=[k for k in props.get(Prop.KEYS, "").split(" ") if k],
                 message_id=stored.msg_id,
-                body_digest=_digest(stored.message.body),
+                body_digest=digest(stored.message.body),
                 body_encoding=v2.IDENTITY,
                 message_type=v2.TRANSACTION,
                 born_timestamp=_timestamp(stored.born_timestamp_ms),
@@ -457,32 +429,12 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         yield svc.ReceiveMessageResponse(delivery_timestamp=_timestamp(now))
 
     def _message(self, popped: messaging_pb2.PoppedMessage, invisible_ms: int, topic: Any) -> Any:
-        stored = popped.message
-        props = dict(stored.message.properties)
-        body = stored.message.body
-        sp = v2.SystemProperties(
-            tag=props.pop(Prop.TAGS, ""),
-            keys=[k for k in props.pop(Prop.KEYS, "").split(" ") if k],
-            message_id=stored.msg_id,
-            body_digest=_digest(body),
-            body_encoding=v2.IDENTITY,
-            message_type=v2.NORMAL,
-            born_timestamp=_timestamp(stored.born_timestamp_ms),
-            born_host=stored.born_host,
-            store_timestamp=_timestamp(stored.store_timestamp_ms),
-            store_host=stored.store_host,
+        return message_of(
+            popped.message,
+            topic,
             receipt_handle=popped.receipt_handle,
-            queue_id=stored.queue_id,
-            queue_offset=stored.queue_offset,
             invisible_duration=_duration(invisible_ms),
             delivery_attempt=popped.delivery_attempt,
-        )
-        user = {k: v for k, v in props.items() if k not in _SYSTEM_PROPERTIES}
-        return v2.Message(
-            topic=topic,
-            user_properties=user,
-            system_properties=sp,
-            body=body,
         )
 
     @rpc
@@ -544,17 +496,23 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return svc.ForwardMessageToDeadLetterQueueResponse(status=status_of(exc))
         return svc.ForwardMessageToDeadLetterQueueResponse(status=status())
 
+    # -- pull consumers: gateway/pull.py ----------------------------------------------------
     @rpc
     async def UpdateOffset(self, request: Any, context: Context) -> Any:
-        _not_yet("UpdateOffset")
+        return self.pulls.update_offset(request, context.peer())
 
     @rpc
     async def GetOffset(self, request: Any, context: Context) -> Any:
-        _not_yet("GetOffset")
+        return self.pulls.get_offset(request)
 
     @rpc
     async def QueryOffset(self, request: Any, context: Context) -> Any:
-        _not_yet("QueryOffset")
+        return self.pulls.query_offset(request)
+
+    @rpc_stream
+    async def PullMessage(self, request: Any, context: Context) -> AsyncIterator[Any]:
+        async for response in self.pulls.pull(request, context):
+            yield response
 
     @rpc
     async def RecallMessage(self, request: Any, context: Context) -> Any:
@@ -563,11 +521,6 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     @rpc
     async def SyncLiteSubscription(self, request: Any, context: Context) -> Any:
         _not_yet("SyncLiteSubscription (lite topics)")
-
-    @rpc_stream
-    async def PullMessage(self, request: Any, context: Context) -> AsyncIterator[Any]:
-        _not_yet("PullMessage")
-        yield  # an async generator, like the streaming RPC it answers
 
 
 def _endpoints(host: str, port: int) -> Any:
@@ -590,22 +543,12 @@ def _tx_id(commitlog_offset: int, queue_offset: int) -> str:
     return f"{TX_PREFIX}{commitlog_offset}|{queue_offset}"
 
 
-def _digest(body: bytes) -> Any:
-    """MD5 as uppercase hex: the only form both official SDKs accept."""
-    return v2.Digest(type=v2.MD5, checksum=hashlib.md5(body).hexdigest().upper())
-
-
 def _not_yet(what: str) -> NoReturn:
     raise ServiceError(
         grpc.StatusCode.UNIMPLEMENTED,
         common_pb2.ERROR_REASON_UNSPECIFIED,
         f"{what} is not served by RocketQ's gateway yet; use RocketQ's own API (rocketq.v1) for it",
     )
-
-
-_SYSTEM_PROPERTIES = frozenset(
-    {Prop.UNIQ_KEY, Prop.RETRY_TOPIC, Prop.ORIGIN_MESSAGE_ID, Prop.REAL_TOPIC, Prop.REAL_QUEUE_ID}
-)
 
 
 def add_to_server(gateway: GatewayService, server: grpc.aio.Server) -> None:

@@ -8,6 +8,10 @@ and its ``CheckTransactionState`` goes down this stream as a
 ``RecoverOrphanedTransactionCommand``; the SDK asks its checker and answers with
 EndTransaction(SOURCE_SERVER_CHECK). The registration is kept alive by the SDK's Heartbeat calls
 (every 10 s) and ends with the stream.
+
+Every stream also joins the gateway's :class:`~.commands.ClientCommands` under its
+x-mq-client-id, so an admin can ask the client for its thread stacks or to verify a message
+(``ask``: the command goes down the stream; the reply with its nonce is the answer).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -25,9 +29,14 @@ from services.broker.client_manager import ClientChannel, ClientLimitError, Clie
 from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 
+if TYPE_CHECKING:
+    from services.broker.gateway.commands import ClientCommands
+
 log = logging.getLogger(__name__)
 
 CLIENT_ID_PREFIX = "v2:"
+REPLY_FIELDS = ("thread_stack_trace", "verify_message_result", "verify_message_command")
+"""Frames that answer a server command by its nonce (the last: Node's answer to verify)."""
 CLIENT_ID_MAX_CHARS = 200
 OUT_QUEUE_MAX = 256
 
@@ -52,6 +61,7 @@ class TelemetrySession:
         check_command: Callable[[messaging_pb2.CheckTransactionState], Any],
         client_id: str,
         peer: str,
+        commands: ClientCommands | None = None,
     ) -> None:
         self.clients = clients
         self.producer_group = producer_group
@@ -62,9 +72,37 @@ class TelemetrySession:
         self.out: asyncio.Queue[Any] = asyncio.Queue(maxsize=OUT_QUEUE_MAX)
         self.channel: ClientChannel | None = None
         self.tasks: list[asyncio.Task[None]] = []
+        self.commands = commands
+        self.pending: dict[str, asyncio.Future[Any]] = {}
+        """Server commands awaiting the client's reply, by nonce."""
+
+    async def ask(self, nonce: str, command: Any, timeout_s: float) -> Any:
+        """Send a server command and wait for the reply with its nonce; None if none came."""
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[nonce] = reply
+        try:
+            await asyncio.wait_for(self.out.put(command), timeout_s)
+            return await asyncio.wait_for(reply, timeout_s)
+        except TimeoutError:
+            return None
+        finally:
+            self.pending.pop(nonce, None)
+
+    def _answered(self, command: Any) -> bool:
+        """Whether ``command`` replies to a server command (then it is handed to its asker)."""
+        kind = command.WhichOneof("command")
+        if kind not in REPLY_FIELDS:
+            return False
+        reply = self.pending.get(getattr(command, kind).nonce)
+        if reply is not None and not reply.done():
+            reply.set_result(command)
+        return True
 
     async def run(self, commands: AsyncIterator[Any]) -> AsyncIterator[Any]:
         self.tasks.append(asyncio.create_task(self._read(commands)))
+        raw_id = self.client_id.removeprefix(CLIENT_ID_PREFIX)
+        if self.commands is not None:
+            self.commands.join(raw_id, self)
         try:
             while True:
                 item = await self.out.get()
@@ -74,6 +112,8 @@ class TelemetrySession:
                     raise item
                 yield item
         finally:
+            if self.commands is not None:
+                self.commands.leave(raw_id, self)
             for task in self.tasks:
                 task.cancel()
             for task in self.tasks:
@@ -85,8 +125,8 @@ class TelemetrySession:
     async def _read(self, commands: AsyncIterator[Any]) -> None:
         try:
             async for command in commands:
-                if not command.HasField("settings"):
-                    continue  # thread stack / verify results: nothing asked them yet
+                if self._answered(command) or not command.HasField("settings"):
+                    continue
                 settings = command.settings
                 if settings.client_type == v2.PRODUCER:
                     self._join_as_producer()

@@ -126,6 +126,10 @@ livenessProbe:
 {{- define "rocketq.ports" -}}
 - name: grpc
   containerPort: {{ .port }}
+{{- if gt (int (.gatewayPort | default 0)) 0 }}
+- name: gateway
+  containerPort: {{ .gatewayPort }}
+{{- end }}
 {{- if gt (int .root.Values.metrics.port) 0 }}
 - name: metrics
   containerPort: {{ .root.Values.metrics.port }}

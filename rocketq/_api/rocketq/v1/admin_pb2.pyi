@@ -56,6 +56,31 @@ SLAVE: BrokerRole.ValueType  # 3
 """Slave (broker id >= 1)."""
 Global___BrokerRole: _TypeAlias = BrokerRole  # noqa: Y015
 
+class _GatewayClientAsk:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _GatewayClientAskEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_GatewayClientAsk.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    GATEWAY_CLIENT_ASK_UNSPECIFIED: _GatewayClientAsk.ValueType  # 0
+    THREAD_STACK_TRACE: _GatewayClientAsk.ValueType  # 1
+    """PrintThreadStackTraceCommand: the client's thread stacks."""
+    VERIFY_MESSAGE: _GatewayClientAsk.ValueType  # 2
+    """VerifyMessageCommand: the client consumes message (topic, msg_id) and says how it went."""
+
+class GatewayClientAsk(_GatewayClientAsk, metaclass=_GatewayClientAskEnumTypeWrapper):
+    """---------------------------------------------------------------------------------------------
+    Gateway clients (the official RocketMQ 5 SDKs' server commands)
+    ---------------------------------------------------------------------------------------------
+    """
+
+GATEWAY_CLIENT_ASK_UNSPECIFIED: GatewayClientAsk.ValueType  # 0
+THREAD_STACK_TRACE: GatewayClientAsk.ValueType  # 1
+"""PrintThreadStackTraceCommand: the client's thread stacks."""
+VERIFY_MESSAGE: GatewayClientAsk.ValueType  # 2
+"""VerifyMessageCommand: the client consumes message (topic, msg_id) and says how it went."""
+Global___GatewayClientAsk: _TypeAlias = GatewayClientAsk  # noqa: Y015
+
 @_typing.final
 class ApplyTarget(_message.Message):
     """---------------------------------------------------------------------------------------------
@@ -1753,3 +1778,72 @@ class DrainBrokerResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DrainBrokerResponse: _TypeAlias = DrainBrokerResponse  # noqa: Y015
+
+@_typing.final
+class AskGatewayClientRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    ASK_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """The client's x-mq-client-id."""
+    ask: Global___GatewayClientAsk.ValueType
+    topic: _builtins.str
+    """VERIFY_MESSAGE: the message's topic (with its namespace prefix, ns%topic) and unique id."""
+    msg_id: _builtins.str
+    timeout_ms: _builtins.int
+    """How long to wait for the answer; 0 = 5000, at most 60000."""
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        ask: Global___GatewayClientAsk.ValueType = ...,
+        topic: _builtins.str = ...,
+        msg_id: _builtins.str = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ask", b"ask", "client_id", b"client_id", "msg_id", b"msg_id", "timeout_ms", b"timeout_ms", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AskGatewayClientRequest: _TypeAlias = AskGatewayClientRequest  # noqa: Y015
+
+@_typing.final
+class AskGatewayClientResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERED_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    THREAD_STACK_TRACE_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
+    answered: _builtins.bool
+    """Whether the client answered within the timeout."""
+    code: _builtins.int
+    """The client's apache.rocketmq.v2 status code and message (e.g. 20000 OK, 50500 UNSUPPORTED)."""
+    message: _builtins.str
+    thread_stack_trace: _builtins.str
+    """THREAD_STACK_TRACE: what the client sent."""
+    nonce: _builtins.str
+    """The command's nonce."""
+    def __init__(
+        self,
+        *,
+        answered: _builtins.bool = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        thread_stack_trace: _builtins.str = ...,
+        nonce: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answered", b"answered", "code", b"code", "message", b"message", "nonce", b"nonce", "thread_stack_trace", b"thread_stack_trace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AskGatewayClientResponse: _TypeAlias = AskGatewayClientResponse  # noqa: Y015

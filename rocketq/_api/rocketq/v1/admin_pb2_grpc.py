@@ -135,6 +135,11 @@ class AdminStub:
                 request_serializer=rocketq_dot_v1_dot_admin__pb2.DrainBrokerRequest.SerializeToString,
                 response_deserializer=rocketq_dot_v1_dot_admin__pb2.DrainBrokerResponse.FromString,
                 _registered_method=True)
+        self.AskGatewayClient = channel.unary_unary(
+                '/rocketq.v1.Admin/AskGatewayClient',
+                request_serializer=rocketq_dot_v1_dot_admin__pb2.AskGatewayClientRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_admin__pb2.AskGatewayClientResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -338,6 +343,18 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AskGatewayClient(self, request, context):
+        """Asks an official RocketMQ 5 SDK client connected to the receiving broker's gateway (by its
+        x-mq-client-id) for its threads' stack traces, or to verify (consume) a stored message,
+        through its Telemetry stream; answers with the client's reply. Clients that do not
+        implement a command answer UNSUPPORTED / NOT_IMPLEMENTED or not at all (then answered=false).
+        INVALID_ARGUMENT: no such ask, a timeout out of range. NOT_FOUND: no such client connected,
+        or (VERIFY_MESSAGE) no such message. FAILED_PRECONDITION: the broker serves no gateway.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -440,6 +457,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DrainBroker,
                     request_deserializer=rocketq_dot_v1_dot_admin__pb2.DrainBrokerRequest.FromString,
                     response_serializer=rocketq_dot_v1_dot_admin__pb2.DrainBrokerResponse.SerializeToString,
+            ),
+            'AskGatewayClient': grpc.unary_unary_rpc_method_handler(
+                    servicer.AskGatewayClient,
+                    request_deserializer=rocketq_dot_v1_dot_admin__pb2.AskGatewayClientRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_admin__pb2.AskGatewayClientResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -983,6 +1005,33 @@ class Admin:
             '/rocketq.v1.Admin/DrainBroker',
             rocketq_dot_v1_dot_admin__pb2.DrainBrokerRequest.SerializeToString,
             rocketq_dot_v1_dot_admin__pb2.DrainBrokerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AskGatewayClient(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rocketq.v1.Admin/AskGatewayClient',
+            rocketq_dot_v1_dot_admin__pb2.AskGatewayClientRequest.SerializeToString,
+            rocketq_dot_v1_dot_admin__pb2.AskGatewayClientResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -154,6 +154,14 @@ class AdminStub:
     what is still unconsumed (nothing when drained).
     INVALID_ARGUMENT: timeout out of range. UNAVAILABLE (NOT_MASTER): the receiver is a slave.
     """
+    AskGatewayClient: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AskGatewayClientRequest, _admin_pb2.AskGatewayClientResponse]
+    """Asks an official RocketMQ 5 SDK client connected to the receiving broker's gateway (by its
+    x-mq-client-id) for its threads' stack traces, or to verify (consume) a stored message,
+    through its Telemetry stream; answers with the client's reply. Clients that do not
+    implement a command answer UNSUPPORTED / NOT_IMPLEMENTED or not at all (then answered=false).
+    INVALID_ARGUMENT: no such ask, a timeout out of range. NOT_FOUND: no such client connected,
+    or (VERIFY_MESSAGE) no such message. FAILED_PRECONDITION: the broker serves no gateway.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -273,6 +281,14 @@ class AdminAsyncStub(AdminStub):
     then, if asked, stops heartbeating and unregisters from every nameserver. Answers with
     what is still unconsumed (nothing when drained).
     INVALID_ARGUMENT: timeout out of range. UNAVAILABLE (NOT_MASTER): the receiver is a slave.
+    """
+    AskGatewayClient: _aio.UnaryUnaryMultiCallable[_admin_pb2.AskGatewayClientRequest, _admin_pb2.AskGatewayClientResponse]  # type: ignore[assignment]
+    """Asks an official RocketMQ 5 SDK client connected to the receiving broker's gateway (by its
+    x-mq-client-id) for its threads' stack traces, or to verify (consume) a stored message,
+    through its Telemetry stream; answers with the client's reply. Clients that do not
+    implement a command answer UNSUPPORTED / NOT_IMPLEMENTED or not at all (then answered=false).
+    INVALID_ARGUMENT: no such ask, a timeout out of range. NOT_FOUND: no such client connected,
+    or (VERIFY_MESSAGE) no such message. FAILED_PRECONDITION: the broker serves no gateway.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -510,6 +526,20 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         then, if asked, stops heartbeating and unregisters from every nameserver. Answers with
         what is still unconsumed (nothing when drained).
         INVALID_ARGUMENT: timeout out of range. UNAVAILABLE (NOT_MASTER): the receiver is a slave.
+        """
+
+    @_abc_1.abstractmethod
+    def AskGatewayClient(
+        self,
+        request: _admin_pb2.AskGatewayClientRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.AskGatewayClientResponse, _abc.Awaitable[_admin_pb2.AskGatewayClientResponse]]:
+        """Asks an official RocketMQ 5 SDK client connected to the receiving broker's gateway (by its
+        x-mq-client-id) for its threads' stack traces, or to verify (consume) a stored message,
+        through its Telemetry stream; answers with the client's reply. Clients that do not
+        implement a command answer UNSUPPORTED / NOT_IMPLEMENTED or not at all (then answered=false).
+        INVALID_ARGUMENT: no such ask, a timeout out of range. NOT_FOUND: no such client connected,
+        or (VERIFY_MESSAGE) no such message. FAILED_PRECONDITION: the broker serves no gateway.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -114,29 +114,34 @@ class AclGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> Any:
         peer_ak = user.access_key if user else ""
 
-        async def check(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        async def check(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            """None to go on, else what the refused call answers (see :meth:`_refuse`)."""
             error = refusal
             if error is None and user is not None:
                 error = self._resource_refusal(user, rule, method, request)
             if error is not None:
                 self._audit_refusal(method, peer_ak, context.peer(), error)
-                await context.abort_with_status(error.to_status())
+                return await self._refuse(method, error, context)
             if rule.role in ("admin",):
                 audit.info("admin call", method=method, access_key=peer_ak, peer=context.peer())
+            return None
 
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
             async def unary(request: Any, context: Any) -> Any:
-                await check(request, context)
-                return await inner(request, context)
+                answer = await check(request, context)
+                return answer if answer is not None else await inner(request, context)
 
             return handler._replace(unary_unary=unary)
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
 
             async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-                await check(request, context)
+                answer = await check(request, context)
+                if answer is not None:
+                    yield answer
+                    return
                 async for item in _responses(inner_us(request, context)):
                     yield item
 
@@ -145,20 +150,31 @@ class AclGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             inner_su = handler.stream_unary
 
             async def stream_unary(requests: Any, context: Any) -> Any:
-                await check(None, context)
-                return await inner_su(requests, context)
+                answer = await check(None, context)
+                return answer if answer is not None else await inner_su(requests, context)
 
             return handler._replace(stream_unary=stream_unary)
         if handler.stream_stream is not None:
             inner_ss = handler.stream_stream
 
             async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-                await check(None, context)
+                answer = await check(None, context)
+                if answer is not None:
+                    yield answer
+                    return
                 async for item in _responses(inner_ss(requests, context)):
                     yield item
 
             return handler._replace(stream_stream=stream_stream)
         return handler
+
+    async def _refuse(
+        self, method: str, error: ServiceError, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        """End a refused call: here with the gRPC status (UNAUTHENTICATED, PERMISSION_DENIED).
+        A protocol that answers refusals in its responses (apache.rocketmq.v2's Status) returns
+        the response to send instead."""
+        await context.abort_with_status(error.to_status())
 
     def _audit_refusal(self, method: str, ak: str, peer: str, error: ServiceError) -> None:
         now_s = int(time.monotonic())

@@ -100,6 +100,59 @@ RULES: dict[str, Rule] = {
 }
 
 
+# -- apache.rocketmq.v2 (the broker's gateway for the official SDKs), the same rules as above:
+# a v2 resource in namespace ns is RocketQ's ``ns%{name}`` (services/broker/gateway/v2common).
+def _v2_name(resource: Any) -> str:
+    ns = resource.resource_namespace
+    return f"{ns}%{resource.name}" if ns else str(resource.name)
+
+
+def _v2_send(req: Any) -> Iterator[Need]:
+    for topic in {_v2_name(m.topic) for m in req.messages}:
+        yield ("topic", topic, Perm.PUB)
+
+
+def _v2_group_topic(req: Any) -> Iterator[Need]:
+    yield ("group", _v2_name(req.group), Perm.SUB)
+    yield ("topic", _v2_name(req.topic), Perm.SUB)
+
+
+def _v2_group_queue(req: Any) -> Iterator[Need]:
+    yield ("group", _v2_name(req.group), Perm.SUB)
+    yield ("topic", _v2_name(req.message_queue.topic), Perm.SUB)
+
+
+def _v2_queue(req: Any) -> Iterator[Need]:
+    yield ("topic", _v2_name(req.message_queue.topic), Perm.SUB)
+
+
+def _v2_recall(req: Any) -> Iterator[Need]:
+    yield ("topic", _v2_name(req.topic), Perm.PUB)
+
+
+_V2 = "/apache.rocketmq.v2.MessagingService/"
+RULES.update(
+    {
+        _V2 + "QueryRoute": ANY,
+        _V2 + "Heartbeat": ANY,
+        _V2 + "NotifyClientTermination": ANY,
+        _V2 + "Telemetry": ANY,  # settings and server commands; like ClientStream
+        _V2 + "SendMessage": Rule("res", _v2_send),
+        _V2 + "EndTransaction": ANY,  # as EndTransaction above
+        _V2 + "RecallMessage": Rule("res", _v2_recall),  # its publisher's right to the topic
+        _V2 + "QueryAssignment": Rule("res", _v2_group_topic),
+        _V2 + "ReceiveMessage": Rule("res", _v2_group_queue),
+        _V2 + "AckMessage": Rule("res", _v2_group_topic),
+        _V2 + "ChangeInvisibleDuration": Rule("res", _v2_group_topic),
+        _V2 + "ForwardMessageToDeadLetterQueue": Rule("res", _v2_group_topic),
+        _V2 + "PullMessage": Rule("res", _v2_group_queue),
+        _V2 + "UpdateOffset": Rule("res", _v2_group_queue),
+        _V2 + "GetOffset": Rule("res", _v2_group_queue),
+        _V2 + "QueryOffset": Rule("res", _v2_queue),
+    }
+)
+
+
 def rule_for(method: str) -> Rule:
     rule = RULES.get(method)
     if rule is not None:
