@@ -329,6 +329,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             props[Prop.KEYS] = " ".join(sp.keys)
         if msg_id:
             props[Prop.UNIQ_KEY] = msg_id
+        if sp.message_group:  # FIFO pop orders per message group (services/broker/pop/fifo.py)
+            props[Prop.SHARDING_KEY] = sp.message_group
         if sp.message_type == v2.TRANSACTION:  # a half message until EndTransaction
             props[Prop.TRANSACTION_PREPARED] = "true"
             props[Prop.PRODUCER_GROUP] = GATEWAY_PRODUCER_GROUP
@@ -463,6 +465,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         sp = v2.SystemProperties(
             tag=props.pop(Prop.TAGS, ""),
             keys=[k for k in props.pop(Prop.KEYS, "").split(" ") if k],
+            message_group=props.pop(Prop.SHARDING_KEY, None),
             message_id=stored.msg_id,
             body_digest=_digest(body),
             body_encoding=v2.IDENTITY,
