@@ -55,6 +55,7 @@ from services.broker.config import BrokerConfig
 from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
+from services.broker.gateway.recall import Recaller, recall_handle_of
 from services.broker.gateway.renew import RenewTable
 from services.broker.gateway.telemetry import TelemetrySession, client_id_of, heartbeat
 from services.broker.messaging_service import MessagingService
@@ -366,6 +367,13 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             message_id=msg_id or result.msg_id,  # a delayed send's result names the timer
             transaction_id=tx_id,
             offset=result.queue_offset,
+            recall_handle=recall_handle_of(  # a delayed message's (gateway/recall.py)
+                self.config.broker_name,
+                topic,
+                props,
+                msg_id or result.msg_id,
+                self.messaging.clock.now_ms(),
+            ),
         )
 
     @rpc
@@ -561,7 +569,19 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @rpc
     async def RecallMessage(self, request: Any, context: Context) -> Any:
-        _not_yet("RecallMessage")
+        """Cancel a delayed message by its recall handle (gateway/recall.py)."""
+
+        async def gateways() -> dict[str, str]:
+            queues = await self._routed_queues(request.topic, named(request.topic)) or []
+            return {
+                q.broker.name: f"{a.host}:{a.port}"
+                for q in queues
+                for a in q.broker.endpoints.addresses[:1]
+            }
+
+        return await Recaller(self.config, self.messaging).recall(
+            named(request.topic), request.recall_handle, context.peer(), gateways
+        )
 
     @rpc
     async def SyncLiteSubscription(self, request: Any, context: Context) -> Any:
