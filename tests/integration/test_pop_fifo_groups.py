@@ -178,7 +178,7 @@ async def test_a_killed_broker_keeps_each_groups_order_and_acks(
 ) -> None:
     topic, group = "FifoRestart", "fifo-restart"
     # Its own cluster: a process restarted inside a test is reaped when the test ends.
-    keys = {"flushDiskType": "SYNC_FLUSH"}
+    keys: dict[str, object] = {"flushDiskType": "SYNC_FLUSH"}
     with cluster(tmp_path_factory.mktemp("pop_fifo_restart"), broker_keys=keys) as cl:
         await _killed_broker_scenario(cl, topic, group)
         cl.check_logs()

@@ -1,7 +1,8 @@
 """RecallMessage (services/broker/gateway/recall.py): a delayed message cancelled before it is due.
 
-One nameserver, one broker serving the v2 gateway on a free port and a timer wheel for the
-module; the restart scenario starts its own (a process restarted inside a test is reaped when
+One nameserver, two brokers serving the v2 gateway on free ports and a timer wheel for the
+module (the second broker group for a recall that reaches the other group's gateway first);
+the restart scenario starts its own (a process restarted inside a test is reaped when
 the test ends). The official Python SDK 5.1.2 (``Producer.recall_message``) runs as its own
 application (tests/integration/v2_apps/recall.py); the bad handles and the restart go through
 raw v2 calls with the gateway's generated classes (the SDK cannot be imported beside them).
@@ -23,12 +24,19 @@ import grpc
 import pytest
 from google.protobuf import timestamp_pb2
 
-from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2, timer_pb2
+from rocketq._api.rocketq.v1 import (
+    admin_pb2,
+    common_pb2,
+    messaging_pb2,
+    timer_pb2,
+)
+from rocketq.codec import Prop
+from rocketq.validation import TIMER_TOPIC
 from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
 from tests.integration.cluster import free_port
-from tests.support.cluster import Cluster, cluster
+from tests.support.cluster import Cluster, cluster, wait_routed
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -42,10 +50,13 @@ APP_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, int]]:
-    with gateway_cluster(tmp_path_factory.mktemp("recall")) as c:
-        yield c
-        c[0].check_logs()
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, int, int]]:
+    """The cluster, broker-a's gateway port, broker-b's."""
+    with gateway_cluster(tmp_path_factory.mktemp("recall")) as (c, port):
+        port_b = free_port()
+        c.start_broker("broker-b", gatewayPort=port_b)
+        yield c, port, port_b
+        c.check_logs()
 
 
 @contextlib.contextmanager
@@ -56,11 +67,11 @@ def gateway_cluster(root: Path) -> Iterator[tuple[Cluster, int]]:
         yield c, port
 
 
-async def make_topic(c: Cluster, topic: str) -> None:
-    async with RawClient(c.broker.addr) as raw:
+async def make_topic(c: Cluster, topic: str, broker: int = 0) -> None:
+    async with RawClient(c.brokers[broker].addr) as raw:
         await raw.admin.CreateTopic(
             admin_pb2.CreateTopicRequest(
-                target=admin_pb2.ApplyTarget(broker_name=BROKER),
+                target=admin_pb2.ApplyTarget(broker_name=f"broker-{'ab'[broker]}"),
                 config=common_pb2.TopicConfig(
                     topic_name=topic, read_queue_nums=1, write_queue_nums=1, perm=6
                 ),
@@ -100,13 +111,16 @@ async def recall(stub: Any, topic: str, handle: str) -> Any:
 
 async def timer_stats(c: Cluster) -> timer_pb2.GetTimerStatsResponse:
     async with RawClient(c.timer.addr) as raw:
-        return await raw.timer.GetTimerStats(timer_pb2.GetTimerStatsRequest())
+        stats: timer_pb2.GetTimerStatsResponse = await raw.timer.GetTimerStats(
+            timer_pb2.GetTimerStatsRequest()
+        )
+    return stats
 
 
 async def test_official_sdk_recalls_a_delayed_message(
-    gw: tuple[Cluster, int], tmp_path: Path
+    gw: tuple[Cluster, int, int], tmp_path: Path
 ) -> None:
-    c, port = gw
+    c, port, _ = gw
     assert SDK_PYTHON.exists(), "make setup installs the official SDK into .venv-rmq5"
     topic = "RecallSdk"
     await make_topic(c, topic)
@@ -125,8 +139,8 @@ async def test_official_sdk_recalls_a_delayed_message(
     assert stats.cancelled_total == cancelled_before + 1  # the wheel skipped "drop"
 
 
-async def test_bad_recall_handles_get_the_protocol_statuses(gw: tuple[Cluster, int]) -> None:
-    c, port = gw
+async def test_bad_recall_handles_get_the_protocol_statuses(gw: tuple[Cluster, int, int]) -> None:
+    c, port, _ = gw
     topic = "RecallBad"
     await make_topic(c, topic)
     later_ms = int(time.time() * 1000) + 60_000
@@ -161,6 +175,31 @@ async def test_bad_recall_handles_get_the_protocol_statuses(gw: tuple[Cluster, i
         assert (resp.status.code, resp.message_id) == (v2.OK, entry.message_id)
         resp = await recall(stub, topic, entry.recall_handle)
         assert resp.status.code == v2.MESSAGE_NOT_FOUND and "already" in resp.status.message
+
+
+async def test_a_recall_through_another_groups_gateway_reaches_the_timers_group(
+    gw: tuple[Cluster, int, int],
+) -> None:
+    c, port, port_b = gw
+    topic = "RecallOtherGroup"
+    await make_topic(c, topic, broker=1)  # only broker-b has it
+    await wait_routed(c.namesrv_addrs, topic, 1)
+    later_ms = int(time.time() * 1000) + 60_000
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port_b}") as channel:
+        entry = await send_delayed(svc_grpc.MessagingServiceStub(channel), topic, b"b", later_ms)
+    assert entry.recall_handle == handle_of(topic, "broker-b", later_ms, entry.message_id)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:  # broker-a's
+        stub = svc_grpc.MessagingServiceStub(channel)
+        resp = await recall(stub, topic, entry.recall_handle)
+        assert (resp.status.code, resp.message_id) == (v2.OK, entry.message_id)
+        resp = await recall(stub, topic, entry.recall_handle)
+        assert resp.status.code == v2.MESSAGE_NOT_FOUND and "already" in resp.status.message
+    async with RawClient(c.brokers[1].addr) as raw:  # the marker is in broker-b's timer topic
+        found = await raw.messaging.QueryMessageById(
+            messaging_pb2.QueryMessageByIdRequest(topic=TIMER_TOPIC, msg_id=entry.message_id)
+        )
+    markers = [m for m in found.messages if Prop.TIMER_DEL_UNIQKEY in m.message.properties]
+    assert len(markers) == 1
 
 
 async def test_a_recall_survives_a_timer_wheel_restart(
@@ -203,10 +242,8 @@ async def _restart_scenario(c: Cluster, port: int) -> None:
             return b"keep" in received
 
         await until(popped, "the kept message at its time", timeout_s=30)
-        stats = await until(
-            lambda: _cancelled(c), "the restarted wheel skipping the recalled timer"
-        )
-        assert stats.cancelled_total == 1
+        await until(lambda: _cancelled(c), "the restarted wheel skipping the recalled timer")
+        assert (await timer_stats(c)).cancelled_total == 1
         await popped()  # anything else due with "keep" is there by now
         assert received == [b"keep"]
         assert keep.message_id != drop.message_id  # two timers in one slot, one skipped

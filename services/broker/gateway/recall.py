@@ -56,6 +56,12 @@ FORWARD_TIMEOUT_S = 5.0
 TIMER_LOOKUP_MAX = 64
 """Records of one message id read from the timer topic's index, at most (a timer, its cancel
 markers, and hash neighbours)."""
+_CODES = {
+    grpc.StatusCode.NOT_FOUND: v2.MESSAGE_NOT_FOUND,
+    grpc.StatusCode.INVALID_ARGUMENT: v2.BAD_REQUEST,
+    grpc.StatusCode.PERMISSION_DENIED: v2.FORBIDDEN,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: v2.TOO_MANY_REQUESTS,
+}
 Gateways = Mapping[str, str]
 """Broker group name → its gateway's ``host:port``."""
 RECALL_PRODUCER_GROUP = "rmq_v2_recall"
@@ -138,9 +144,8 @@ class Recaller:
         try:
             deliver_ms = self._pending_timer(parsed)
             await self._store_marker(parsed, deliver_ms, peer)
-        except ServiceError as exc:
-            code = v2.MESSAGE_NOT_FOUND if exc.code == grpc.StatusCode.NOT_FOUND else None
-            return _response(code or v2.INTERNAL_ERROR, exc.message)
+        except ServiceError as exc:  # not found, or the marker's Send refused
+            return _response(_CODES.get(exc.code, v2.INTERNAL_ERROR), exc.message)
         log.info("recalled delayed message %s of %s due at %d", parsed.message_id, topic,
                  deliver_ms)  # fmt: skip
         return _response(v2.OK, "OK", parsed.message_id)
