@@ -1,10 +1,10 @@
 """FIFO pop consumption per message group (services/broker/pop/fifo.py), against real processes.
 
-One nameserver and one broker (the v2 gateway on a free port) for the module, and one more
-(SYNC_FLUSH, so a kill -9 loses nothing acknowledged) for the restart; each test has its own
-topic (one queue, so the message groups share it) and FIFO consumer group. Messages name their
-message group with the ``__SHARDINGKEY`` property, as the v2 gateway stores a FIFO message's
-``message_group``.
+One nameserver, one broker (the v2 gateway on a free port) and its slave for the module, and
+one more broker (SYNC_FLUSH, so a kill -9 loses nothing acknowledged) for the restart; each
+test has its own topic (one queue, so the message groups share it) and FIFO consumer group.
+Messages name their message group with the ``__SHARDINGKEY`` property, as the v2 gateway stores
+a FIFO message's ``message_group``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ APP_TIMEOUT_S = 120
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, int]]:
     port = free_port()
-    with cluster(tmp_path_factory.mktemp("pop_fifo"), broker_keys={"gatewayPort": port}) as cl:
+    keys: dict[str, object] = {"gatewayPort": port}
+    with cluster(tmp_path_factory.mktemp("pop_fifo"), broker_keys=keys, slaves=1) as cl:
         yield cl, port
         cl.check_logs()
 
@@ -127,6 +128,9 @@ async def test_two_message_groups_on_one_queue_go_to_two_consumers(
         await send(cl, topic, ["B-3"])
         for m in others:
             await two.ack(m)
+        # B acked ahead of the unacked A-0: the slave follows that state from the revive log
+        # (what a promoted slave would go on from).
+        assert await until(lambda: _same_fifo_state(cl), "the slave's FIFO state") == ("1", "3")
         later = await receive_until(two, "B-3 once B is acked, while A waits", want=1)
         assert seen(later) == [("B-3", 1)]
         await one.ack(first[0])
@@ -135,6 +139,17 @@ async def test_two_message_groups_on_one_queue_go_to_two_consumers(
         for m in [*later, *rest]:
             await two.ack(m)
         assert await one.receive(32, 30_000) == []
+
+
+async def _fifo_state(addr: str) -> tuple[str, str]:
+    async with RawClient(addr) as raw:
+        extra = (await raw.runtime_stats()).extra
+    return extra["pop_fifo_in_flight"], extra["pop_fifo_acked_ahead"]
+
+
+async def _same_fifo_state(cl: Cluster) -> tuple[str, str] | None:
+    master, slave = await _fifo_state(cl.broker.addr), await _fifo_state(cl.slaves[0].addr)
+    return master if master == slave else None
 
 
 async def test_an_unacked_message_comes_back_before_the_rest_of_its_group(
