@@ -103,6 +103,8 @@ class _Scan:
         group = message_group(rec)
         ck_id = fq.owner.get(offset)
         ck = self.pops.state.cks.get(ck_id) if ck_id is not None else None
+        if ck is not None and (offset not in ck.offsets or offset in ck.acked):
+            ck = None  # not held by it any more (the state keeps them in step; never trusted)
         if ck is not None and ck.until_ms > self.now_ms:
             self.skip(group)  # in flight
             return
