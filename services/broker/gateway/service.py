@@ -30,10 +30,12 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 | Telemetry server commands  | thread stack / verify message asked by an admin (Admin        |
 |                            | AskGatewayClient, ``rocketq gateway ask``: gateway/commands.py) |
 
-Not yet: FIFO per message group (a group is hashed to a queue and the whole queue is held),
-transaction check-backs (RecoverOrphanedTransactionCommand on Telemetry: an unresolved half
-message is checked with no producer to ask, then discarded), the server-side auto-renew of push
-consumers' invisible time, the other RPCs (grpc answers UNIMPLEMENTED).
+| RecallMessage              | a cancel marker for the delayed message's timer, through the  |
+|                            | broker's Send like TimerClient.cancel (gateway/recall.py)     |
+| (FIFO groups)              | message_group is stored as __SHARDINGKEY; pop holds each      |
+|                            | group, not the queue (services/broker/pop/fifo.py)            |
+
+Not yet: lite topics (SyncLiteSubscription answers UNIMPLEMENTED with a message).
 The facts behind the choices are in the shared brief v2-protocol.md.
 """
 
@@ -63,6 +65,7 @@ from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
 from services.broker.gateway.commands import ClientCommands
 from services.broker.gateway.pull import PullOffsets
+from services.broker.gateway.recall import Recaller, recall_handle_of
 from services.broker.gateway.renew import RenewTable
 from services.broker.gateway.telemetry import TelemetrySession, client_id_of, heartbeat
 from services.broker.gateway.v2common import (
@@ -301,6 +304,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             props[Prop.KEYS] = " ".join(sp.keys)
         if msg_id:
             props[Prop.UNIQ_KEY] = msg_id
+        if sp.message_group:  # FIFO pop orders per message group (services/broker/pop/fifo.py)
+            props[Prop.SHARDING_KEY] = sp.message_group
         if sp.message_type == v2.TRANSACTION:  # a half message until EndTransaction
             props[Prop.TRANSACTION_PREPARED] = "true"
             props[Prop.PRODUCER_GROUP] = GATEWAY_PRODUCER_GROUP
@@ -336,6 +341,13 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             message_id=msg_id or result.msg_id,  # a delayed send's result names the timer
             transaction_id=tx_id,
             offset=result.queue_offset,
+            recall_handle=recall_handle_of(  # a delayed message's (gateway/recall.py)
+                self.config.broker_name,
+                topic,
+                props,
+                msg_id or result.msg_id,
+                self.messaging.clock.now_ms(),
+            ),
         )
 
     @rpc
@@ -516,7 +528,19 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     @rpc
     async def RecallMessage(self, request: Any, context: Context) -> Any:
-        _not_yet("RecallMessage")
+        """Cancel a delayed message by its recall handle (gateway/recall.py)."""
+
+        async def gateways() -> dict[str, str]:
+            queues = await self._routed_queues(request.topic, named(request.topic)) or []
+            return {
+                q.broker.name: f"{a.host}:{a.port}"
+                for q in queues
+                for a in q.broker.endpoints.addresses[:1]
+            }
+
+        return await Recaller(self.config, self.messaging).recall(
+            named(request.topic), request.recall_handle, context.peer(), gateways
+        )
 
     @rpc
     async def SyncLiteSubscription(self, request: Any, context: Context) -> Any:

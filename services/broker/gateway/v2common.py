@@ -91,6 +91,7 @@ def message_of(stored: common_pb2.StoredMessage, topic: Any, **system: Any) -> A
     sp = v2.SystemProperties(
         tag=props.pop(Prop.TAGS, ""),
         keys=[k for k in props.pop(Prop.KEYS, "").split(" ") if k],
+        message_group=props.pop(Prop.SHARDING_KEY, None),
         message_id=stored.msg_id,
         body_digest=digest(body),
         body_encoding=v2.IDENTITY,

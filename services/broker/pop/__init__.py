@@ -15,6 +15,7 @@ RocketQ, for ``Messaging.Pop / Ack / ChangeInvisibleTime`` and the gateway above
 | ``state``     | the revive log's records, the in-memory state rebuilt from them, handles  |
 | ``processor`` | Pop (with long polling on every queue read), Ack, ChangeInvisibleTime     |
 | ``revive``    | the loop that redelivers what was not acked in time                       |
+| ``fifo``      | FIFO groups: ordered per message group, the groups of a queue side by side |
 | ``dead_letter``| copies for redelivery: the pop retry topic or ``%DLQ%{group}``           |
 
 The revive log is the only source of truth: every change is appended to it first and then read

@@ -4,9 +4,10 @@ A Pop reads every queue it covers (the asked queue, or all read queues of the to
 queues of the group's pop retry topic ``%RETRY%{group}_{topic}``, RocketMQ 5's name) from the
 group's pop offset, appends one checkpoint per queue that gave messages to the revive log, and
 moves the pop offset past what it read (messages a filter skipped included). FIFO groups (the
-group's ``consumeMessageOrderly``) hold a queue while its checkpoint is in flight: the next
-messages of the queue wait until the batch is acked, and a batch not acked in time is handed out
-again from the queue, in order, with one more delivery attempt (never through the retry topic).
+group's ``consumeMessageOrderly``) are ordered per message group (``pop/fifo.py``): a message
+group's next message waits until the previous is acked, other message groups of the queue go
+on, and a message not acked in time is handed out again from the queue, in order, with one
+more delivery attempt (never through the retry topic).
 The pop offset of a queue is the larger of the revive log's (``PopState.next_offsets``) and the
 consumer offset table's; a group that has neither starts at offset 0 while the queue was never
 trimmed (every message still there), else at the queue's end, and retry topics always at their
@@ -22,6 +23,7 @@ tries again until the time is up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -46,6 +48,7 @@ from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.filter import parse_subscription, record_filter_of, tags_filter_of
 from services.broker.ha_tracker import HaWaiter, leadership_lost_error, sync_master_wait
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
+from services.broker.pop import fifo as fifo_scan
 from services.broker.pop.dead_letter import copy_message, pop_retry_topic
 from services.broker.pop.state import (
     REPLAY_GROUP,
@@ -120,6 +123,9 @@ class PopProcessor:
         self.state = PopState()
         self.lock = asyncio.Lock()
         self.log_topic = revive_topic(config.cluster_name)
+        self._fifo_released: dict[str, asyncio.Event] = {}
+        """FIFO group → set when one of its messages is acked (a waiting Pop may go on);
+        one per group with a Pop waiting at most."""
 
     # -- the revive log --------------------------------------------------------------------
     def catch_up(self) -> None:
@@ -217,9 +223,13 @@ class PopProcessor:
         if remaining_s is not None:
             poll_ms = min(poll_ms, int(remaining_s * 1000) - DEADLINE_MARGIN_MS)
         deadline_s = self.clock.monotonic_s() + poll_ms / 1000
+        fifo = self._fifo(req.consumer_group)
         while True:
+            holds: dict[tuple[str, int], int] = {}
             async with self.lock:
-                out = await self._pop_once(req, max_nums, sources, tags_filter, record_filter)
+                out = await self._pop_once(
+                    req, max_nums, sources, tags_filter, record_filter, fifo, holds
+                )
             left_ms = int((deadline_s - self.clock.monotonic_s()) * 1000)
             if out.messages or left_ms <= 0:
                 return out
@@ -227,13 +237,15 @@ class PopProcessor:
                 self.hold.hold(
                     t,
                     q,
-                    self._offset(req.consumer_group, t, q),
+                    holds.get((t, q), -1) if fifo else self._offset(req.consumer_group, t, q),
                     tags_filter,
                     left_ms,
                     record_filter=record_filter,
                 )
                 for t, q in sources[:HELD_QUEUES_MAX]
             ]
+            if fifo:  # an ack, or the end of an invisible time, may free a message group
+                waits.append(self._fifo_released_wait(req.consumer_group, left_ms))
             await _first_of(waits)
 
     def _sources(
@@ -272,7 +284,11 @@ class PopProcessor:
         sources: list[tuple[str, int]],
         tags_filter: Any,
         record_filter: Any,
+        fifo: bool,
+        holds: dict[tuple[str, int], int],
     ) -> messaging_pb2.PopResponse:
+        """One read of every source; ``holds`` gets where a long poll of each FIFO queue
+        waits."""
         self.catch_up()
         if len(self.state.cks) >= CHECKPOINTS_MAX:
             exhausted(
@@ -283,17 +299,16 @@ class PopProcessor:
         group = req.consumer_group
         now_ms = self.clock.now_ms()
         until_ms = now_ms + req.invisible_time_ms
-        fifo = self._fifo(group)
         records: list[dict[str, Any]] = []
         taken: list[tuple[str, codec.Record, int]] = []
         for topic, qid in sources:
             if len(taken) >= max_nums:
                 break
-            holder = self.state.fifo_holder(group, topic, qid) if fifo else None
-            if holder is not None:
-                if holder.until_ms > now_ms:
-                    continue  # the previous batch is not acked yet: the queue waits
-                await self._fifo_again(holder, until_ms, records, taken)
+            if fifo:
+                holds[(topic, qid)] = await self._pop_fifo(
+                    req, topic, qid, max_nums - len(taken), until_ms, (tags_filter, record_filter),
+                    records, taken,
+                )  # fmt: skip
                 continue
             offset = self._offset(group, topic, qid)
             got = self.store.get_messages(
@@ -309,8 +324,6 @@ class PopProcessor:
                 "t": "ck", "id": ck_id, "g": group, "at": req.topic, "rt": topic, "q": qid,
                 "o": got.queue_offsets, "n": got.next_begin_offset, "u": until_ms,
             }  # fmt: skip
-            if fifo:
-                record.update(f=True, a=1)
             records.append(record)
             self.offsets.commit(group, topic, qid, got.next_begin_offset, increase_only=True)
             taken.extend((ck_id, codec.decode_record(r, check_crc=False), 0) for r in got.records)
@@ -336,42 +349,68 @@ class PopProcessor:
         group_cfg = self.groups.get(group)
         return group_cfg is not None and group_cfg.consume_message_orderly
 
-    async def _fifo_again(
+    async def _pop_fifo(
         self,
-        holder: Checkpoint,
+        req: messaging_pb2.PopRequest,
+        topic: str,
+        qid: int,
+        want: int,
         until_ms: int,
+        filters: tuple[Any, Any],
         records: list[dict[str, Any]],
         taken: list[tuple[str, codec.Record, int]],
-    ) -> None:
-        """A FIFO queue whose batch was not acked in time: the same messages again, in order,
-        under a new checkpoint (one more attempt); the old one is acked in the same append.
-        A batch delivered retryMaxTimes + 1 times goes to %DLQ%{group} instead, and the queue
-        moves on."""
-        offsets = holder.unacked()
-        records.extend({"t": "ack", "id": holder.ck_id, "o": o} for o in offsets)
-        group_cfg = self.groups.get(holder.group)
-        max_times = group_cfg.retry_max_times if group_cfg is not None else -1
-        if 0 <= max_times < holder.attempt:
-            for offset in offsets:
-                rec = self.read(holder.read_topic, holder.queue_id, offset)
-                if rec is not None:
-                    await copy_message(
-                        self, holder.group, holder.asked_topic, rec,
-                        reconsume_times=holder.attempt, to_dlq=True,
-                    )  # fmt: skip
-            return
+    ) -> int:
+        """One queue of a FIFO group (pop/fifo.py): a checkpoint for what it hands out, acks
+        for what went to the DLQ; where a long poll of the queue waits."""
+        group = req.consumer_group
+        group_cfg = self.groups.get(group)
+        start = self._offset(group, topic, qid)
+        take = await fifo_scan.scan(
+            self, group=group, asked_topic=req.topic, topic=topic, queue_id=qid, start=start,
+            want=want, now_ms=self.clock.now_ms(),
+            max_times=group_cfg.retry_max_times if group_cfg is not None else -1,
+            tags_filter=filters[0], record_filter=filters[1],
+        )  # fmt: skip
+        records.extend({"t": "ack", "id": ck_id, "o": o} for ck_id, o in take.dead)
+        if take.frontier > start:
+            self.offsets.commit(group, topic, qid, take.frontier, increase_only=True)
+        if not take.picked:
+            return take.hold_offset
         ck_id = new_checkpoint_id()
+        attempts = [a for _r, a in take.picked]
         records.append(
             {
-                "t": "ck", "id": ck_id, "g": holder.group, "at": holder.asked_topic,
-                "rt": holder.read_topic, "q": holder.queue_id, "o": offsets,
-                "n": offsets[-1] + 1, "u": until_ms, "f": True, "a": holder.attempt + 1,
+                "t": "ck", "id": ck_id, "g": group, "at": req.topic, "rt": topic, "q": qid,
+                "o": [r.queue_offset for r, _a in take.picked], "n": take.frontier,
+                "u": until_ms,
+                **self._fifo_fields(group, topic, qid, take.frontier, [o for _c, o in take.dead]),
+                "a": attempts[0] if len(set(attempts)) == 1 else attempts,
             }
         )  # fmt: skip
-        for offset in offsets:
-            rec = self.read(holder.read_topic, holder.queue_id, offset)
-            if rec is not None:  # else removed by retention: nothing left to deliver
-                taken.append((ck_id, rec, holder.attempt))
+        taken.extend((ck_id, rec, attempt - 1) for rec, attempt in take.picked)
+        return take.hold_offset
+
+    def _fifo_fields(
+        self, group: str, topic: str, qid: int, frontier: int, also_done: list[int]
+    ) -> dict[str, Any]:
+        """What a FIFO checkpoint carries besides the common fields (state.py's table)."""
+        done = set(self.state.fifo_queue(group, topic, qid).done_above(frontier))
+        done.update(o - frontier for o in also_done if o >= frontier)
+        return {"f": True, "d": sorted(done)}
+
+    async def _fifo_released_wait(self, group: str, left_ms: int) -> bool:
+        """Until a message of FIFO ``group`` is acked or one of its invisible times ends."""
+        now_ms = self.clock.now_ms()
+        expiry = self.state.fifo_next_expiry_ms(group, now_ms)
+        wait_ms = left_ms if expiry is None else min(left_ms, expiry - now_ms + 1)
+        event = self._fifo_released.setdefault(group, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(event.wait(), max(wait_ms, 1) / 1000)
+        return False
+
+    def _fifo_wake(self, ck: Checkpoint) -> None:
+        if ck.fifo and (event := self._fifo_released.pop(ck.group, None)) is not None:
+            event.set()
 
     def _offset(self, group: str, topic: str, queue_id: int) -> int:
         """The queue offset this group pops next (see the module docstring)."""
@@ -395,8 +434,9 @@ class PopProcessor:
         _names(req.consumer_group, req.topic)
         ck_id, offset = parse_handle(req.receipt_handle, self.config.broker_name)
         async with self.lock:
-            self._in_flight(req.consumer_group, req.topic, req.receipt_handle, ck_id, offset)
+            ck = self._in_flight(req.consumer_group, req.topic, req.receipt_handle, ck_id, offset)
             await self.append([{"t": "ack", "id": ck_id, "o": offset}])
+        self._fifo_wake(ck)
         return messaging_pb2.AckResponse()
 
     async def change_invisible_time(
@@ -417,7 +457,7 @@ class PopProcessor:
                     {
                         "t": "ck", "id": new_id, "g": ck.group, "at": ck.asked_topic,
                         "rt": ck.read_topic, "q": ck.queue_id, "o": [offset], "n": offset + 1,
-                        "u": until_ms, **({"f": True, "a": ck.attempt} if ck.fifo else {}),
+                        "u": until_ms, **(self._fifo_change(ck, offset) if ck.fifo else {}),
                     },
                     {"t": "ack", "id": ck_id, "o": offset},
                 ]
@@ -444,6 +484,13 @@ class PopProcessor:
                     to_dlq=True,
                 )  # fmt: skip
             await self.append([{"t": "ack", "id": ck_id, "o": offset}])
+        self._fifo_wake(ck)
+
+    def _fifo_change(self, ck: Checkpoint, offset: int) -> dict[str, Any]:
+        """A FIFO message's new checkpoint keeps its attempt; ``n`` is the frontier."""
+        frontier = self._offset(ck.group, ck.read_topic, ck.queue_id)
+        fields = self._fifo_fields(ck.group, ck.read_topic, ck.queue_id, frontier, [])
+        return {**fields, "n": frontier, "a": ck.attempt_of(offset)}
 
     def _in_flight(
         self, group: str, topic: str, handle: str, ck_id: str, offset: int

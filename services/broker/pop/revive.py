@@ -47,6 +47,9 @@ class ReviveService:
         """For GetRuntimeStats ``extra``."""
         return {
             "pop_in_flight_checkpoints": str(len(self.pops.state.cks)),
+            # FIFO groups: messages in flight, and acked ahead of an earlier unacked one
+            "pop_fifo_in_flight": str(sum(len(q.owner) for q in self.pops.state.fifo.values())),
+            "pop_fifo_acked_ahead": str(sum(len(q.done) for q in self.pops.state.fifo.values())),
             "pop_revived": str(self.revived),
             "pop_dead_lettered": str(self.dead_lettered),
         }

@@ -8,7 +8,9 @@ a small JSON object; its ``t`` says what it is:
 | ``ck`` | Pop, ChangeInvisibleTime   | id, group g, asked topic at, read topic rt, queue q,     |
 |        |                            | offsets o (queue offsets handed out), next n (the pop    |
 |        |                            | offset after this read), until u (epoch ms); FIFO groups |
-|        |                            | also f (true) and the delivery attempt a                 |
+|        |                            | also f (true), the delivery attempt a (one number, or    |
+|        |                            | one per offset) and d, the queue's offsets acked above   |
+|        |                            | n (as differences from n): see :class:`FifoQueue`        |
 | ``ack``| Ack, ChangeInvisibleTime   | id, offset o                                             |
 | ``done``| the revive loop           | id (every unacked offset was copied for redelivery)      |
 
@@ -18,6 +20,16 @@ checkpoint: ``rq1|{broker}|{checkpoint id}|{queue offset}``. The id is 128 rando
 handle cannot be guessed; it is valid exactly while that offset is in flight, so an acked,
 changed or redelivered message's handle is refused (stale), as is any handle this broker never
 issued (forged), both as INVALID_ARGUMENT INVALID_RECEIPT_HANDLE.
+
+FIFO groups (the group's ``consumeMessageOrderly``) are ordered per *message group* (the
+``__SHARDINGKEY`` property: the v2 SDKs' message_group; messages without one form the group
+"" of their queue). For a FIFO checkpoint ``n`` is the queue's *frontier*: every offset below
+it is acked (or skipped by the filter, or dead-lettered). Above the frontier a queue has
+offsets in flight (each held by exactly one checkpoint: a later checkpoint of the same offset
+takes it over, which is how a redelivery or a changed invisible time moves it), offsets acked
+out of order (another message group went ahead) and offsets not handed out yet. Each FIFO
+checkpoint carries the acked-above-frontier set ``d`` as its writer knew it, so a replay that
+starts at the queue's newest checkpoint knows it too (:meth:`PopState.replay_start`).
 """
 
 from __future__ import annotations
@@ -66,15 +78,48 @@ class Checkpoint:
     until_ms: int
     log_offset: int
     """Queue offset of the ``ck`` record in the revive log."""
-    attempt: int = 1
-    """FIFO checkpoints: which delivery of these offsets this is (the first is 1)."""
+    attempt: int | tuple[int, ...] = 1
+    """FIFO checkpoints: which delivery of these offsets this is (the first is 1), for all of
+    them or one per offset."""
     fifo: bool = False
-    """A FIFO group's checkpoint: it blocks its queue until acked, and is redelivered from
-    the queue itself, in order, rather than through the retry topic."""
+    """A FIFO group's checkpoint: it holds its messages' message groups until acked, and is
+    redelivered from the queue itself, in order, rather than through the retry topic."""
     acked: set[int] = field(default_factory=set)
 
     def unacked(self) -> list[int]:
         return [o for o in self.offsets if o not in self.acked]
+
+    def attempt_of(self, offset: int) -> int:
+        if isinstance(self.attempt, int):
+            return self.attempt
+        return self.attempt[self.offsets.index(offset)]
+
+
+FIFO_DONE_MAX = 4096
+"""Offsets acked above a FIFO queue's frontier kept at most (the pop scan window bounds them
+far below this; the cap only guards against a log written by something else)."""
+
+
+@dataclass(slots=True)
+class FifoQueue:
+    """One FIFO group's progress on one queue above its frontier (see the module docstring)."""
+
+    owner: dict[int, str] = field(default_factory=dict)
+    """Offset in flight → the checkpoint holding it."""
+    done: set[int] = field(default_factory=set)
+    """Offsets acked above the frontier."""
+    last_ck_log_offset: int = -1
+    """Revive-log offset of this queue's newest checkpoint (a replay that has to know ``done``
+    starts there at the latest)."""
+
+    def done_above(self, frontier: int) -> list[int]:
+        return sorted(o - frontier for o in self.done if o >= frontier)
+
+
+def _attempts(ck: Checkpoint) -> tuple[int, ...]:
+    if isinstance(ck.attempt, int):
+        return (ck.attempt,) * len(ck.offsets)
+    return ck.attempt
 
 
 def handle_of(broker: str, ck_id: str, offset: int) -> str:
@@ -115,7 +160,10 @@ class PopState:
     def __init__(self) -> None:
         self.cks: dict[str, Checkpoint] = {}
         self.next_offsets: dict[tuple[str, str, int], int] = {}
-        """(group, read topic, queue) → the next queue offset to pop."""
+        """(group, read topic, queue) → the next queue offset to pop (a FIFO queue's frontier)."""
+        self.fifo: dict[tuple[str, str, int], FifoQueue] = {}
+        """(group, read topic, queue) of FIFO groups with offsets in flight or acked above the
+        frontier."""
         self.applied_upto = -1
         """Revive-log offset of the next record to apply; -1 = not replayed yet."""
 
@@ -138,6 +186,7 @@ class PopState:
             log.warning("revive log record at %d does not parse; skipped", log_offset)
 
     def _apply_ck(self, rec: dict[str, Any], log_offset: int) -> None:
+        attempt = rec.get("a", 1)
         ck = Checkpoint(
             ck_id=rec["id"],
             group=rec["g"],
@@ -147,19 +196,74 @@ class PopState:
             offsets=tuple(int(o) for o in rec["o"]),
             until_ms=int(rec["u"]),
             log_offset=log_offset,
-            attempt=int(rec.get("a", 1)),
+            attempt=int(attempt) if isinstance(attempt, int) else tuple(int(a) for a in attempt),
             fifo=bool(rec.get("f", False)),
         )
+        if not isinstance(ck.attempt, int) and len(ck.attempt) != len(ck.offsets):
+            raise ValueError("one attempt per offset")
         key = (ck.group, ck.read_topic, ck.queue_id)
         self.next_offsets[key] = max(self.next_offsets.get(key, -1), int(rec["n"]))
+        if ck.fifo:
+            self._apply_fifo_ck(key, ck, [int(d) for d in rec.get("d", ())], log_offset)
         if ck.offsets:
             self.cks[ck.ck_id] = ck
+
+    def _apply_fifo_ck(
+        self, key: tuple[str, str, int], ck: Checkpoint, done: list[int], log_offset: int
+    ) -> None:
+        """Take over the checkpoint's offsets from whichever checkpoint held them; learn the
+        queue's acked-above-frontier set."""
+        frontier = self.next_offsets[key]
+        fq = self.fifo.setdefault(key, FifoQueue())
+        fq.last_ck_log_offset = log_offset
+        fq.done.update(frontier + d for d in done[:FIFO_DONE_MAX])
+        for offset in ck.offsets:
+            held_by = fq.owner.get(offset)
+            if held_by is not None and held_by != ck.ck_id:
+                self._release(held_by, offset)
+            fq.owner[offset] = ck.ck_id
+            fq.done.discard(offset)
+        self._prune(key, fq)
+
+    def _release(self, ck_id: str, offset: int) -> None:
+        """``offset`` is no longer in flight under ``ck_id`` (a newer checkpoint holds it)."""
+        old = self.cks.get(ck_id)
+        if old is None:
+            return
+        kept = [(o, a) for o, a in zip(old.offsets, _attempts(old), strict=True) if o != offset]
+        old.offsets = tuple(o for o, _a in kept)
+        if not isinstance(old.attempt, int):
+            old.attempt = tuple(a for _o, a in kept)
+        if not old.unacked():
+            del self.cks[ck_id]
+
+    def _prune(self, key: tuple[str, str, int], fq: FifoQueue) -> None:
+        """Forget what is below the frontier; advance the frontier over acked offsets."""
+        frontier = self.next_offsets.get(key, -1)
+        while frontier in fq.done:
+            fq.done.discard(frontier)
+            frontier += 1
+        self.next_offsets[key] = frontier
+        if any(o < frontier for o in fq.done):
+            fq.done = {o for o in fq.done if o >= frontier}
+        for offset in [o for o in fq.owner if o < frontier]:  # removed by retention
+            self._release(fq.owner.pop(offset), offset)
+        if not fq.owner and not fq.done:
+            del self.fifo[key]
 
     def _apply_ack(self, ck_id: str, offset: int) -> None:
         ck = self.cks.get(ck_id)
         if ck is None:
             return  # acked before a replay's start, or already done
         ck.acked.add(offset)
+        if ck.fifo:
+            key = (ck.group, ck.read_topic, ck.queue_id)
+            fq = self.fifo.get(key)
+            if fq is not None and fq.owner.get(offset) == ck_id:
+                del fq.owner[offset]
+                if offset >= self.next_offsets.get(key, -1) and len(fq.done) < FIFO_DONE_MAX:
+                    fq.done.add(offset)
+                self._prune(key, fq)
         if not ck.unacked():
             del self.cks[ck_id]
 
@@ -175,15 +279,23 @@ class PopState:
         redelivered by the next Pop of their queue)."""
         return [ck for ck in self.cks.values() if ck.until_ms <= now_ms and not ck.fifo]
 
-    def fifo_holder(self, group: str, topic: str, queue_id: int) -> Checkpoint | None:
-        """The FIFO checkpoint holding a queue for a group, if any (at most one: a Pop skips a
-        held queue)."""
-        for ck in self.cks.values():
-            if ck.fifo and (ck.group, ck.read_topic, ck.queue_id) == (group, topic, queue_id):
-                return ck
-        return None
+    def fifo_queue(self, group: str, topic: str, queue_id: int) -> FifoQueue:
+        """A FIFO queue's state (an empty one if nothing is in flight or acked above it)."""
+        return self.fifo.get((group, topic, queue_id)) or FifoQueue()
+
+    def fifo_next_expiry_ms(self, group: str, now_ms: int) -> int | None:
+        """When the group's next FIFO checkpoint passes its invisible time (its messages may
+        then go out again), if any is in flight."""
+        untils = [c.until_ms for c in self.cks.values() if c.fifo and c.group == group]
+        return min((u for u in untils if u > now_ms), default=None)
 
     def replay_start(self) -> int:
-        """The oldest in-flight checkpoint's log offset, else where the next record goes."""
-        oldest = min((ck.log_offset for ck in self.cks.values()), default=None)
+        """The oldest in-flight checkpoint's log offset, or the newest checkpoint of a FIFO
+        queue with offsets acked above its frontier if older; else where the next record
+        goes."""
+        oldest = min(
+            [ck.log_offset for ck in self.cks.values()]
+            + [fq.last_ck_log_offset for fq in self.fifo.values() if fq.done],
+            default=None,
+        )
         return self.applied_upto if oldest is None else oldest
