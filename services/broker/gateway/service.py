@@ -29,7 +29,6 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 |                            | statuses (gateway/auth.py)                                    |
 | Telemetry server commands  | thread stack / verify message asked by an admin (Admin        |
 |                            | AskGatewayClient, ``rocketq gateway ask``: gateway/commands.py) |
-
 | RecallMessage              | a cancel marker for the delayed message's timer, through the  |
 |                            | broker's Send like TimerClient.cancel (gateway/recall.py)     |
 | (FIFO groups)              | message_group is stored as __SHARDINGKEY; pop holds each      |
