@@ -82,6 +82,7 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
             "GetRuntimeStats",
             "Switchover",
             "DrainBroker",
+            "AskGatewayClient",
         },
     ),
     "replication": ("Replication", "replication_pb2", {"Stream", "SyncConfig"}),
