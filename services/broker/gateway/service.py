@@ -56,6 +56,11 @@ from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
 from services.broker.gateway.renew import RenewTable
+from services.broker.gateway.sdk_compat import (
+    change_invisible_ms,
+    delivered_fields,
+    store_message_group,
+)
 from services.broker.gateway.telemetry import TelemetrySession, client_id_of, heartbeat
 from services.broker.messaging_service import MessagingService
 from services.common.errors import ServiceError, rpc, rpc_stream
@@ -332,6 +337,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if sp.message_type == v2.TRANSACTION:  # a half message until EndTransaction
             props[Prop.TRANSACTION_PREPARED] = "true"
             props[Prop.PRODUCER_GROUP] = GATEWAY_PRODUCER_GROUP
+        store_message_group(sp, props)  # given back on delivery (sdk_compat)
         if sp.HasField("delivery_timestamp"):  # a delayed message: through the timer wheel
             props[Prop.TIMER_DELIVER_MS] = str(
                 sp.delivery_timestamp.seconds * 1000 + sp.delivery_timestamp.nanos // 1_000_000
@@ -466,7 +472,6 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             message_id=stored.msg_id,
             body_digest=_digest(body),
             body_encoding=v2.IDENTITY,
-            message_type=v2.NORMAL,
             born_timestamp=_timestamp(stored.born_timestamp_ms),
             born_host=stored.born_host,
             store_timestamp=_timestamp(stored.store_timestamp_ms),
@@ -476,6 +481,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             queue_offset=stored.queue_offset,
             invisible_duration=_duration(invisible_ms),
             delivery_attempt=popped.delivery_attempt,
+            **delivered_fields(props),  # group / delivery time / type (sdk_compat)
         )
         user = {k: v for k, v in props.items() if k not in _SYSTEM_PROPERTIES}
         return v2.Message(
@@ -516,7 +522,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             consumer_group=named(request.group),
             topic=named(request.topic),
             receipt_handle=await self.renew.take(request.receipt_handle),
-            invisible_time_ms=_ms(request.invisible_duration),
+            invisible_time_ms=change_invisible_ms(_ms(request.invisible_duration)),  # sdk_compat
         )
         try:
             out = await self.messaging.pops.change_invisible_time(change)
