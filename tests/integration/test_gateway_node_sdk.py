@@ -201,3 +201,62 @@ async def test_messages_cross_between_rocketq_sdk_and_node_sdk(gw: tuple[Cluster
     assert sorted(m.message.body for m in received) == [b"node-0", b"node-1"]
     assert all(m.message.properties["origin"] == "node-sdk" for m in received)
     assert sorted(m.message.keys for m in received) == [["nk0"], ["nk1"]]
+
+
+async def test_change_invisible_duration_below_a_second_is_raised_negative_refused(
+    gw: tuple[Cluster, int],
+) -> None:
+    """Raw v2 calls, as the Node PushConsumer makes them after a failure: it reads the backoff
+    policy's seconds as milliseconds (1 ms for a 1 s backoff) and retries a refused change
+    forever, so the gateway raises it to the 1 s minimum; a negative one is still refused."""
+    import grpc
+    from google.protobuf import duration_pb2
+
+    from services.broker.gateway._v2api import definition_pb2 as v2
+    from services.broker.gateway._v2api import service_pb2 as svc
+    from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
+
+    c, port = gw
+    await make_topic(c, "NodeBackoff")
+    async with Producer(ProducerConfig("node-backoff-producers", c.namesrv_addrs)) as producer:
+        await producer.send(Message("NodeBackoff", b"retry me"))
+    group, topic = v2.Resource(name="node-backoff"), v2.Resource(name="NodeBackoff")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = svc_grpc.MessagingServiceStub(channel)
+
+        async def receive() -> list[Any]:
+            req = svc.ReceiveMessageRequest(
+                group=group,
+                message_queue=v2.MessageQueue(topic=topic, id=-1),
+                batch_size=1,
+                invisible_duration=duration_pb2.Duration(seconds=30),
+                long_polling_timeout=duration_pb2.Duration(seconds=5),
+            )
+            frames = [r async for r in stub.ReceiveMessage(req, timeout=30)]
+            return [f.message for f in frames if f.HasField("message")]
+
+        [message] = await receive()
+
+        async def change(ms: int) -> Any:
+            return await stub.ChangeInvisibleDuration(
+                svc.ChangeInvisibleDurationRequest(
+                    group=group,
+                    topic=topic,
+                    receipt_handle=message.system_properties.receipt_handle,
+                    message_id=message.system_properties.message_id,
+                    invisible_duration=duration_pb2.Duration(nanos=ms * 1_000_000),
+                )
+            )
+
+        refused = await change(-1)
+        assert refused.status.code == v2.ILLEGAL_INVISIBLE_TIME, refused
+        changed = await change(1)
+        assert changed.status.code == v2.OK, changed
+        assert changed.receipt_handle
+
+        async def again() -> Any:
+            return await receive() or None
+
+        [back] = await until(again, "the message back after its raised invisible time", 10)
+        assert back.system_properties.message_id == message.system_properties.message_id
+        assert back.system_properties.delivery_attempt == 2
