@@ -25,7 +25,7 @@ from rocketq import (
     SimpleConsumer,
     SimpleConsumerConfig,
 )
-from rocketq._api.rocketq.v1 import admin_pb2, common_pb2
+from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
 from tests.integration.cluster import free_port
 from tests.support.cluster import Cluster, cluster
 from tests.support.raw_client import RawClient
@@ -260,3 +260,23 @@ async def test_change_invisible_duration_below_a_second_is_raised_negative_refus
         [back] = await until(again, "the message back after its raised invisible time", 10)
         assert back.system_properties.message_id == message.system_properties.message_id
         assert back.system_properties.delivery_attempt == 2
+
+
+async def test_a_producer_of_several_topics_starts(gw: tuple[Cluster, int]) -> None:
+    """Its first settings reply can come before the Node SDK waits for it (lost): the gateway
+    writes it again a second later, so startup() returns instead of waiting forever."""
+    c, port = gw
+    topics = [f"NodeMany{i}" for i in range(6)]
+    for topic in topics:
+        await make_topic(c, topic)
+    out = run_app("multi_topic.js", port, topics[0], "-", 1, *topics[1:])
+    assert sorted(out["sent"]) == sorted(topics)
+    async with RawClient(c.broker.addr) as raw:
+        for topic in topics:
+            ends = [
+                await raw.messaging.GetMaxOffset(
+                    messaging_pb2.GetMaxOffsetRequest(topic=topic, queue_id=q)
+                )
+                for q in range(2)
+            ]
+            assert sum(e.offset for e in ends) == 1, topic  # each topic got its message
