@@ -14,7 +14,7 @@ IMAGE ?= localhost/rocketq:dev
 .PHONY: image setup demo demo-store check lint fmt typecheck test test-unit bench dashboard gen-protos verify-protos clean
 .PHONY: bench-peers
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/integration/v2_apps/node/package-lock.json
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml
 	test -x $(RMQ5_VENV)/bin/python || $(PYTHON) -m venv $(RMQ5_VENV)
 	$(RMQ5_VENV)/bin/python -m pip install --quiet '$(RMQ5_SDK)'
 	$(PY) tools/gen_protos.py --v2
+	sh tools/install_node.sh
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install RocketQ with its dev tools

@@ -66,6 +66,10 @@ from services.broker.gateway.commands import ClientCommands
 from services.broker.gateway.pull import PullOffsets
 from services.broker.gateway.recall import Recaller, recall_handle_of
 from services.broker.gateway.renew import RenewTable
+from services.broker.gateway.sdk_compat import (
+    change_invisible_ms,
+    store_message_group,
+)
 from services.broker.gateway.telemetry import TelemetrySession, client_id_of, heartbeat
 from services.broker.gateway.v2common import (
     SYSTEM_PROPERTIES,
@@ -303,11 +307,11 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             props[Prop.KEYS] = " ".join(sp.keys)
         if msg_id:
             props[Prop.UNIQ_KEY] = msg_id
-        if sp.message_group:  # FIFO pop orders per message group (services/broker/pop/fifo.py)
-            props[Prop.SHARDING_KEY] = sp.message_group
         if sp.message_type == v2.TRANSACTION:  # a half message until EndTransaction
             props[Prop.TRANSACTION_PREPARED] = "true"
             props[Prop.PRODUCER_GROUP] = GATEWAY_PRODUCER_GROUP
+        # FIFO pop orders per message group (pop/fifo.py); given back on delivery (sdk_compat)
+        store_message_group(sp, props)
         if sp.HasField("delivery_timestamp"):  # a delayed message: through the timer wheel
             props[Prop.TIMER_DELIVER_MS] = str(
                 sp.delivery_timestamp.seconds * 1000 + sp.delivery_timestamp.nanos // 1_000_000
@@ -479,7 +483,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             consumer_group=named(request.group),
             topic=named(request.topic),
             receipt_handle=await self.renew.take(request.receipt_handle),
-            invisible_time_ms=_ms(request.invisible_duration),
+            invisible_time_ms=change_invisible_ms(_ms(request.invisible_duration)),  # sdk_compat
         )
         try:
             out = await self.messaging.pops.change_invisible_time(change)

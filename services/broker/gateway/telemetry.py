@@ -39,6 +39,10 @@ REPLY_FIELDS = ("thread_stack_trace", "verify_message_result", "verify_message_c
 """Frames that answer a server command by its nonce (the last: Node's answer to verify)."""
 CLIENT_ID_MAX_CHARS = 200
 OUT_QUEUE_MAX = 256
+SETTINGS_REPEAT_S = 1.0
+"""The first settings reply of a stream is written again this much later: the Node SDK 1.0.8
+loses a reply that arrives before its startup() is waiting for one (a client of several topics
+opens the stream while it still fetches routes), and then waits forever."""
 
 
 def client_id_of(context: grpc.aio.ServicerContext[Any, Any]) -> str:
@@ -75,6 +79,7 @@ class TelemetrySession:
         self.commands = commands
         self.pending: dict[str, asyncio.Future[Any]] = {}
         """Server commands awaiting the client's reply, by nonce."""
+        self.repeated = False
 
     async def ask(self, nonce: str, command: Any, timeout_s: float) -> Any:
         """Send a server command and wait for the reply with its nonce; None if none came."""
@@ -130,17 +135,23 @@ class TelemetrySession:
                 settings = command.settings
                 if settings.client_type == v2.PRODUCER:
                     self._join_as_producer()
-                await self.out.put(
-                    svc.TelemetryCommand(
-                        status=v2.Status(code=v2.OK, message="OK"),
-                        settings=self.settings(settings),
-                    )
+                reply = svc.TelemetryCommand(
+                    status=v2.Status(code=v2.OK, message="OK"),
+                    settings=self.settings(settings),
                 )
+                await self.out.put(reply)
+                if not self.repeated:  # see SETTINGS_REPEAT_S
+                    self.repeated = True
+                    self.tasks.append(asyncio.create_task(self._repeat(reply)))
             await self.out.put(None)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # handed to the writer: the stream ends with its status
             await self.out.put(exc)
+
+    async def _repeat(self, reply: Any) -> None:
+        await asyncio.sleep(SETTINGS_REPEAT_S)
+        await self.out.put(reply)
 
     def _join_as_producer(self) -> None:
         if self.channel is not None or not self.client_id:

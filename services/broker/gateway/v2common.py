@@ -12,6 +12,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from rocketq._api.rocketq.v1 import common_pb2
 from rocketq.codec import Prop
 from services.broker.gateway._v2api import definition_pb2 as v2
+from services.broker.gateway.sdk_compat import delivered_fields
 from services.common.errors import ServiceError
 
 _BY_REASON = {
@@ -91,17 +92,16 @@ def message_of(stored: common_pb2.StoredMessage, topic: Any, **system: Any) -> A
     sp = v2.SystemProperties(
         tag=props.pop(Prop.TAGS, ""),
         keys=[k for k in props.pop(Prop.KEYS, "").split(" ") if k],
-        message_group=props.pop(Prop.SHARDING_KEY, None),
         message_id=stored.msg_id,
         body_digest=digest(body),
         body_encoding=v2.IDENTITY,
-        message_type=v2.NORMAL,
         born_timestamp=timestamp(stored.born_timestamp_ms),
         born_host=stored.born_host,
         store_timestamp=timestamp(stored.store_timestamp_ms),
         store_host=stored.store_host,
         queue_id=stored.queue_id,
         queue_offset=stored.queue_offset,
+        **delivered_fields(props),  # group / delivery time / type (sdk_compat)
         **system,
     )
     user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
