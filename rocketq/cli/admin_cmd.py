@@ -50,7 +50,7 @@ from rocketq.cli.group_cmd import (
     offset_reset,
 )
 from rocketq.cli.message_cmd import message, message_query, message_view
-from rocketq.client.admin import ApplyResult, RuntimeStats, TopicConfig
+from rocketq.client.admin import TOPIC_MESSAGE_TYPES, ApplyResult, RuntimeStats, TopicConfig
 from rocketq.client.errors import RocketQError
 
 __all__ = [
@@ -247,6 +247,11 @@ def topic() -> None:
 def _queue_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--order/--no-order", default=None, help="Ordered-message topic.")(f)
     f = click.option(
+        "--message-type",
+        type=click.Choice(TOPIC_MESSAGE_TYPES, case_sensitive=False),
+        help="What RocketMQ 5 SDKs may send to it (gateway); MIXED (the default) = any.",
+    )(f)
+    f = click.option(
         "-p", "--perm", type=click.Choice(["2", "4", "6"]), help="2 write, 4 read, 6 both."
     )(f)
     f = click.option("-w", "--write-queues", type=int, help="Write queue count per broker.")(f)
@@ -267,6 +272,7 @@ def topic_create(
     write_queues: int | None,
     perm: str | None,
     order: bool | None,
+    message_type: str | None,
     cluster: str | None,
     broker: str | None,
     namesrv: str,
@@ -280,6 +286,7 @@ def topic_create(
         write_queue_nums=write_queues or n,
         perm=int(perm or 6),
         order=bool(order),
+        message_type=(message_type or "MIXED").upper(),
     )
 
     async def go() -> list[ApplyResult]:
@@ -302,6 +309,7 @@ def topic_update(
     write_queues: int | None,
     perm: str | None,
     order: bool | None,
+    message_type: str | None,
     cluster: str | None,
     broker: str | None,
     namesrv: str,
@@ -326,6 +334,7 @@ def topic_update(
                 write_queue_nums=write_queues or queues or current.write_queue_nums,
                 perm=int(perm) if perm else current.perm,
                 order=current.order if order is None else order,
+                message_type=(message_type or current.message_type).upper(),
             )
             return await admin.update_topic(config, cluster=cluster, broker=broker)
 
@@ -436,6 +445,9 @@ def topic_describe(name: str, namesrv: str, as_json: bool) -> None:
                 fmt_time(q.last_update_timestamp_ms),
             )
     out.print(queues)
+    types = sorted({(b.broker_name, b.config.message_type) for b in desc.brokers})
+    for broker_name, message_type in types:
+        click.echo(f"message type on {broker_name}: {message_type}")
     for broker, error in desc.errors.items():
         click.echo(f"{broker}: {error}", err=True)
 

@@ -105,6 +105,10 @@ class ClusterInfo:
         return ""
 
 
+TOPIC_MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
+"""A topic's accepted message types (Apache RocketMQ's topic attribute message.type)."""
+
+
 @dataclass(frozen=True)
 class TopicConfig:
     """A topic's configuration on one broker (SPEC §4.3).
@@ -124,8 +128,15 @@ class TopicConfig:
     """Unit / unit-subscription marker bits; 0 for ordinary topics."""
     order: bool = False
     """An ordered-message topic: do not change its queue counts while it is in use."""
+    message_type: str = "MIXED"
+    """What RocketMQ 5 SDKs may send to it through the gateway: NORMAL, FIFO, DELAY,
+    TRANSACTION or MIXED (any; RocketQ's own protocol is not checked)."""
 
     def _to_pb(self) -> common_pb2.TopicConfig:
+        if self.message_type not in TOPIC_MESSAGE_TYPES:
+            raise ValueError(
+                f"message_type {self.message_type!r}: use one of {', '.join(TOPIC_MESSAGE_TYPES)}"
+            )
         return common_pb2.TopicConfig(
             topic_name=self.topic_name,
             read_queue_nums=self.read_queue_nums,
@@ -133,6 +144,7 @@ class TopicConfig:
             perm=self.perm,
             topic_sys_flag=self.topic_sys_flag,
             order=self.order,
+            message_type=common_pb2.TopicMessageType.Value(self.message_type),
         )
 
     @classmethod
@@ -144,6 +156,8 @@ class TopicConfig:
             pb.perm,
             pb.topic_sys_flag,
             pb.order,
+            # unset (a topic of before the field, or of an older broker) accepts everything
+            common_pb2.TopicMessageType.Name(pb.message_type or common_pb2.MIXED),
         )
 
 

@@ -77,6 +77,7 @@ from rocketq.client._admin_messages import (
 from rocketq.client._admin_replicas import Members, read_members
 from rocketq.client._admin_tx import HalfMessage, HalfMessages, half_messages
 from rocketq.client._admin_types import (
+    TOPIC_MESSAGE_TYPES,
     ApplyResult,
     BrokerGroup,
     BrokerTopic,
@@ -127,6 +128,7 @@ from rocketq.validation import (
 )
 
 __all__ = [
+    "TOPIC_MESSAGE_TYPES",
     "Admin",
     "ApplyResult",
     "BrokerGroup",

@@ -19,7 +19,7 @@ from rocketq.validation import (
     is_system_topic,
 )
 from services.broker.config import BrokerConfig
-from services.broker.model import SubscriptionGroupConfig, TopicConfig
+from services.broker.model import SubscriptionGroupConfig, TopicConfig, check_message_type
 from services.broker.subscription_group_manager import check_group_config
 from services.common.errors import ServiceError, denied, unavailable
 from services.store.consume_queue import PRE_BLANK_SIZE
@@ -80,6 +80,7 @@ def topic_from_request(pb: common_pb2.TopicConfig) -> TopicConfig:
         check_perm(pb.perm)
         if pb.topic_sys_flag < 0:
             raise ValueError(f"topic_sys_flag is {pb.topic_sys_flag}; it must be >= 0")
+        check_message_type(pb.message_type)
     except ValueError as exc:
         raise invalid_arg(exc, topic=pb.topic_name) from None
     return TopicConfig.from_pb(pb)

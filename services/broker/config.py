@@ -44,6 +44,11 @@ from services.store.flush import FlushDiskType
 BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 
 
+GATEWAY_RECEIVE_BATCH_MAX = 32
+"""Most messages one v2 ReceiveMessage hands out: one pop's most (pop/processor.py)."""
+GATEWAY_LONG_POLLING_MIN_MS = 5_000
+"""Shortest long-polling wait a v2 ReceiveMessage accepts (Apache's proxy: 5 s)."""
+
 HA_MAX_IN_FLIGHT_BYTES_MAX = 1024**3
 """Upper bound of haMaxInFlightBytes: bytes in flight to one slave beyond its last ack."""
 
@@ -210,6 +215,25 @@ class BrokerConfig:
     gateway_auto_renew_invisible_ms: int = 60_000
     """[gatewayAutoRenewInvisibleMs] How long a push consumer's message (received with
     auto_renew) is hidden at a time; the gateway renews it at half that until the ack."""
+    # -- gateway settings handed to the SDKs (msgtype; names after Apache's proxy config) --
+    gateway_validate_message_type: bool = True
+    """[gatewayValidateMessageType] Refuse a v2 send whose type is not its topic's message type
+    (MESSAGE_PROPERTY_CONFLICT_WITH_TYPE), and tell producers to check too; topics without a
+    type (MIXED) accept everything either way. Apache's enableTopicMessageTypeCheck."""
+    gateway_producer_max_attempts: int = 3
+    """[gatewayProducerMaxAttempts] Attempts of an SDK producer's send (1 = no retry)."""
+    gateway_producer_backoff_initial_ms: int = 10
+    """[gatewayProducerBackoffInitialMs] First wait before an SDK producer's retry."""
+    gateway_producer_backoff_max_ms: int = 1_000
+    """[gatewayProducerBackoffMaxMs] Longest wait between an SDK producer's retries."""
+    gateway_producer_backoff_multiplier: float = 2.0
+    """[gatewayProducerBackoffMultiplier] Each retry waits this many times the previous."""
+    gateway_receive_batch_size: int = 32
+    """[gatewayReceiveBatchSize] Messages an SDK consumer asks for at a time, and the most one
+    ReceiveMessage hands out."""
+    gateway_long_polling_timeout_ms: int = 20_000
+    """[gatewayLongPollingTimeoutMs] How long an SDK consumer's receive waits for messages, and
+    the longest wait ReceiveMessage accepts (the shortest is 5 s)."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -236,6 +260,7 @@ class BrokerConfig:
             raise ValueError(f"brokerRole {self.broker_role!r}: use one of {BROKER_ROLES}")
         if not 0 <= self.gateway_port <= 65535:
             raise ValueError(f"gatewayPort {self.gateway_port}: 0 (off) or a port number")
+        self._validate_gateway_settings()
         if not 1_000 <= self.gateway_auto_renew_invisible_ms <= 3_600_000:
             raise ValueError(
                 f"gatewayAutoRenewInvisibleMs {self.gateway_auto_renew_invisible_ms}: "
@@ -298,6 +323,39 @@ class BrokerConfig:
             )
         if not 0 <= self.listen_port <= 65535:
             raise ValueError(f"listenPort {self.listen_port} is not a port number")
+
+    def _validate_gateway_settings(self) -> None:
+        """The gateway block's settings for SDKs (msgtype): bounds that keep a client sane."""
+        if not 1 <= self.gateway_producer_max_attempts <= 100:
+            raise ValueError(
+                f"gatewayProducerMaxAttempts {self.gateway_producer_max_attempts}: 1..100"
+            )
+        initial, most = (
+            self.gateway_producer_backoff_initial_ms,
+            self.gateway_producer_backoff_max_ms,
+        )
+        if not 1 <= initial <= 60_000:
+            raise ValueError(f"gatewayProducerBackoffInitialMs {initial}: 1..60000 ms")
+        if not initial <= most <= 600_000:
+            raise ValueError(
+                f"gatewayProducerBackoffMaxMs {most}: gatewayProducerBackoffInitialMs "
+                f"({initial})..600000 ms"
+            )
+        if not 1.0 <= self.gateway_producer_backoff_multiplier <= 10.0:
+            raise ValueError(
+                f"gatewayProducerBackoffMultiplier {self.gateway_producer_backoff_multiplier}: "
+                "1..10"
+            )
+        if not 1 <= self.gateway_receive_batch_size <= GATEWAY_RECEIVE_BATCH_MAX:
+            raise ValueError(
+                f"gatewayReceiveBatchSize {self.gateway_receive_batch_size}: "
+                f"1..{GATEWAY_RECEIVE_BATCH_MAX} (a pop's most)"
+            )
+        if not GATEWAY_LONG_POLLING_MIN_MS <= self.gateway_long_polling_timeout_ms <= 60_000:
+            raise ValueError(
+                f"gatewayLongPollingTimeoutMs {self.gateway_long_polling_timeout_ms}: "
+                f"{GATEWAY_LONG_POLLING_MIN_MS}..60000 ms"
+            )
 
     def delay_levels_ms(self) -> list[int]:
         """``message_delay_level`` parsed: element i is the delay of level i + 1, in ms."""
@@ -436,6 +494,14 @@ TABLE = KeyTable(
         *telemetry_keys(),  # metricsPort, traceExporter, traceSampleRatio, traceFile
         Key("gatewayPort", "gateway_port", int),
         Key("gatewayAutoRenewInvisibleMs", "gateway_auto_renew_invisible_ms", int),
+        # msgtype: the settings SDKs get (gateway/settings.py) and the message-type check
+        Key("gatewayValidateMessageType", "gateway_validate_message_type", parse_bool),
+        Key("gatewayProducerMaxAttempts", "gateway_producer_max_attempts", int),
+        Key("gatewayProducerBackoffInitialMs", "gateway_producer_backoff_initial_ms", int),
+        Key("gatewayProducerBackoffMaxMs", "gateway_producer_backoff_max_ms", int),
+        Key("gatewayProducerBackoffMultiplier", "gateway_producer_backoff_multiplier", float),
+        Key("gatewayReceiveBatchSize", "gateway_receive_batch_size", int),
+        Key("gatewayLongPollingTimeoutMs", "gateway_long_polling_timeout_ms", int),
     ],
 )
 

@@ -14,6 +14,20 @@ from rocketq._api.rocketq.v1 import common_pb2
 from rocketq.validation import PERM_READ, PERM_WRITE
 
 
+def topic_message_type_name(value: common_pb2.TopicMessageType.ValueType) -> str:
+    """A TopicMessageType as Apache RocketMQ spells it; unset reads as MIXED."""
+    if value == common_pb2.TOPIC_MESSAGE_TYPE_UNSPECIFIED:
+        return "MIXED"
+    return common_pb2.TopicMessageType.Name(value)
+
+
+def check_message_type(value: int) -> None:
+    """Raise ValueError unless ``value`` is a TopicMessageType (unset counts as MIXED)."""
+    if value not in common_pb2.TopicMessageType.values():
+        names = "NORMAL, FIFO, DELAY, TRANSACTION, MIXED"
+        raise ValueError(f"message_type {value} is not a topic message type; use one of {names}")
+
+
 @dataclass
 class TopicConfig:
     """One topic on this broker (SPEC §4.3). Queues [0, max(read, write)) exist."""
@@ -24,6 +38,9 @@ class TopicConfig:
     perm: int = PERM_READ | PERM_WRITE
     topic_sys_flag: int = 0
     order: bool = False
+    message_type: common_pb2.TopicMessageType.ValueType = common_pb2.TOPIC_MESSAGE_TYPE_UNSPECIFIED
+    """common_pb2.TopicMessageType: what the v2 gateway accepts; unset = MIXED (RocketQ's v1
+    topics were type-agnostic, so every existing topic keeps accepting everything)."""
 
     @property
     def queue_nums(self) -> int:
@@ -37,6 +54,7 @@ class TopicConfig:
             perm=self.perm,
             topic_sys_flag=self.topic_sys_flag,
             order=self.order,
+            message_type=self.message_type,
         )
 
     @classmethod
@@ -48,6 +66,7 @@ class TopicConfig:
             perm=pb.perm,
             topic_sys_flag=pb.topic_sys_flag,
             order=pb.order,
+            message_type=pb.message_type,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -58,6 +77,7 @@ class TopicConfig:
             "perm": self.perm,
             "topicSysFlag": self.topic_sys_flag,
             "order": self.order,
+            "messageType": topic_message_type_name(self.message_type),
         }
 
     @classmethod
@@ -69,6 +89,9 @@ class TopicConfig:
             perm=int(data.get("perm", 6)),
             topic_sys_flag=int(data.get("topicSysFlag", 0)),
             order=bool(data.get("order", False)),
+            message_type=common_pb2.TopicMessageType.Value(
+                str(data.get("messageType", "MIXED")) or "MIXED"
+            ),
         )
 
 

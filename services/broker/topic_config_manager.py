@@ -53,7 +53,7 @@ from rocketq.validation import (
     is_system_topic,
 )
 from services.broker.config import BrokerConfig
-from services.broker.model import TopicConfig
+from services.broker.model import TopicConfig, check_message_type
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.store.config_files import TOPICS, read_json, write_json
 
@@ -88,6 +88,7 @@ def check_topic_config(cfg: TopicConfig) -> None:
         raise ValueError(f"perm is {cfg.perm}; only bits 1, 2 and 4 exist")
     if cfg.topic_sys_flag < 0:
         raise ValueError(f"topic_sys_flag is {cfg.topic_sys_flag}; it must not be negative")
+    check_message_type(cfg.message_type)
 
 
 class TopicConfigManager:

@@ -58,11 +58,12 @@ from rocketq._api.rocketq.v1 import (
 from rocketq.client.security import security_channel
 from rocketq.codec import Prop
 from rocketq.java_hash import java_string_hash
-from services.broker.config import BrokerConfig
+from services.broker.config import GATEWAY_LONG_POLLING_MIN_MS, BrokerConfig
 from services.broker.gateway._v2api import definition_pb2 as v2
 from services.broker.gateway._v2api import service_pb2 as svc
 from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
 from services.broker.gateway.commands import ClientCommands
+from services.broker.gateway.message_types import accepted_types, conflict
 from services.broker.gateway.pull import PullOffsets
 from services.broker.gateway.recall import Recaller, recall_handle_of
 from services.broker.gateway.renew import RenewTable
@@ -70,6 +71,7 @@ from services.broker.gateway.sdk_compat import (
     change_invisible_ms,
     store_message_group,
 )
+from services.broker.gateway.settings import group_of, settings_for
 from services.broker.gateway.telemetry import TelemetrySession, client_id_of, heartbeat
 from services.broker.gateway.v2common import (
     SYSTEM_PROPERTIES,
@@ -90,12 +92,8 @@ log = logging.getLogger(__name__)
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
-LONG_POLLING_MIN_MS = 5_000
-LONG_POLLING_MAX_MS = 20_000
-RECEIVE_BATCH_SIZE = 32
 ROUTE_TIMEOUT_S = 3.0
 ROUTE_CHANNEL_OPTIONS: list[tuple[str, Any]] = []
-ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
 GATEWAY_PRODUCER_GROUP = "rmq_v2_gateway"
 """The producer group of every message sent through the gateway (v2 messages name none)."""
 TX_PREFIX = "rq1tx|"
@@ -146,7 +144,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if cfg is None:
             return []
         broker = v2.Broker(name=self.config.broker_name, id=0, endpoints=self._endpoints())
-        return [_queue(resource, qid, broker) for qid in range(cfg.queue_nums)]
+        accept = accepted_types(cfg)
+        return [_queue(resource, qid, broker, accept) for qid in range(cfg.queue_nums)]
 
     async def _routed_queues(self, resource: Any, topic: str) -> list[Any] | None:
         """None when no nameserver could be asked (not configured, or none answered)."""
@@ -165,6 +164,9 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                     return []
                 continue
             gateways = {b.broker_name: b.gateway_addrs.get(0, "") for b in response.route.brokers}
+            # the type as this broker knows the topic (every group is given the same by
+            # `rocketq topic create`); MIXED where it does not host it
+            accept = accepted_types(self.messaging.topics.get(topic))
             out = []
             for qd in sorted(response.route.queues, key=lambda q: q.broker_name):
                 host, _, port = gateways.get(qd.broker_name, "").rpartition(":")
@@ -172,7 +174,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                     continue  # a group whose master serves no gateway
                 broker = v2.Broker(name=qd.broker_name, id=0, endpoints=_endpoints(host, int(port)))
                 out += [
-                    _queue(resource, qid, broker)
+                    _queue(resource, qid, broker, accept)
                     for qid in range(max(qd.read_queue_nums, qd.write_queue_nums))
                 ]
             return out
@@ -194,7 +196,9 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return svc.QueryAssignmentResponse(
             status=status(),
             assignments=[
-                v2.Assignment(message_queue=_queue(request.topic, -1, broker))
+                v2.Assignment(
+                    message_queue=_queue(request.topic, -1, broker, queues[0].accept_message_types)
+                )
                 for broker in brokers.values()
             ],
         )
@@ -257,32 +261,8 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         )
 
     def _settings(self, client: Any) -> Any:
-        out = v2.Settings()
-        out.CopyFrom(client)
-        out.metric.CopyFrom(v2.Metric(on=False))
-        backoff = out.backoff_policy
-        if client.HasField("publishing"):
-            backoff.max_attempts = 3
-            backoff.exponential_backoff.CopyFrom(
-                v2.ExponentialBackoff(initial=_duration(10), max=_duration(1_000), multiplier=2.0)
-            )
-            out.publishing.max_body_size = self.config.max_message_size_bytes
-            out.publishing.validate_message_type = False
-        if client.HasField("subscription"):
-            group_cfg = self.messaging.groups.get(named(client.subscription.group))
-            retries = group_cfg.retry_max_times if group_cfg is not None else 16
-            backoff.max_attempts = retries + 1
-            backoff.exponential_backoff.CopyFrom(
-                v2.ExponentialBackoff(
-                    initial=_duration(1_000), max=_duration(60_000), multiplier=2.0
-                )
-            )
-            sub = out.subscription
-            sub.fifo = group_cfg is not None and group_cfg.consume_message_orderly
-            sub.receive_batch_size = RECEIVE_BATCH_SIZE
-            if not sub.HasField("long_polling_timeout"):
-                sub.long_polling_timeout.CopyFrom(_duration(LONG_POLLING_MAX_MS))
-        return out
+        """From the broker's config and the consumer group's (gateway/settings.py)."""
+        return settings_for(client, self.config, group_of(client, self.messaging.groups))
 
     # -- send ------------------------------------------------------------------------------
     @rpc
@@ -322,6 +302,9 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 status=status(v2.TOPIC_NOT_FOUND, f"topic {topic} does not exist"),
                 message_id=msg_id,
             )
+        refused = conflict(cfg, message) if self.config.gateway_validate_message_type else None
+        if refused is not None:  # the topic's message type (gateway/message_types.py)
+            return svc.SendResultEntry(status=refused, message_id=msg_id)
         queues = max(cfg.write_queue_nums, 1)
         if sp.message_group:
             qid = abs(java_string_hash(sp.message_group)) % queues
@@ -390,17 +373,19 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     # -- receive, ack, change --------------------------------------------------------------
     @rpc_stream
     async def ReceiveMessage(self, request: Any, context: Context) -> AsyncIterator[Any]:
+        poll_max_ms = self.config.gateway_long_polling_timeout_ms
+        batch_max = self.config.gateway_receive_batch_size
         poll_ms = (
             _ms(request.long_polling_timeout)
             if request.HasField("long_polling_timeout")
-            else LONG_POLLING_MAX_MS
+            else poll_max_ms
         )
-        if not LONG_POLLING_MIN_MS <= poll_ms <= LONG_POLLING_MAX_MS:
+        if not GATEWAY_LONG_POLLING_MIN_MS <= poll_ms <= poll_max_ms:
             yield svc.ReceiveMessageResponse(
                 status=status(
                     v2.ILLEGAL_POLLING_TIME,
-                    f"long_polling_timeout {poll_ms} ms is outside {LONG_POLLING_MIN_MS}.."
-                    f"{LONG_POLLING_MAX_MS} ms",
+                    f"long_polling_timeout {poll_ms} ms is outside {GATEWAY_LONG_POLLING_MIN_MS}"
+                    f"..{poll_max_ms} ms (gatewayLongPollingTimeoutMs)",
                 )
             )
             return
@@ -412,7 +397,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         pop = messaging_pb2.PopRequest(
             consumer_group=named(request.group),
             topic=named(request.message_queue.topic),
-            max_msg_nums=max(1, min(request.batch_size or RECEIVE_BATCH_SIZE, RECEIVE_BATCH_SIZE)),
+            max_msg_nums=max(1, min(request.batch_size or batch_max, batch_max)),
             invisible_time_ms=invisible_ms,
             poll_time_ms=poll_ms,
             expression=request.filter_expression.expression or "*",
@@ -556,13 +541,13 @@ def _endpoints(host: str, port: int) -> Any:
     return v2.Endpoints(scheme=scheme, addresses=[v2.Address(host=host, port=port)])
 
 
-def _queue(resource: Any, qid: int, broker: Any) -> Any:
+def _queue(resource: Any, qid: int, broker: Any, accept: Any) -> Any:
     return v2.MessageQueue(
         topic=resource,
         id=qid,
         permission=v2.READ_WRITE,
         broker=broker,
-        accept_message_types=ACCEPTED_TYPES,
+        accept_message_types=accept,  # the topic's message type (gateway/message_types.py)
     )
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rocketq/v1/common.proto\x12\nrocketq.v1\"\xa0\x01\n\x07Message\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04\x66lag\x18\x02 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x37\n\nproperties\x18\x04 \x03(\x0b\x32#.rocketq.v1.Message.PropertiesEntry\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf8\x02\n\rStoredMessage\x12$\n\x07message\x18\x01 \x01(\x0b\x32\x13.rocketq.v1.Message\x12\x0e\n\x06msg_id\x18\x02 \x01(\t\x12\x15\n\roffset_msg_id\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x06 \x01(\x03\x12\x18\n\x10store_size_bytes\x18\x07 \x01(\x05\x12\x10\n\x08\x62ody_crc\x18\x08 \x01(\r\x12\x10\n\x08sys_flag\x18\t \x01(\x05\x12\x19\n\x11\x62orn_timestamp_ms\x18\n \x01(\x03\x12\x11\n\tborn_host\x18\x0b \x01(\t\x12\x1a\n\x12store_timestamp_ms\x18\x0c \x01(\x03\x12\x12\n\nstore_host\x18\r \x01(\t\x12\x17\n\x0freconsume_times\x18\x0e \x01(\x05\x12#\n\x1bprepared_transaction_offset\x18\x0f \x01(\x03\"D\n\x0cMessageQueue\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"4\n\x0b\x44\x61taVersion\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x03\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\"\x89\x01\n\x0bTopicConfig\x12\x12\n\ntopic_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\x12\x16\n\x0etopic_sys_flag\x18\x05 \x01(\x05\x12\r\n\x05order\x18\x06 \x01(\x08\"\x9b\x04\n\x17SubscriptionGroupConfig\x12\x12\n\ngroup_name\x18\x01 \x01(\t\x12\x1b\n\x0e\x63onsume_enable\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12%\n\x18\x63onsume_broadcast_enable\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x1d\n\x10retry_queue_nums\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x1c\n\x0fretry_max_times\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x16\n\tbroker_id\x18\x06 \x01(\x03H\x04\x88\x01\x01\x12-\n which_broker_when_consume_slowly\x18\x07 \x01(\x03H\x05\x88\x01\x01\x12/\n\"notify_consumer_ids_changed_enable\x18\x08 \x01(\x08H\x06\x88\x01\x01\x12$\n\x17\x63onsume_message_orderly\x18\t \x01(\x08H\x07\x88\x01\x01\x42\x11\n\x0f_consume_enableB\x1b\n\x19_consume_broadcast_enableB\x13\n\x11_retry_queue_numsB\x12\n\x10_retry_max_timesB\x0c\n\n_broker_idB#\n!_which_broker_when_consume_slowlyB%\n#_notify_consumer_ids_changed_enableB\x1a\n\x18_consume_message_orderly\"\xbb\x01\n\x13\x43onsumerOffsetEntry\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12H\n\rqueue_offsets\x18\x03 \x03(\x0b\x32\x31.rocketq.v1.ConsumerOffsetEntry.QueueOffsetsEntry\x1a\x33\n\x11QueueOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xb1\x01\n\x0b\x45rrorDetail\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.rocketq.v1.ErrorReason\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x37\n\x08metadata\x18\x03 \x03(\x0b\x32%.rocketq.v1.ErrorDetail.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x01\n\x12MemberSubscription\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsubscribed\x18\x02 \x01(\x08\x12\x12\n\nexpression\x18\x03 \x01(\t\x12\x33\n\x0f\x65xpression_type\x18\x04 \x01(\x0e\x32\x1a.rocketq.v1.ExpressionType\"\x85\x01\n\x14SubscriptionConflict\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12/\n\x07members\x18\x03 \x03(\x0b\x32\x1e.rocketq.v1.MemberSubscription\x12\x15\n\rpulls_refused\x18\x04 \x01(\x08*E\n\x0e\x45xpressionType\x12\x1f\n\x1b\x45XPRESSION_TYPE_UNSPECIFIED\x10\x00\x12\x07\n\x03TAG\x10\x01\x12\t\n\x05SQL92\x10\x02*\xd8\x02\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fTOPIC_NOT_EXIST\x10\x01\x12 \n\x1cSUBSCRIPTION_GROUP_NOT_EXIST\x10\x02\x12\x14\n\x10ILLEGAL_ARGUMENT\x10\x03\x12\x15\n\x11MESSAGE_TOO_LARGE\x10\x04\x12\x16\n\x12ILLEGAL_EXPRESSION\x10\x05\x12\x11\n\rNO_PERMISSION\x10\x06\x12\x10\n\x0c\x46LOW_CONTROL\x10\x07\x12\r\n\tDISK_FULL\x10\x08\x12\x0e\n\nNOT_MASTER\x10\t\x12\x19\n\x15SERVICE_NOT_AVAILABLE\x10\n\x12\x15\n\x11MESSAGE_NOT_FOUND\x10\x0b\x12\x1d\n\x19SUBSCRIPTION_INCONSISTENT\x10\x0c\x12\x1a\n\x16INVALID_RECEIPT_HANDLE\x10\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rocketq/v1/common.proto\x12\nrocketq.v1\"\xa0\x01\n\x07Message\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0c\n\x04\x66lag\x18\x02 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x37\n\nproperties\x18\x04 \x03(\x0b\x32#.rocketq.v1.Message.PropertiesEntry\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf8\x02\n\rStoredMessage\x12$\n\x07message\x18\x01 \x01(\x0b\x32\x13.rocketq.v1.Message\x12\x0e\n\x06msg_id\x18\x02 \x01(\t\x12\x15\n\roffset_msg_id\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x06 \x01(\x03\x12\x18\n\x10store_size_bytes\x18\x07 \x01(\x05\x12\x10\n\x08\x62ody_crc\x18\x08 \x01(\r\x12\x10\n\x08sys_flag\x18\t \x01(\x05\x12\x19\n\x11\x62orn_timestamp_ms\x18\n \x01(\x03\x12\x11\n\tborn_host\x18\x0b \x01(\t\x12\x1a\n\x12store_timestamp_ms\x18\x0c \x01(\x03\x12\x12\n\nstore_host\x18\r \x01(\t\x12\x17\n\x0freconsume_times\x18\x0e \x01(\x05\x12#\n\x1bprepared_transaction_offset\x18\x0f \x01(\x03\"D\n\x0cMessageQueue\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"4\n\x0b\x44\x61taVersion\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x03\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\"\xbd\x01\n\x0bTopicConfig\x12\x12\n\ntopic_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\x12\x16\n\x0etopic_sys_flag\x18\x05 \x01(\x05\x12\r\n\x05order\x18\x06 \x01(\x08\x12\x32\n\x0cmessage_type\x18\x07 \x01(\x0e\x32\x1c.rocketq.v1.TopicMessageType\"\x9b\x04\n\x17SubscriptionGroupConfig\x12\x12\n\ngroup_name\x18\x01 \x01(\t\x12\x1b\n\x0e\x63onsume_enable\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12%\n\x18\x63onsume_broadcast_enable\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x1d\n\x10retry_queue_nums\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x1c\n\x0fretry_max_times\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x16\n\tbroker_id\x18\x06 \x01(\x03H\x04\x88\x01\x01\x12-\n which_broker_when_consume_slowly\x18\x07 \x01(\x03H\x05\x88\x01\x01\x12/\n\"notify_consumer_ids_changed_enable\x18\x08 \x01(\x08H\x06\x88\x01\x01\x12$\n\x17\x63onsume_message_orderly\x18\t \x01(\x08H\x07\x88\x01\x01\x42\x11\n\x0f_consume_enableB\x1b\n\x19_consume_broadcast_enableB\x13\n\x11_retry_queue_numsB\x12\n\x10_retry_max_timesB\x0c\n\n_broker_idB#\n!_which_broker_when_consume_slowlyB%\n#_notify_consumer_ids_changed_enableB\x1a\n\x18_consume_message_orderly\"\xbb\x01\n\x13\x43onsumerOffsetEntry\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12H\n\rqueue_offsets\x18\x03 \x03(\x0b\x32\x31.rocketq.v1.ConsumerOffsetEntry.QueueOffsetsEntry\x1a\x33\n\x11QueueOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xb1\x01\n\x0b\x45rrorDetail\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.rocketq.v1.ErrorReason\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x37\n\x08metadata\x18\x03 \x03(\x0b\x32%.rocketq.v1.ErrorDetail.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x01\n\x12MemberSubscription\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x12\n\nsubscribed\x18\x02 \x01(\x08\x12\x12\n\nexpression\x18\x03 \x01(\t\x12\x33\n\x0f\x65xpression_type\x18\x04 \x01(\x0e\x32\x1a.rocketq.v1.ExpressionType\"\x85\x01\n\x14SubscriptionConflict\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12/\n\x07members\x18\x03 \x03(\x0b\x32\x1e.rocketq.v1.MemberSubscription\x12\x15\n\rpulls_refused\x18\x04 \x01(\x08*E\n\x0e\x45xpressionType\x12\x1f\n\x1b\x45XPRESSION_TYPE_UNSPECIFIED\x10\x00\x12\x07\n\x03TAG\x10\x01\x12\t\n\x05SQL92\x10\x02*\xd8\x02\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fTOPIC_NOT_EXIST\x10\x01\x12 \n\x1cSUBSCRIPTION_GROUP_NOT_EXIST\x10\x02\x12\x14\n\x10ILLEGAL_ARGUMENT\x10\x03\x12\x15\n\x11MESSAGE_TOO_LARGE\x10\x04\x12\x16\n\x12ILLEGAL_EXPRESSION\x10\x05\x12\x11\n\rNO_PERMISSION\x10\x06\x12\x10\n\x0c\x46LOW_CONTROL\x10\x07\x12\r\n\tDISK_FULL\x10\x08\x12\x0e\n\nNOT_MASTER\x10\t\x12\x19\n\x15SERVICE_NOT_AVAILABLE\x10\n\x12\x15\n\x11MESSAGE_NOT_FOUND\x10\x0b\x12\x1d\n\x19SUBSCRIPTION_INCONSISTENT\x10\x0c\x12\x1a\n\x16INVALID_RECEIPT_HANDLE\x10\r*s\n\x10TopicMessageType\x12\"\n\x1eTOPIC_MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\n\n\x06NORMAL\x10\x01\x12\x08\n\x04\x46IFO\x10\x02\x12\t\n\x05\x44\x45LAY\x10\x03\x12\x0f\n\x0bTRANSACTION\x10\x04\x12\t\n\x05MIXED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONSUMEROFFSETENTRY_QUEUEOFFSETSENTRY']._serialized_options = b'8\001'
   _globals['_ERRORDETAIL_METADATAENTRY']._loaded_options = None
   _globals['_ERRORDETAIL_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_EXPRESSIONTYPE']._serialized_start=2028
-  _globals['_EXPRESSIONTYPE']._serialized_end=2097
-  _globals['_ERRORREASON']._serialized_start=2100
-  _globals['_ERRORREASON']._serialized_end=2444
+  _globals['_EXPRESSIONTYPE']._serialized_start=2080
+  _globals['_EXPRESSIONTYPE']._serialized_end=2149
+  _globals['_ERRORREASON']._serialized_start=2152
+  _globals['_ERRORREASON']._serialized_end=2496
+  _globals['_TOPICMESSAGETYPE']._serialized_start=2498
+  _globals['_TOPICMESSAGETYPE']._serialized_end=2613
   _globals['_MESSAGE']._serialized_start=40
   _globals['_MESSAGE']._serialized_end=200
   _globals['_MESSAGE_PROPERTIESENTRY']._serialized_start=151
@@ -52,19 +54,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATAVERSION']._serialized_start=651
   _globals['_DATAVERSION']._serialized_end=703
   _globals['_TOPICCONFIG']._serialized_start=706
-  _globals['_TOPICCONFIG']._serialized_end=843
-  _globals['_SUBSCRIPTIONGROUPCONFIG']._serialized_start=846
-  _globals['_SUBSCRIPTIONGROUPCONFIG']._serialized_end=1385
-  _globals['_CONSUMEROFFSETENTRY']._serialized_start=1388
-  _globals['_CONSUMEROFFSETENTRY']._serialized_end=1575
-  _globals['_CONSUMEROFFSETENTRY_QUEUEOFFSETSENTRY']._serialized_start=1524
-  _globals['_CONSUMEROFFSETENTRY_QUEUEOFFSETSENTRY']._serialized_end=1575
-  _globals['_ERRORDETAIL']._serialized_start=1578
-  _globals['_ERRORDETAIL']._serialized_end=1755
-  _globals['_ERRORDETAIL_METADATAENTRY']._serialized_start=1708
-  _globals['_ERRORDETAIL_METADATAENTRY']._serialized_end=1755
-  _globals['_MEMBERSUBSCRIPTION']._serialized_start=1758
-  _globals['_MEMBERSUBSCRIPTION']._serialized_end=1890
-  _globals['_SUBSCRIPTIONCONFLICT']._serialized_start=1893
-  _globals['_SUBSCRIPTIONCONFLICT']._serialized_end=2026
+  _globals['_TOPICCONFIG']._serialized_end=895
+  _globals['_SUBSCRIPTIONGROUPCONFIG']._serialized_start=898
+  _globals['_SUBSCRIPTIONGROUPCONFIG']._serialized_end=1437
+  _globals['_CONSUMEROFFSETENTRY']._serialized_start=1440
+  _globals['_CONSUMEROFFSETENTRY']._serialized_end=1627
+  _globals['_CONSUMEROFFSETENTRY_QUEUEOFFSETSENTRY']._serialized_start=1576
+  _globals['_CONSUMEROFFSETENTRY_QUEUEOFFSETSENTRY']._serialized_end=1627
+  _globals['_ERRORDETAIL']._serialized_start=1630
+  _globals['_ERRORDETAIL']._serialized_end=1807
+  _globals['_ERRORDETAIL_METADATAENTRY']._serialized_start=1760
+  _globals['_ERRORDETAIL_METADATAENTRY']._serialized_end=1807
+  _globals['_MEMBERSUBSCRIPTION']._serialized_start=1810
+  _globals['_MEMBERSUBSCRIPTION']._serialized_end=1942
+  _globals['_SUBSCRIPTIONCONFLICT']._serialized_start=1945
+  _globals['_SUBSCRIPTIONCONFLICT']._serialized_end=2078
 # @@protoc_insertion_point(module_scope)

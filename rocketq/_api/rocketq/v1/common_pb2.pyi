@@ -146,6 +146,37 @@ again after its invisible time (INVALID_ARGUMENT).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
+class _TopicMessageType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TopicMessageTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TopicMessageType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOPIC_MESSAGE_TYPE_UNSPECIFIED: _TopicMessageType.ValueType  # 0
+    """Same as MIXED (topics created before the field existed)."""
+    NORMAL: _TopicMessageType.ValueType  # 1
+    FIFO: _TopicMessageType.ValueType  # 2
+    DELAY: _TopicMessageType.ValueType  # 3
+    TRANSACTION: _TopicMessageType.ValueType  # 4
+    MIXED: _TopicMessageType.ValueType  # 5
+    """Any of the four."""
+
+class TopicMessageType(_TopicMessageType, metaclass=_TopicMessageTypeEnumTypeWrapper):
+    """What a topic accepts (Apache RocketMQ's TopicMessageType). A message's type follows from its
+    properties, first match wins: a transaction half message is TRANSACTION, one with a delivery
+    time DELAY, one with a message group FIFO, anything else NORMAL.
+    """
+
+TOPIC_MESSAGE_TYPE_UNSPECIFIED: TopicMessageType.ValueType  # 0
+"""Same as MIXED (topics created before the field existed)."""
+NORMAL: TopicMessageType.ValueType  # 1
+FIFO: TopicMessageType.ValueType  # 2
+DELAY: TopicMessageType.ValueType  # 3
+TRANSACTION: TopicMessageType.ValueType  # 4
+MIXED: TopicMessageType.ValueType  # 5
+"""Any of the four."""
+Global___TopicMessageType: _TypeAlias = TopicMessageType  # noqa: Y015
+
 @_typing.final
 class Message(_message.Message):
     """A message as a producer hands it over: what the application controls.
@@ -387,6 +418,7 @@ class TopicConfig(_message.Message):
     PERM_FIELD_NUMBER: _builtins.int
     TOPIC_SYS_FLAG_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
+    MESSAGE_TYPE_FIELD_NUMBER: _builtins.int
     topic_name: _builtins.str
     """Topic name, 1..127 characters of [A-Za-z0-9_%|-]."""
     read_queue_nums: _builtins.int
@@ -403,6 +435,11 @@ class TopicConfig(_message.Message):
     """True for an ordered-message topic: queue counts should not change while it is in use, because
     that would break the key -> queue mapping (SPEC §4.3).
     """
+    message_type: Global___TopicMessageType.ValueType
+    """The one kind of message the topic accepts from RocketMQ 5 SDKs (Apache RocketMQ's topic
+    attribute message.type). Unset = MIXED: RocketQ's v1 topics were type-agnostic, so every
+    existing topic keeps accepting everything. Checked by the v2 gateway only.
+    """
     def __init__(
         self,
         *,
@@ -412,10 +449,11 @@ class TopicConfig(_message.Message):
         perm: _builtins.int = ...,
         topic_sys_flag: _builtins.int = ...,
         order: _builtins.bool = ...,
+        message_type: Global___TopicMessageType.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["order", b"order", "perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic_name", b"topic_name", "topic_sys_flag", b"topic_sys_flag", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_type", b"message_type", "order", b"order", "perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic_name", b"topic_name", "topic_sys_flag", b"topic_sys_flag", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
