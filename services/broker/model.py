@@ -70,15 +70,17 @@ class TopicConfig:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "topicName": self.topic_name,
             "readQueueNums": self.read_queue_nums,
             "writeQueueNums": self.write_queue_nums,
             "perm": self.perm,
             "topicSysFlag": self.topic_sys_flag,
             "order": self.order,
-            "messageType": topic_message_type_name(self.message_type),
         }
+        if self.message_type != common_pb2.TOPIC_MESSAGE_TYPE_UNSPECIFIED:
+            out["messageType"] = topic_message_type_name(self.message_type)  # untyped: no key
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TopicConfig:
@@ -89,9 +91,9 @@ class TopicConfig:
             perm=int(data.get("perm", 6)),
             topic_sys_flag=int(data.get("topicSysFlag", 0)),
             order=bool(data.get("order", False)),
-            message_type=common_pb2.TopicMessageType.Value(
-                str(data.get("messageType", "MIXED")) or "MIXED"
-            ),
+            message_type=common_pb2.TopicMessageType.Value(str(data["messageType"]))
+            if "messageType" in data
+            else common_pb2.TOPIC_MESSAGE_TYPE_UNSPECIFIED,
         )
 
 
