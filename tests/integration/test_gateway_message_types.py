@@ -215,3 +215,21 @@ async def test_settings_come_from_the_broker_keys_and_the_groups_retries(gw: Clu
     assert consumer.subscription.receive_batch_size == 8
     assert consumer.subscription.long_polling_timeout.ToMilliseconds() == 12_000
     assert consumer.subscription.fifo is False
+
+
+async def test_a_runtime_update_of_a_key_reaches_the_next_settings(gw: Cluster) -> None:
+    consumer = v2.Settings(
+        client_type=v2.SIMPLE_CONSUMER,
+        subscription=v2.Subscription(group=v2.Resource(name="typed-h")),
+    )
+    async with RawClient(gw.broker.addr) as raw:
+        with pytest.raises(grpc.aio.AioRpcError, match=r"gatewayReceiveBatchSize 99: 1\.\.32"):
+            await raw.set_config("gatewayReceiveBatchSize", "99")
+        await raw.set_config("gatewayReceiveBatchSize", "4")
+        try:
+            async with grpc.aio.insecure_channel(gw.gateway_addr(gw.broker)) as channel:
+                stub = svc_grpc.MessagingServiceStub(channel)
+                after = await first_settings(stub, consumer)
+        finally:
+            await raw.set_config("gatewayReceiveBatchSize", str(KEYS["gatewayReceiveBatchSize"]))
+    assert after.subscription.receive_batch_size == 4

@@ -113,6 +113,12 @@ async def test_new_topic_and_group_reach_the_slave_at_once(tmp_path: Path) -> No
         await until(
             lambda: _has(slave.addr, "HaFreshTopic", None), "the topic on the slave", timeout_s=5
         )
+        await _make_fifo(master.addr, "HaFreshTopic")  # a field of this round: synced too
+        await until(
+            lambda: _message_type(slave.addr, "HaFreshTopic", common_pb2.FIFO),
+            "the topic's message type on the slave",
+            timeout_s=5,
+        )
         await create_group(master.addr, "broker-a", "ha-fresh-group")
         await until(
             lambda: _has(slave.addr, None, "ha-fresh-group"), "the group on the slave", timeout_s=5
@@ -125,3 +131,26 @@ async def test_new_topic_and_group_reach_the_slave_at_once(tmp_path: Path) -> No
 async def _has(addr: str, topic: str | None, group: str | None) -> bool:
     topics, groups = await _slave_tables(addr)
     return (topic is None or topic in topics) and (group is None or group in groups)
+
+
+async def _make_fifo(addr: str, topic: str) -> None:
+    async with RawClient(addr) as c:
+        await c.admin.UpdateTopic(
+            admin_pb2.UpdateTopicRequest(
+                target=admin_pb2.ApplyTarget(broker_name="broker-a"),
+                config=common_pb2.TopicConfig(
+                    topic_name=topic,
+                    read_queue_nums=2,
+                    write_queue_nums=2,
+                    perm=6,
+                    message_type=common_pb2.FIFO,
+                ),
+            ),
+            timeout=5,
+        )
+
+
+async def _message_type(addr: str, topic: str, expected: int) -> bool:
+    async with RawClient(addr) as c:
+        desc = await c.admin.DescribeTopic(admin_pb2.DescribeTopicRequest(topic=topic), timeout=5)
+    return desc.config.message_type == expected

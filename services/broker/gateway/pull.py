@@ -38,8 +38,6 @@ from services.broker.pull_processor import FLAG_SUBSCRIPTION, FLAG_SUSPEND
 from services.common.errors import ServiceError
 
 PULL_BATCH_DEFAULT = 32
-PULL_POLLING_MAX_MS = 20_000
-"""A pull may wait this long for a message (0 = answer at once); the same ceiling as receive."""
 
 
 class BadRequest(Exception):
@@ -97,10 +95,13 @@ class PullOffsets:
         if not 1 <= batch <= PULL_BATCH_MAX:
             raise BadRequest(v2.BAD_REQUEST, f"batch_size {batch} is outside 1..{PULL_BATCH_MAX}")
         poll_ms = ms_of(request.long_polling_timeout)
-        if not 0 <= poll_ms <= PULL_POLLING_MAX_MS:
+        # a pull may wait (0 = answer at once) as long as a receive: gatewayLongPollingTimeoutMs
+        poll_max_ms = self.messaging.config.gateway_long_polling_timeout_ms
+        if not 0 <= poll_ms <= poll_max_ms:
             raise BadRequest(
                 v2.ILLEGAL_POLLING_TIME,
-                f"long_polling_timeout {poll_ms} ms is outside 0..{PULL_POLLING_MAX_MS} ms",
+                f"long_polling_timeout {poll_ms} ms is outside 0..{poll_max_ms} ms "
+                "(gatewayLongPollingTimeoutMs)",
             )
         expression = request.filter_expression
         return messaging_pb2.PullRequest(

@@ -33,6 +33,10 @@ native ``rocketq.v1`` services. It translates; the work is the broker's own:
 |                            | broker's Send like TimerClient.cancel (gateway/recall.py)     |
 | (FIFO groups)              | message_group is stored as __SHARDINGKEY; pop holds each      |
 |                            | group, not the queue (services/broker/pop/fifo.py)            |
+| (message types)            | a topic's TopicConfig.message_type in QueryRoute; a send of   |
+|                            | another type refused (gateway/message_types.py)               |
+| (settings)                 | from the broker's gateway keys and the group's retry policy   |
+|                            | (gateway/settings.py)                                         |
 
 Not yet: lite topics (SyncLiteSubscription answers UNIMPLEMENTED with a message).
 The facts behind the choices are in the shared brief v2-protocol.md.
