@@ -77,6 +77,8 @@ class QueueData:
     write_queue_nums: int
     perm: int
     topic_sys_flag: int
+    message_type: int = 0
+    """common_pb2.TopicMessageType (unset = MIXED), for the v2 gateways' routes."""
 
 
 @dataclass
@@ -261,6 +263,7 @@ class RouteTable:
                     write_queue_nums=qd.write_queue_nums,
                     perm=perm,
                     topic_sys_flag=qd.topic_sys_flag,
+                    message_type=qd.message_type,  # type: ignore[arg-type]
                 )
             )
             route.brokers.append(self._broker_data(name, group))
@@ -336,7 +339,11 @@ class RouteTable:
     def _replace_queue_data(self, name: str, configs: Iterable[common_pb2.TopicConfig]) -> None:
         new = {
             cfg.topic_name: QueueData(
-                cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm, cfg.topic_sys_flag
+                cfg.read_queue_nums,
+                cfg.write_queue_nums,
+                cfg.perm,
+                cfg.topic_sys_flag,
+                cfg.message_type,
             )
             for cfg in configs
         }

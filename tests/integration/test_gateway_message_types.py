@@ -28,6 +28,7 @@ from services.broker.gateway._v2api import service_pb2_grpc as svc_grpc
 from services.cli.main import cli
 from tests.support.cluster import Cluster, cluster
 from tests.support.raw_client import RawClient
+from tests.support.until import until
 
 pytestmark = pytest.mark.integration
 
@@ -134,6 +135,23 @@ async def test_a_typed_topic_refuses_other_types_with_the_protocols_code(gw: Clu
             )
         )
         assert v1.results[0].msg_id
+
+
+async def test_a_changed_type_reaches_the_route_of_every_gateway(gw: Cluster) -> None:
+    """The type travels with the broker's registration to the nameserver's route."""
+    ns = gw.namesrv_addrs[0]
+    await asyncio.to_thread(make_topic, gw, "Retyped", None)
+    async with grpc.aio.insecure_channel(gw.gateway_addr(gw.broker)) as channel:
+        stub = svc_grpc.MessagingServiceStub(channel)
+        assert await accepted(stub, "Retyped") == ALL_FOUR
+        await asyncio.to_thread(
+            cli_ok, "topic", "update", "Retyped", "--message-type", "DELAY", "-n", ns
+        )
+
+        async def delay_only() -> bool:
+            return await accepted(stub, "Retyped") == [v2.DELAY]
+
+        await until(delay_only, "the route announcing DELAY only", timeout_s=10)
 
 
 async def test_untyped_and_mixed_topics_accept_every_type(gw: Cluster) -> None:

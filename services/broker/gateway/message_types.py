@@ -35,11 +35,10 @@ _V2_OF_TOPIC: dict[int, Any] = {
 }
 
 
-def accepted_types(cfg: TopicConfig | None) -> tuple[int, ...]:
-    """The v2 MessageTypes a topic accepts (all four when it has no single type)."""
-    if cfg is None:
-        return ALL_TYPES
-    one = _V2_OF_TOPIC.get(cfg.message_type)
+def accepted_types(message_type: int) -> tuple[int, ...]:
+    """The v2 MessageTypes a topic of ``message_type`` (a TopicMessageType) accepts: all four
+    when it has no single type."""
+    one = _V2_OF_TOPIC.get(message_type)
     return (one,) if one is not None else ALL_TYPES
 
 
@@ -57,7 +56,7 @@ def type_of(message: Any) -> int:
 
 def conflict(cfg: TopicConfig, message: Any) -> Any | None:
     """The refusal of ``message`` on topic ``cfg`` (a v2 Status), or None when it fits."""
-    accepted = accepted_types(cfg)
+    accepted = accepted_types(cfg.message_type)
     kind = type_of(message)
     if kind in accepted:
         return None

@@ -148,7 +148,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         if cfg is None:
             return []
         broker = v2.Broker(name=self.config.broker_name, id=0, endpoints=self._endpoints())
-        accept = accepted_types(cfg)
+        accept = accepted_types(cfg.message_type)
         return [_queue(resource, qid, broker, accept) for qid in range(cfg.queue_nums)]
 
     async def _routed_queues(self, resource: Any, topic: str) -> list[Any] | None:
@@ -168,9 +168,6 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                     return []
                 continue
             gateways = {b.broker_name: b.gateway_addrs.get(0, "") for b in response.route.brokers}
-            # the type as this broker knows the topic (every group is given the same by
-            # `rocketq topic create`); MIXED where it does not host it
-            accept = accepted_types(self.messaging.topics.get(topic))
             out = []
             for qd in sorted(response.route.queues, key=lambda q: q.broker_name):
                 host, _, port = gateways.get(qd.broker_name, "").rpartition(":")
@@ -178,7 +175,7 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                     continue  # a group whose master serves no gateway
                 broker = v2.Broker(name=qd.broker_name, id=0, endpoints=_endpoints(host, int(port)))
                 out += [
-                    _queue(resource, qid, broker, accept)
+                    _queue(resource, qid, broker, accepted_types(qd.message_type))
                     for qid in range(max(qd.read_queue_nums, qd.write_queue_nums))
                 ]
             return out

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rocketq._api.rocketq.v1 import common_pb2 as rocketq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brocketq/v1/nameserver.proto\x12\nrocketq.v1\x1a\x17rocketq/v1/common.proto\"y\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\x12\x16\n\x0etopic_sys_flag\x18\x05 \x01(\x05\"\x9b\x02\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12=\n\x0c\x62roker_addrs\x18\x03 \x03(\x0b\x32\'.rocketq.v1.BrokerData.BrokerAddrsEntry\x12?\n\rgateway_addrs\x18\x04 \x03(\x0b\x32(.rocketq.v1.BrokerData.GatewayAddrsEntry\x1a\x32\n\x10\x42rokerAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x33\n\x11GatewayAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"`\n\x0eTopicRouteData\x12%\n\x06queues\x18\x01 \x03(\x0b\x32\x15.rocketq.v1.QueueData\x12\'\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x16.rocketq.v1.BrokerData\"\xc2\x02\n\x15RegisterBrokerRequest\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12\x16\n\x0eha_server_addr\x18\x05 \x01(\t\x12.\n\rtopic_configs\x18\x06 \x03(\x0b\x32\x17.rocketq.v1.TopicConfig\x12-\n\x0c\x64\x61ta_version\x18\x07 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12!\n\x14heartbeat_timeout_ms\x18\x08 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x65poch\x18\t \x01(\x03\x12\x14\n\x0cgateway_addr\x18\n \x01(\tB\x17\n\x15_heartbeat_timeout_ms\"E\n\x16RegisterBrokerResponse\x12\x13\n\x0bmaster_addr\x18\x01 \x01(\t\x12\x16\n\x0eha_server_addr\x18\x02 \x01(\t\"l\n\x17UnregisterBrokerRequest\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\"\x1a\n\x18UnregisterBrokerResponse\"+\n\x1aGetRouteInfoByTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"H\n\x1bGetRouteInfoByTopicResponse\x12)\n\x05route\x18\x01 \x01(\x0b\x32\x1a.rocketq.v1.TopicRouteData\"\x17\n\x15GetClusterInfoRequest\"#\n\x0b\x42rokerNames\x12\x14\n\x0c\x62roker_names\x18\x01 \x03(\t\"\xe3\x01\n\x0e\x42rokerLiveInfo\x12\x13\n\x0b\x62roker_addr\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12 \n\x18last_update_timestamp_ms\x18\x04 \x01(\x03\x12\x1c\n\x14heartbeat_timeout_ms\x18\x05 \x01(\x03\x12-\n\x0c\x64\x61ta_version\x18\x06 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x16\n\x0eha_server_addr\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x03\"\x96\x03\n\x16GetClusterInfoResponse\x12R\n\x11\x62roker_addr_table\x18\x01 \x03(\x0b\x32\x37.rocketq.v1.GetClusterInfoResponse.BrokerAddrTableEntry\x12T\n\x12\x63luster_addr_table\x18\x02 \x03(\x0b\x32\x38.rocketq.v1.GetClusterInfoResponse.ClusterAddrTableEntry\x12\x30\n\x0clive_brokers\x18\x03 \x03(\x0b\x32\x1a.rocketq.v1.BrokerLiveInfo\x1aN\n\x14\x42rokerAddrTableEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.rocketq.v1.BrokerData:\x02\x38\x01\x1aP\n\x15\x43lusterAddrTableEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.rocketq.v1.BrokerNames:\x02\x38\x01\"+\n\x13GetAllTopicsRequest\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\"&\n\x14GetAllTopicsResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t2\xd8\x03\n\nNameServer\x12W\n\x0eRegisterBroker\x12!.rocketq.v1.RegisterBrokerRequest\x1a\".rocketq.v1.RegisterBrokerResponse\x12]\n\x10UnregisterBroker\x12#.rocketq.v1.UnregisterBrokerRequest\x1a$.rocketq.v1.UnregisterBrokerResponse\x12\x66\n\x13GetRouteInfoByTopic\x12&.rocketq.v1.GetRouteInfoByTopicRequest\x1a\'.rocketq.v1.GetRouteInfoByTopicResponse\x12W\n\x0eGetClusterInfo\x12!.rocketq.v1.GetClusterInfoRequest\x1a\".rocketq.v1.GetClusterInfoResponse\x12Q\n\x0cGetAllTopics\x12\x1f.rocketq.v1.GetAllTopicsRequest\x1a .rocketq.v1.GetAllTopicsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brocketq/v1/nameserver.proto\x12\nrocketq.v1\x1a\x17rocketq/v1/common.proto\"\xad\x01\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\x12\x16\n\x0etopic_sys_flag\x18\x05 \x01(\x05\x12\x32\n\x0cmessage_type\x18\x06 \x01(\x0e\x32\x1c.rocketq.v1.TopicMessageType\"\x9b\x02\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12=\n\x0c\x62roker_addrs\x18\x03 \x03(\x0b\x32\'.rocketq.v1.BrokerData.BrokerAddrsEntry\x12?\n\rgateway_addrs\x18\x04 \x03(\x0b\x32(.rocketq.v1.BrokerData.GatewayAddrsEntry\x1a\x32\n\x10\x42rokerAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x33\n\x11GatewayAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"`\n\x0eTopicRouteData\x12%\n\x06queues\x18\x01 \x03(\x0b\x32\x15.rocketq.v1.QueueData\x12\'\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x16.rocketq.v1.BrokerData\"\xc2\x02\n\x15RegisterBrokerRequest\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12\x16\n\x0eha_server_addr\x18\x05 \x01(\t\x12.\n\rtopic_configs\x18\x06 \x03(\x0b\x32\x17.rocketq.v1.TopicConfig\x12-\n\x0c\x64\x61ta_version\x18\x07 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12!\n\x14heartbeat_timeout_ms\x18\x08 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x65poch\x18\t \x01(\x03\x12\x14\n\x0cgateway_addr\x18\n \x01(\tB\x17\n\x15_heartbeat_timeout_ms\"E\n\x16RegisterBrokerResponse\x12\x13\n\x0bmaster_addr\x18\x01 \x01(\t\x12\x16\n\x0eha_server_addr\x18\x02 \x01(\t\"l\n\x17UnregisterBrokerRequest\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\"\x1a\n\x18UnregisterBrokerResponse\"+\n\x1aGetRouteInfoByTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"H\n\x1bGetRouteInfoByTopicResponse\x12)\n\x05route\x18\x01 \x01(\x0b\x32\x1a.rocketq.v1.TopicRouteData\"\x17\n\x15GetClusterInfoRequest\"#\n\x0b\x42rokerNames\x12\x14\n\x0c\x62roker_names\x18\x01 \x03(\t\"\xe3\x01\n\x0e\x42rokerLiveInfo\x12\x13\n\x0b\x62roker_addr\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12 \n\x18last_update_timestamp_ms\x18\x04 \x01(\x03\x12\x1c\n\x14heartbeat_timeout_ms\x18\x05 \x01(\x03\x12-\n\x0c\x64\x61ta_version\x18\x06 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x16\n\x0eha_server_addr\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x03\"\x96\x03\n\x16GetClusterInfoResponse\x12R\n\x11\x62roker_addr_table\x18\x01 \x03(\x0b\x32\x37.rocketq.v1.GetClusterInfoResponse.BrokerAddrTableEntry\x12T\n\x12\x63luster_addr_table\x18\x02 \x03(\x0b\x32\x38.rocketq.v1.GetClusterInfoResponse.ClusterAddrTableEntry\x12\x30\n\x0clive_brokers\x18\x03 \x03(\x0b\x32\x1a.rocketq.v1.BrokerLiveInfo\x1aN\n\x14\x42rokerAddrTableEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.rocketq.v1.BrokerData:\x02\x38\x01\x1aP\n\x15\x43lusterAddrTableEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.rocketq.v1.BrokerNames:\x02\x38\x01\"+\n\x13GetAllTopicsRequest\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\"&\n\x14GetAllTopicsResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t2\xd8\x03\n\nNameServer\x12W\n\x0eRegisterBroker\x12!.rocketq.v1.RegisterBrokerRequest\x1a\".rocketq.v1.RegisterBrokerResponse\x12]\n\x10UnregisterBroker\x12#.rocketq.v1.UnregisterBrokerRequest\x1a$.rocketq.v1.UnregisterBrokerResponse\x12\x66\n\x13GetRouteInfoByTopic\x12&.rocketq.v1.GetRouteInfoByTopicRequest\x1a\'.rocketq.v1.GetRouteInfoByTopicResponse\x12W\n\x0eGetClusterInfo\x12!.rocketq.v1.GetClusterInfoRequest\x1a\".rocketq.v1.GetClusterInfoResponse\x12Q\n\x0cGetAllTopics\x12\x1f.rocketq.v1.GetAllTopicsRequest\x1a .rocketq.v1.GetAllTopicsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,44 +40,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETCLUSTERINFORESPONSE_BROKERADDRTABLEENTRY']._serialized_options = b'8\001'
   _globals['_GETCLUSTERINFORESPONSE_CLUSTERADDRTABLEENTRY']._loaded_options = None
   _globals['_GETCLUSTERINFORESPONSE_CLUSTERADDRTABLEENTRY']._serialized_options = b'8\001'
-  _globals['_QUEUEDATA']._serialized_start=68
-  _globals['_QUEUEDATA']._serialized_end=189
-  _globals['_BROKERDATA']._serialized_start=192
-  _globals['_BROKERDATA']._serialized_end=475
-  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_start=372
-  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_end=422
-  _globals['_BROKERDATA_GATEWAYADDRSENTRY']._serialized_start=424
-  _globals['_BROKERDATA_GATEWAYADDRSENTRY']._serialized_end=475
-  _globals['_TOPICROUTEDATA']._serialized_start=477
-  _globals['_TOPICROUTEDATA']._serialized_end=573
-  _globals['_REGISTERBROKERREQUEST']._serialized_start=576
-  _globals['_REGISTERBROKERREQUEST']._serialized_end=898
-  _globals['_REGISTERBROKERRESPONSE']._serialized_start=900
-  _globals['_REGISTERBROKERRESPONSE']._serialized_end=969
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=971
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=1079
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=1081
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=1107
-  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_start=1109
-  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_end=1152
-  _globals['_GETROUTEINFOBYTOPICRESPONSE']._serialized_start=1154
-  _globals['_GETROUTEINFOBYTOPICRESPONSE']._serialized_end=1226
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=1228
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=1251
-  _globals['_BROKERNAMES']._serialized_start=1253
-  _globals['_BROKERNAMES']._serialized_end=1288
-  _globals['_BROKERLIVEINFO']._serialized_start=1291
-  _globals['_BROKERLIVEINFO']._serialized_end=1518
-  _globals['_GETCLUSTERINFORESPONSE']._serialized_start=1521
-  _globals['_GETCLUSTERINFORESPONSE']._serialized_end=1927
-  _globals['_GETCLUSTERINFORESPONSE_BROKERADDRTABLEENTRY']._serialized_start=1767
-  _globals['_GETCLUSTERINFORESPONSE_BROKERADDRTABLEENTRY']._serialized_end=1845
-  _globals['_GETCLUSTERINFORESPONSE_CLUSTERADDRTABLEENTRY']._serialized_start=1847
-  _globals['_GETCLUSTERINFORESPONSE_CLUSTERADDRTABLEENTRY']._serialized_end=1927
-  _globals['_GETALLTOPICSREQUEST']._serialized_start=1929
-  _globals['_GETALLTOPICSREQUEST']._serialized_end=1972
-  _globals['_GETALLTOPICSRESPONSE']._serialized_start=1974
-  _globals['_GETALLTOPICSRESPONSE']._serialized_end=2012
-  _globals['_NAMESERVER']._serialized_start=2015
-  _globals['_NAMESERVER']._serialized_end=2487
+  _globals['_QUEUEDATA']._serialized_start=69
+  _globals['_QUEUEDATA']._serialized_end=242
+  _globals['_BROKERDATA']._serialized_start=245
+  _globals['_BROKERDATA']._serialized_end=528
+  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_start=425
+  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_end=475
+  _globals['_BROKERDATA_GATEWAYADDRSENTRY']._serialized_start=477
+  _globals['_BROKERDATA_GATEWAYADDRSENTRY']._serialized_end=528
+  _globals['_TOPICROUTEDATA']._serialized_start=530
+  _globals['_TOPICROUTEDATA']._serialized_end=626
+  _globals['_REGISTERBROKERREQUEST']._serialized_start=629
+  _globals['_REGISTERBROKERREQUEST']._serialized_end=951
+  _globals['_REGISTERBROKERRESPONSE']._serialized_start=953
+  _globals['_REGISTERBROKERRESPONSE']._serialized_end=1022
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=1024
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=1132
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=1134
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=1160
+  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_start=1162
+  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_end=1205
+  _globals['_GETROUTEINFOBYTOPICRESPONSE']._serialized_start=1207
+  _globals['_GETROUTEINFOBYTOPICRESPONSE']._serialized_end=1279
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=1281
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=1304
+  _globals['_BROKERNAMES']._serialized_start=1306
+  _globals['_BROKERNAMES']._serialized_end=1341
+  _globals['_BROKERLIVEINFO']._serialized_start=1344
+  _globals['_BROKERLIVEINFO']._serialized_end=1571
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_start=1574
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_end=1980
+  _globals['_GETCLUSTERINFORESPONSE_BROKERADDRTABLEENTRY']._serialized_start=1820
+  _globals['_GETCLUSTERINFORESPONSE_BROKERADDRTABLEENTRY']._serialized_end=1898
+  _globals['_GETCLUSTERINFORESPONSE_CLUSTERADDRTABLEENTRY']._serialized_start=1900
+  _globals['_GETCLUSTERINFORESPONSE_CLUSTERADDRTABLEENTRY']._serialized_end=1980
+  _globals['_GETALLTOPICSREQUEST']._serialized_start=1982
+  _globals['_GETALLTOPICSREQUEST']._serialized_end=2025
+  _globals['_GETALLTOPICSRESPONSE']._serialized_start=2027
+  _globals['_GETALLTOPICSRESPONSE']._serialized_end=2065
+  _globals['_NAMESERVER']._serialized_start=2068
+  _globals['_NAMESERVER']._serialized_end=2540
 # @@protoc_insertion_point(module_scope)

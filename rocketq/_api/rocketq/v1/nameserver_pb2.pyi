@@ -36,6 +36,7 @@ class QueueData(_message.Message):
     WRITE_QUEUE_NUMS_FIELD_NUMBER: _builtins.int
     PERM_FIELD_NUMBER: _builtins.int
     TOPIC_SYS_FLAG_FIELD_NUMBER: _builtins.int
+    MESSAGE_TYPE_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     """Broker group name."""
     read_queue_nums: _builtins.int
@@ -46,6 +47,10 @@ class QueueData(_message.Message):
     """Permission bits: 2 = writable, 4 = readable, 6 = both."""
     topic_sys_flag: _builtins.int
     """Topic system flag bits, copied from the TopicConfig."""
+    message_type: _common_pb2.TopicMessageType.ValueType
+    """The topic's message type on this broker group, copied from the TopicConfig (unset = MIXED);
+    the v2 gateway announces it in QueryRoute.
+    """
     def __init__(
         self,
         *,
@@ -54,10 +59,11 @@ class QueueData(_message.Message):
         write_queue_nums: _builtins.int = ...,
         perm: _builtins.int = ...,
         topic_sys_flag: _builtins.int = ...,
+        message_type: _common_pb2.TopicMessageType.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic_sys_flag", b"topic_sys_flag", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "message_type", b"message_type", "perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic_sys_flag", b"topic_sys_flag", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
