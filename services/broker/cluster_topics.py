@@ -97,6 +97,7 @@ async def cluster_mode_topics(
                 # a group being drained registers its topics without write: take the widest
                 perm=max(q.perm for q in queues),
                 topic_sys_flag=queues[0].topic_sys_flag,
+                message_type=queues[0].message_type,  # what the v2 gateways accept
             )
         )
     return out
