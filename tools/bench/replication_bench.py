@@ -329,14 +329,31 @@ def _lag_lines(lag: LagResult) -> list[str]:
     return lines
 
 
-def run(duration_s: float, lag_duration_s: float, rate: float, clients: int) -> None:
-    setups = [
-        Setup("no slave", "ASYNC_MASTER", False),
-        Setup("async + 1", "ASYNC_MASTER", True),
-        Setup("sync + 1", "SYNC_MASTER", True),
-    ]
+SETUP_LABELS = ("no slave", "async + 1", "sync + 1")
+
+
+def _median(runs: list[LoadResult] | None) -> LoadResult | None:
+    """The run with the median throughput (the first of two middles)."""
+    if not runs:
+        return None
+    return sorted(runs, key=lambda r: r.rate)[(len(runs) - 1) // 2]
+
+
+def run(
+    duration_s: float,
+    lag_duration_s: float,
+    rate: float,
+    clients: int,
+    only: tuple[str, ...] = SETUP_LABELS,
+    rounds: int = 1,
+) -> None:
+    """``rounds`` > 1 interleaves the setups (no slave, sync + 1, no slave, ...) so a ratio
+    compares runs made under the same machine load; the table shows each setup's median."""
+    roles = {"no slave": ("ASYNC_MASTER", False), "async + 1": ("ASYNC_MASTER", True)}
+    roles["sync + 1"] = ("SYNC_MASTER", True)
+    setups = [Setup(label, *roles[label]) for _ in range(rounds) for label in only]
     loads = [("batch 32x200B", BATCH_SIZE, BATCH_IN_FLIGHT), ("single 200B", 1, SINGLE_IN_FLIGHT)]
-    results: dict[str, dict[str, LoadResult]] = {name: {} for name, _, _ in loads}
+    results: dict[str, dict[str, list[LoadResult]]] = {name: {} for name, _, _ in loads}
     lag: LagResult | None = None
     print(f"loadavg at start: {os.getloadavg()[0]:.2f}, cores: {os.cpu_count()}", flush=True)
     for setup in setups:
@@ -346,9 +363,9 @@ def run(duration_s: float, lag_duration_s: float, rate: float, clients: int) -> 
             asyncio.run(prepare(setup))
             for name, batch, in_flight in loads:
                 r = run_load(setup.master, batch, in_flight, duration_s, clients)
-                results[name][setup.label] = r
-                print(_line(f"{setup.label}", r, results[name].get("no slave")), f"[{name}]")
-            if setup.label == "async + 1":
+                results[name].setdefault(setup.label, []).append(r)
+                print(_line(setup.label, r, _median(results[name].get("no slave"))), f"[{name}]")
+            if setup.label == "async + 1" and lag is None and lag_duration_s > 0:
                 print(f"  lag at {rate:,.0f} msgs/s for {lag_duration_s:.0f} s ...", flush=True)
                 lag = asyncio.run(paced_with_lag(setup.master, rate, lag_duration_s))
         finally:
@@ -358,9 +375,14 @@ def run(duration_s: float, lag_duration_s: float, rate: float, clients: int) -> 
     print("Produce throughput, ratio to no slave (RocketMQ: sync double write ~0.9x)")
     for name, _, _ in loads:
         print(f" {name}")
-        for label in ("no slave", "async + 1", "sync + 1"):
+        for label in SETUP_LABELS:
             if label in results[name]:
-                print(_line(label, results[name][label], results[name].get("no slave")))
+                runs = len(results[name][label])
+                runs_of = results[name]
+                mid = _median(runs_of[label])
+                assert mid is not None
+                line = _line(label, mid, _median(runs_of.get("no slave")))
+                print(line, f"(median of {runs})" if runs > 1 else "")
     print(f"Replication lag, ASYNC_MASTER + 1 slave, batches of {BATCH_SIZE}")
     if lag is not None:
         for line in _lag_lines(lag):
@@ -375,10 +397,18 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50_000.0, help="msgs/s for the lag run")
     parser.add_argument("--clients", type=int, default=1, help="sender processes")
     parser.add_argument("--quick", action="store_true", help="3 s loads, 8 s lag run")
+    parser.add_argument(
+        "--setups", default=",".join(SETUP_LABELS), help="comma-separated setups to run"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each setup")
     args = parser.parse_args()
     if args.quick:
         args.duration, args.lag_duration = 3.0, 8.0
-    run(args.duration, args.lag_duration, args.rate, args.clients)
+    only = tuple(label.strip() for label in args.setups.split(","))
+    unknown = [label for label in only if label not in SETUP_LABELS]
+    if unknown:
+        parser.error(f"unknown setup(s) {unknown}; choose from {list(SETUP_LABELS)}")
+    run(args.duration, args.lag_duration, args.rate, args.clients, only, max(1, args.rounds))
 
 
 if __name__ == "__main__":
