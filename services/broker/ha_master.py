@@ -458,8 +458,11 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                     )
                     continue
             wait_s = max(0.0, CONFIRM_HEARTBEAT_S - (now_s - confirm_sent_s))
+            # asyncio.timeout, not wait_for: no task per wait (the sender waits once or twice
+            # per chunk under load).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(link.wake.wait(), wait_s)
+                async with asyncio.timeout(wait_s):
+                    await link.wake.wait()
 
     def _read(self, link: SlaveLink, max_bytes: int) -> bytes:
         try:

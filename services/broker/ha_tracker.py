@@ -233,6 +233,10 @@ class SlaveLink:
         return max(0, min(batch_bytes, in_flight_max_bytes - self.in_flight_bytes()))
 
 
+TIMER_SLACK_S = 0.001
+"""Shortest re-arm of the waiters' timer (a deadline already due fires on the next tick)."""
+
+
 class HaWaiter:
     """The send path's hook under SYNC_MASTER: waits for an in-sync slave's ack."""
 
@@ -255,6 +259,9 @@ class HaWaiter:
         self._by_deadline: deque[tuple[float, asyncio.Future[SendStatus]]] = deque()
         self.pending = 0
         """Waiters not yet resolved."""
+        self._timer: asyncio.TimerHandle | None = None
+        """One timer for all waiters, due at the oldest deadline (a timer per waiter cost
+        a scheduled handle and its cancel on every SYNC_MASTER send)."""
 
     async def wait_replicated(self, end_offset: PhysicalOffset) -> SendStatus:
         """SEND_OK once an in-sync slave acked ``end_offset``; SLAVE_NOT_AVAILABLE at once
@@ -272,13 +279,25 @@ class HaWaiter:
         heapq.heappush(self._by_offset, (end_offset, next(self._seq), future))
         self._by_deadline.append((self._clock.monotonic_s() + timeout_s, future))
         self.pending += 1
-        timer = loop.call_later(timeout_s, self.expire_due)
+        if self._timer is None:
+            self._timer = loop.call_later(timeout_s, self._on_timer)
         try:
             return await future
         finally:
             self.pending -= 1
-            timer.cancel()
             self._compact()
+
+    def _on_timer(self) -> None:
+        """Expire what is due, then re-arm at the next live deadline (deadlines are queued in
+        the order they were set)."""
+        self._timer = None
+        self.expire_due()
+        queue = self._by_deadline
+        while queue and queue[0][1].done():
+            queue.popleft()
+        if queue:
+            delay_s = max(queue[0][0] - self._clock.monotonic_s(), TIMER_SLACK_S)
+            self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
 
     def resolve(self, replicated_offset: PhysicalOffset) -> int:
         """Answer SEND_OK to every waiter at or below ``replicated_offset``; how many."""
@@ -312,6 +331,9 @@ class HaWaiter:
                 done += 1
         self._by_offset.clear()
         self._by_deadline.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         return done
 
     def _compact(self) -> None:

@@ -155,6 +155,8 @@ class LoadResult:
     errors: int = 0
     latencies_s: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
+    cpu_us_per_msg: dict[str, float] = field(default_factory=dict)
+    """Server CPU (user + system) per acknowledged message, by process (master, slave)."""
 
     def merge(self, other: LoadResult) -> None:
         self.messages += other.messages
@@ -296,6 +298,12 @@ async def paced_with_lag(addr: str, rate: float, duration_s: float) -> LagResult
 # ---- report --------------------------------------------------------------------------------
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _line(label: str, r: LoadResult, base: LoadResult | None) -> str:
     ratio = f"{r.rate / base.rate:5.2f}x" if base and base.rate else "  1.00x"
     extra = ""
@@ -303,7 +311,9 @@ def _line(label: str, r: LoadResult, base: LoadResult | None) -> str:
         extra = f"  ({r.not_ok} not SEND_OK, {r.errors} failed calls)"
     return (
         f"  {label:<12} {r.rate:>10,.0f} msgs/s  {ratio} of no-slave   "
-        f"p50 {r.pct_ms(0.5):6.2f} ms  p99 {r.pct_ms(0.99):7.2f} ms{extra}"
+        f"p50 {r.pct_ms(0.5):6.2f} ms  p99 {r.pct_ms(0.99):7.2f} ms  cpu/msg "
+        + " ".join(f"{who} {us:.1f} us" for who, us in r.cpu_us_per_msg.items())
+        + extra
     )
 
 
@@ -362,7 +372,12 @@ def run(
             setup.start(base)
             asyncio.run(prepare(setup))
             for name, batch, in_flight in loads:
+                servers = {p.name: p.pid for p in setup.procs[1:]}
+                cpu0 = {who: cpu_s(pid) for who, pid in servers.items()}
                 r = run_load(setup.master, batch, in_flight, duration_s, clients)
+                for who, pid in servers.items():
+                    used_s = cpu_s(pid) - cpu0[who]
+                    r.cpu_us_per_msg[who] = used_s * 1e6 / max(1, r.messages)
                 results[name].setdefault(setup.label, []).append(r)
                 print(_line(setup.label, r, _median(results[name].get("no slave"))), f"[{name}]")
             if setup.label == "async + 1" and lag is None and lag_duration_s > 0:
