@@ -130,6 +130,7 @@ class SlaveReplica:
             broker_id=self.config.broker_id,
             broker_addr=self.broker_addr,
             max_physical_offset=self.store.commitlog.max_offset,
+            accepts_chunk_confirm=True,
             epochs=[
                 replication_pb2.EpochEntry(epoch=e.epoch, start_offset=e.start_offset)
                 for e in self.store.epochs.entries
@@ -364,8 +365,12 @@ class ReplicationClient:
     def _apply(self, msg: replication_pb2.ReplicationStreamResponse, pacer: AckPacer) -> None:
         kind = msg.WhichOneof("command")
         if kind == "chunk":
-            pacer.note_written(self.replica.apply_chunk(msg.chunk))
+            chunk = msg.chunk
+            pacer.note_written(self.replica.apply_chunk(chunk))
             self._written.set()
+            if chunk.HasField("confirm"):  # sent with the data (accepts_chunk_confirm)
+                self.replica.apply_confirm(chunk.confirm)
+                self._note_config_version(chunk.confirm.config_version)
             if self._store_full:
                 self._store_full = False
                 self._backoff.reset()

@@ -217,6 +217,8 @@ class SlaveLink:
     close_reason: str = ""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Set on appends, acks, confirm changes and close: the sender loop has something to do."""
+    chunk_confirm: bool = False
+    """Its hello set accepts_chunk_confirm: a confirm may travel inside a chunk."""
 
     def __post_init__(self) -> None:
         self.sent_offset = self.start_offset

@@ -62,6 +62,9 @@ class FakeSlave:
         self.data = bytearray()
         self.start = 0
         self.confirms: list[int] = []
+        self.accepts_chunk_confirm = False
+        self.chunk_confirms = 0
+        """Confirms that came inside a chunk."""
         self._pending: asyncio.Future[Any] | None = None
 
     async def hello(self, max_offset: int = 0, epochs: Any = (), **fields: Any) -> Any:
@@ -71,6 +74,7 @@ class FakeSlave:
             broker_addr="127.0.0.1:1",
             max_physical_offset=max_offset,
             epochs=list(epochs),
+            accepts_chunk_confirm=self.accepts_chunk_confirm,
         )
         await self.call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
         first = await self.read()
@@ -110,6 +114,10 @@ class FakeSlave:
         if kind == "chunk":
             assert msg.chunk.physical_offset == self.end, "chunks must be contiguous"
             self.data += msg.chunk.data
+            if msg.chunk.HasField("confirm"):
+                assert self.accepts_chunk_confirm, "a confirm inside a chunk it did not accept"
+                self.confirms.append(msg.chunk.confirm.confirm_offset)
+                self.chunk_confirms += 1
         elif kind == "confirm":
             self.confirms.append(msg.confirm.confirm_offset)
         else:
@@ -360,6 +368,29 @@ async def test_confirm_offset_follows_the_in_sync_slave(
         await slave.receive_until(lambda: end2 in slave.confirms, ack=False)
         assert (await _stats(c)).confirm_offset == end2
         assert slave.confirms == sorted(slave.confirms)
+
+
+async def test_a_slave_that_accepts_it_gets_confirms_inside_chunks_while_data_waits(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    # A one-chunk window: every ack both opens it and advances the confirm offset, so the next
+    # message has data and a confirm to carry.
+    master = master_factory(haTransferBatchSize=4096, haMaxInFlightBytes=4096)
+
+    end = await _produce(master.addr, 3)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        slave.accepts_chunk_confirm = True
+        await slave.hello()
+        await slave.receive_until(lambda: slave.end >= end, ack=True)
+        await until(lambda: _in_sync(c), "the slave in sync after its ack")
+        await _send(c, 30)
+        end2 = await _max_offset(c)
+        await slave.receive_until(lambda: slave.end >= end2 and end2 in slave.confirms, ack=True)
+        assert slave.chunk_confirms > 0
+        assert slave.confirms == sorted(slave.confirms)
+        assert bytes(slave.data) == _commitlog_bytes(master, 0, end2)
+        assert (await _stats(c)).confirm_offset == end2
 
 
 async def test_sync_master_statuses(master_factory: Callable[..., ServiceProcess]) -> None:
