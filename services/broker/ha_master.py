@@ -11,7 +11,8 @@ UNAVAILABLE NOT_MASTER, so a slave pointed at another slave learns why at once.
     ◀── acks (reader task) ── ReplicaTracker.on_ack ── may advance the confirm offset,
                                                       resolve SYNC_MASTER waiters
     ──▶ CommitLogChunk: store.read_replica(sent, n), n = min(haTransferBatchSize,
-        haMaxInFlightBytes - (sent - acked)); nothing is read while the window is full
+        haMaxInFlightBytes - (sent - acked)); nothing is read while the window is full, nor,
+        while haSmallChunksInFlightMax chunks are unacked, while what is new fills no chunk
     ──▶ ConfirmOffset: whenever it (or the topic/group tables) changes, and every
         CONFIRM_HEARTBEAT_S; inside the chunk that goes out with it when the slave's hello
         set accepts_chunk_confirm (one stream message instead of two)
@@ -447,6 +448,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 want > 0
                 and link.sent_offset < store.commitlog.max_offset
                 and (link.chunk_confirm or not confirm_due)
+                and not self._holds_small_chunk(link, want)
             ):
                 data = self._read(link, want)
             confirm_pb = None
@@ -460,6 +462,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 # two, per ack while data flows - each costs both brokers a gRPC write or read.
                 offset = link.sent_offset
                 link.sent_offset = PhysicalOffset(offset + len(data))
+                link.chunk_ends.append(link.sent_offset)
                 yield replication_pb2.ReplicationStreamResponse(
                     chunk=replication_pb2.CommitLogChunk(
                         physical_offset=offset, data=data, confirm=confirm_pb
@@ -477,6 +480,18 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait_s):
                     await link.wake.wait()
+
+    def _holds_small_chunk(self, link: SlaveLink, want: int) -> bool:
+        """Nagle's rule (haSmallChunksInFlightMax): with that many chunks unacked, what is new
+        waits for an ack unless it fills a chunk. Under load an ack round trip then carries
+        the appends of many sends in one stream message; each message costs both brokers a
+        gRPC write or read, far more than the bytes."""
+        held_max = self.config.ha_small_chunks_in_flight_max
+        return (
+            held_max > 0
+            and len(link.chunk_ends) >= held_max
+            and self.store.commitlog.max_offset - link.sent_offset < want
+        )
 
     def _read(self, link: SlaveLink, max_bytes: int) -> bytes:
         try:

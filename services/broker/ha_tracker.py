@@ -219,6 +219,8 @@ class SlaveLink:
     """Set on appends, acks, confirm changes and close: the sender loop has something to do."""
     chunk_confirm: bool = False
     """Its hello set accepts_chunk_confirm: a confirm may travel inside a chunk."""
+    chunk_ends: deque[PhysicalOffset] = field(default_factory=deque)
+    """End offsets of the chunks sent and not yet acked, oldest first."""
 
     def __post_init__(self) -> None:
         self.sent_offset = self.start_offset
@@ -512,6 +514,9 @@ class ReplicaTracker:
             )
         now_s = self.clock.monotonic_s()
         link.acked_offset = max_offset
+        ends = link.chunk_ends
+        while ends and ends[0] <= max_offset:
+            ends.popleft()
         link.flushed_offset = max(link.flushed_offset, min(flushed_offset, max_offset))
         link.has_acked = True
         link.last_ack_s = link.last_heard_s = now_s

@@ -337,13 +337,38 @@ async def test_in_flight_bytes_are_capped_until_the_slave_acks(
         assert bytes(slave.data) == _commitlog_bytes(master, 0, end)
 
 
+async def test_small_appends_wait_for_the_ack_of_the_chunk_in_flight_then_ship_as_one(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory(haSmallChunksInFlightMax=1)
+
+    end = await _produce(master.addr, 3)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        await slave.hello()
+        await slave.receive_until(lambda: slave.end >= end, ack=False)
+        await _send(c, 5)  # each a small append while the first chunk is not acked
+        end2 = await _max_offset(c)
+        await slave.drain(quiet_s=0.5)
+        assert slave.end == end  # held back: a chunk is in flight and these fill no chunk
+        await slave.ack(end)
+        chunks = 0
+        while slave.end < end2:
+            msg = await slave.read()
+            chunks += msg.WhichOneof("command") == "chunk"
+            await slave.take(msg)
+        assert chunks == 1  # the five sends in one stream message
+        assert bytes(slave.data) == _commitlog_bytes(master, 0, end2)
+
+
 # -- confirm offset, SYNC_MASTER, housekeeping ---------------------------------------------------
 
 
 async def test_confirm_offset_follows_the_in_sync_slave(
     master_factory: Callable[..., ServiceProcess],
 ) -> None:
-    master = master_factory()
+    # This slave withholds acks while it reads: small appends must not wait for them.
+    master = master_factory(haSmallChunksInFlightMax=0)
 
     end = await _produce(master.addr, 10)
     async with RawClient(master.addr) as c:

@@ -213,7 +213,8 @@ class CommitLogChunk(_message.Message):
     """
     data: _builtins.bytes
     """Raw commitlog bytes, copied as stored (records and file-end BLANK fillers). At most 1 MiB per
-    chunk; a chunk may end inside a record.
+    chunk; a chunk may end inside a record. A master may hold back a chunk that would be smaller
+    than its batch size until the slave acks the chunks before it (haSmallChunksInFlightMax).
     """
     @_builtins.property
     def confirm(self) -> Global___ConfirmOffset:
