@@ -210,6 +210,11 @@ class BrokerConfig:
     gateway_auto_renew_invisible_ms: int = 60_000
     """[gatewayAutoRenewInvisibleMs] How long a push consumer's message (received with
     auto_renew) is hidden at a time; the gateway renews it at half that until the ack."""
+    # -- replication chunking (issue 16, perf3) --
+    ha_small_chunks_in_flight_max: int = 1
+    """[haSmallChunksInFlightMax] While this many chunks to a slave are not acked, the master
+    holds back a chunk smaller than haTransferBatchSize until an ack (Nagle's rule), so a busy
+    master ships what many sends appended in one stream message; 0 = ship every append at once."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -275,6 +280,8 @@ class BrokerConfig:
             raise ValueError(
                 f"haMaxInFlightBytes must be at most {HA_MAX_IN_FLIGHT_BYTES_MAX} (1 GiB)"
             )
+        if not 0 <= self.ha_small_chunks_in_flight_max <= 64:
+            raise ValueError("haSmallChunksInFlightMax must be 0..64 chunks")
         if not 100 <= self.ha_send_heartbeat_interval_ms <= 60_000:
             raise ValueError("haSendHeartbeatInterval must be 100..60000 ms")
         if self.ha_housekeeping_interval_ms <= self.ha_send_heartbeat_interval_ms:
@@ -436,6 +443,7 @@ TABLE = KeyTable(
         *telemetry_keys(),  # metricsPort, traceExporter, traceSampleRatio, traceFile
         Key("gatewayPort", "gateway_port", int),
         Key("gatewayAutoRenewInvisibleMs", "gateway_auto_renew_invisible_ms", int),
+        Key("haSmallChunksInFlightMax", "ha_small_chunks_in_flight_max", int),  # perf3
     ],
 )
 
