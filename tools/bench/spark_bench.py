@@ -1,6 +1,7 @@
 """rocketq.spark throughput on a local[2] SparkSession: measured and printed, never asserted.
 
     python -m tools.bench.spark_bench [--namesrv HOST:PORT] [--messages N] [--quick]
+    python -m tools.bench.spark_bench --namesrv HOST:PORT --sink-only [--messages N]
 
 Without ``--namesrv`` it starts a local RocketQ (``rocketq dev up``, as
 :mod:`tools.bench.messaging_bench` does) and stops it afterwards. It fills one 8-queue topic
@@ -87,6 +88,12 @@ def timed(what: str, rows: int, run: Any) -> float:
 
 def suite(namesrv: str, count: int, work: Path) -> None:
     spark = session()
+    reads(spark, namesrv, count, work)
+    sink(spark, namesrv, count)
+    spark.stop()
+
+
+def reads(spark: Any, namesrv: str, count: int, work: Path) -> None:
     read = spark.read.format("rocketq").option("nameserver", namesrv).option("topic", TOPIC)
     timed(
         "batch read -> noop",
@@ -123,6 +130,10 @@ def suite(namesrv: str, count: int, work: Path) -> None:
         ),
     )
     print(f"rocketq/parquet time ratio: {rq / pq:.1f}", flush=True)
+
+
+def sink(spark: Any, namesrv: str, count: int) -> None:
+    """The sink's figure (sink2): N/4 rows of 1 KiB through ``write.format("rocketq")``."""
     sink_rows = max(count // 4, 1000)
     body = "x" * BODY_BYTES
     rows = spark.range(0, sink_rows, 1, 2).selectExpr(f"cast('{body}' as binary) as body")
@@ -137,7 +148,6 @@ def suite(namesrv: str, count: int, work: Path) -> None:
             .save()
         ),
     )
-    spark.stop()
 
 
 def main() -> None:
@@ -145,8 +155,17 @@ def main() -> None:
     parser.add_argument("--namesrv", help="bench this cluster instead of starting one")
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="20 000 messages, to see it work")
+    parser.add_argument("--sink-only", action="store_true", help="time only the sink")
     args = parser.parse_args()
     count = 20_000 if args.quick else args.messages
+    if args.sink_only:
+        if not args.namesrv:
+            parser.error("--sink-only needs --namesrv (a running cluster)")
+        asyncio.run(ensure_topic((args.namesrv,), TOPIC + "-out", QUEUES))
+        spark = session()
+        sink(spark, args.namesrv, count)
+        spark.stop()
+        return
     base = Path(tempfile.mkdtemp(prefix="rocketq-spark-bench-"))
     try:
         namesrv: tuple[str, ...] = (args.namesrv,) if args.namesrv else ()
