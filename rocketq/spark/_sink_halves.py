@@ -188,15 +188,19 @@ class Packer:
         i = self._rr.setdefault(topic, self._seed % len(queues))
         return queues[i % len(queues)]
 
-    def add(self, mq: MessageQueue, rec: bytes) -> list[tuple[MessageQueue, list[bytes]]]:
-        """Add one record; the halves that are full now (to send)."""
+    def add(
+        self, topic: str, sharding_key: Any, rec: bytes
+    ) -> list[tuple[MessageQueue, list[bytes]]]:
+        """Add one record of ``topic``; the halves that are full now (to send)."""
         out = []
+        mq = self.target(topic, sharding_key)
         lane = self.open.get(mq)
         if lane is not None and (
             len(lane.records) >= HALF_ROWS_MAX or lane.size_bytes + len(rec) > HALF_BYTES_MAX
         ):
             out.append(self._close(mq))
-            lane = None
+            mq = self.target(topic, sharding_key)  # a row no key pins starts the next queue
+            lane = self.open.get(mq)
         if lane is None:
             lane = self.open[mq] = _Open([])
         lane.records.append(rec)

@@ -97,6 +97,7 @@ PROP_BATCH = "spark.batchId"
 PROP_ATTEMPT = "spark.attempt"
 COMMITS_TOPIC_WAIT_S = 15.0
 """How long a newly created commits topic may take to show in the nameserver's routes."""
+RECORD_SEND_TIMEOUT_MS = 15_000
 RECORD_HALVES_MAX = 60_000
 """Halves one commit record lists (~70 bytes each: the record stays under 4 MiB)."""
 _COLUMNS = {
@@ -291,9 +292,8 @@ def write_task(
         for i in range(batch.num_rows):
             topic = (topics[i] if topics is not None else None) or opts.topic
             key = shard[i] if shard is not None else None
-            mq = packer.target(topic, key)
-            rec = record(topic.encode(), bodies[i], row_properties(cols, i, {}))
-            ship(packer.add(mq, rec), key is not None)
+            rec = record(topic.encode(), bodies[i], row_properties(cols, i, props))
+            ship(packer.add(topic, key, rec), sharded)
     ship(packer.rest(), sharded)
     halves = [f.result() for f in sending]  # in write order; raises what a send raised
     return SinkCommit(query, batch_id, attempt, partition, halves=halves)
@@ -340,6 +340,9 @@ async def _record(p: TransactionProducer, topic: str, key: str, body: str) -> No
                 group=p.config.group + "-records",
                 namesrv_addrs=p.config.namesrv_addrs,
                 instance_name=f"spark-record-{uuid.uuid4().hex[:12]}",
+                # Loaded Spark hosts answer slowly; a record stored twice is harmless (lookup
+                # takes the first, and both list the same halves).
+                send_msg_timeout_ms=RECORD_SEND_TIMEOUT_MS,
             )
         )
         await plain.start()
