@@ -333,7 +333,8 @@ def commit_batch(opts: SinkOptions, messages: list[Any], batch_id: int) -> None:
 
 async def _record(p: TransactionProducer, topic: str, key: str, body: str) -> None:
     """The commit point: a plain message (not a half) on the commits topic, stored SEND_OK."""
-    plain = _plain.get(p.config.group)
+    where = (tuple(p.config.namesrv_addrs), p.config.group)
+    plain = _plain.get(where)
     if plain is None:
         plain = Producer(
             ProducerConfig(
@@ -346,14 +347,15 @@ async def _record(p: TransactionProducer, topic: str, key: str, body: str) -> No
             )
         )
         await plain.start()
-        _plain[p.config.group] = plain
+        _plain[where] = plain
     result = await plain.send(Message(topic=topic, body=body.encode(), keys=key))
     if result.status is not SendStatus.SEND_OK:
         raise RuntimeError(f"the commit record {key} was stored with {result.status.value}")
 
 
-_plain: dict[str, Producer] = {}
-"""The process's producer of commit records, by sink producer group (used on the loop)."""
+_plain: dict[tuple[tuple[str, ...], str], Producer] = {}
+"""The process's producers of commit records, by nameservers and sink producer group (used on
+the loop): one process may write to several clusters."""
 
 
 def abort_batch(opts: SinkOptions, messages: list[Any], batch_id: int) -> None:
