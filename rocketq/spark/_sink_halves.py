@@ -32,6 +32,7 @@ import grpc
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq.client.admin import Admin
 from rocketq.client.errors import RocketQError, from_rpc_error
 from rocketq.client.producer.selectors import java_hash_code
 from rocketq.client.producer.transaction import TransactionProducer
@@ -301,7 +302,7 @@ def lanes(halves: Iterable[HalfRef]) -> dict[tuple[str, str, int], list[HalfRef]
 
 
 async def end_halves(
-    p: TransactionProducer, masters: dict[str, str], halves: list[HalfRef], commit: bool
+    p: TransactionProducer, admin: Admin, halves: list[HalfRef], commit: bool
 ) -> None:
     """EndTransaction for every half: lanes in parallel, each lane in order (so rows of one
     queue become visible in the order they were written). An end is idempotent on the broker,
@@ -309,6 +310,7 @@ async def end_halves(
     when a half could not be ended (its lane stops there: later halves wait for the replay)."""
     resolution = messaging_pb2.TRANSACTION_COMMIT if commit else messaging_pb2.TRANSACTION_ROLLBACK
     group = p.config.group
+    masters = _Masters(admin)
 
     async def lane(items: list[HalfRef]) -> None:
         for h in items:
@@ -326,15 +328,34 @@ async def end_halves(
     await asyncio.gather(*(lane(items) for items in lanes(halves).values()))
 
 
+class _Masters:
+    """Broker name -> master address, asked again after a failed end (a failover moves it)."""
+
+    def __init__(self, admin: Admin) -> None:
+        self.admin = admin
+        self.known: dict[str, str] | None = None
+        self.lock = asyncio.Lock()
+
+    async def get(self, broker: str, fresh: bool) -> str | None:
+        async with self.lock:
+            if self.known is None or fresh:
+                try:
+                    self.known = (await self.admin.cluster_info()).masters()
+                except RocketQError:
+                    if self.known is None:
+                        raise
+            return self.known.get(broker)
+
+
 async def _end_one(
     p: TransactionProducer,
-    masters: dict[str, str],
+    masters: _Masters,
     h: HalfRef,
     req: messaging_pb2.EndTransactionRequest,
 ) -> None:
     last: RocketQError | None = None
     for attempt in range(END_ATTEMPTS):
-        addr = masters.get(h.broker)
+        addr = await masters.get(h.broker, fresh=attempt > 0)
         if addr is None:
             last = RocketQError(f"broker {h.broker} has no live master")
         else:

@@ -129,8 +129,6 @@ def check_schema(schema: StructType, opts: SinkOptions) -> None:
             + ", ".join(sorted(_SPELLING.get(c, c) for c in _COLUMNS))
             + " (select only these)"
         )
-    if {"delayms", "delivertimems"} <= names:
-        log.info("both delayMs and deliverTimeMs given: a row may set only one of them")
     if "topic" not in names and not opts.topic:
         raise OptionError("give the option topic or a column named topic")
 
@@ -327,8 +325,7 @@ def commit_batch(opts: SinkOptions, messages: list[Any], batch_id: int) -> None:
             separators=(",", ":"),
         )
         _client.loop().run(_record(p, opts.commits_topic, record_key(query, batch_id), body))
-    masters = _client.retrying(admin.cluster_info).masters()
-    _client.loop().run(end_halves(p, masters, recorded.halves, commit=True))
+    _client.loop().run(end_halves(p, admin, recorded.halves, commit=True))
 
 
 async def _record(p: TransactionProducer, topic: str, key: str, body: str) -> None:
@@ -367,9 +364,8 @@ def abort_batch(opts: SinkOptions, messages: list[Any], batch_id: int) -> None:
     keep = recorded.txids if recorded is not None else set()
     # A recorded batch is committed whatever Spark says now: only unlisted halves roll back.
     halves = [h for c in commits for h in c.halves if h.txid not in keep]
-    masters = _client.retrying(admin.cluster_info).masters()
     try:
-        _client.loop().run(end_halves(p, masters, halves, commit=False))
+        _client.loop().run(end_halves(p, admin, halves, commit=False))
     except RocketQError as exc:  # the check-back rolls back what could not be ended here
         log.warning("rolling back the halves of batch %d failed: %s", batch_id, exc)
 

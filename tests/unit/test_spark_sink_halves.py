@@ -104,3 +104,25 @@ def test_lanes_keep_write_order_per_queue() -> None:
         ["tx2", "tx4"],
     ]
     assert HalfRef.of(half(0, 9).as_list()) == half(0, 9)
+
+
+def test_the_sink_schema_check_names_what_it_writes() -> None:
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    from rocketq.spark.options import OptionError, sink_options
+    from rocketq.spark.sink import check_schema
+
+    opts = sink_options({"nameserver": "127.0.0.1:9876", "topic": "t"})
+
+    def schema(*names: str) -> StructType:
+        kinds = {"body": BinaryType(), "delayMs": LongType(), "shardingKey": StringType()}
+        return StructType([StructField(n, kinds.get(n, StringType())) for n in names])
+
+    check_schema(schema("body", "delayMs", "shardingKey", "tags"), opts)
+    with pytest.raises(OptionError, match=r"column\(s\) priority; it writes .*deliverTimeMs"):
+        check_schema(schema("body", "priority"), opts)
+    with pytest.raises(OptionError, match="column named body"):
+        check_schema(schema("value"), opts)
+    no_topic = sink_options({"nameserver": "127.0.0.1:9876"})
+    with pytest.raises(OptionError, match="option topic or a column named topic"):
+        check_schema(schema("body"), no_topic)
