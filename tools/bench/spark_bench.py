@@ -12,7 +12,7 @@ with N messages of 1 KiB, then on local[2] (the issue's goal: >= 100 000 msgs/s 
 | batch read -> noop  | ``spark.read.format("rocketq")`` of the whole topic into ``noop``   |
 | stream read -> noop | a Trigger.AvailableNow query over the topic into ``noop``           |
 | parquet -> noop     | the same rows, written once to Parquet, read back into ``noop``     |
-| sink                | ``df.write.format("rocketq")`` of N/4 rows (half messages, commit)  |
+| sink                | ``df.write.format("rocketq")`` of N/4 rows (batch halves, commit)   |
 
 "rocketq/parquet" is the read's time over Parquet's. Figures include Spark's job overhead
 (seconds per job on a loaded 2-core machine), so small N understates throughput.
