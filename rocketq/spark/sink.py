@@ -301,31 +301,42 @@ def write_task(
 
 
 def commit_batch(opts: SinkOptions, messages: list[Any], batch_id: int) -> None:
-    commits = sorted((m for m in messages if isinstance(m, SinkCommit)), key=lambda c: c.partition)
+    """Step 2 of the module docstring: record the batch (unless it is), then end its halves."""
+    commits = [m for m in messages if isinstance(m, SinkCommit)]
     if not commits:
         return
+    p, admin = producer(opts)
+    recorded = record_batch(opts, commits, batch_id)
+    _client.loop().run(end_halves(p, admin, recorded.halves, commit=True))
+
+
+def record_batch(opts: SinkOptions, commits: list[SinkCommit], batch_id: int) -> Recorded:
+    """The batch's record: the one found, else a new one listing the halves of ``commits``
+    (in partition order, each task's in write order). Writing it is the commit point."""
+    commits = sorted(commits, key=lambda c: c.partition)
     query = commits[0].query
     p, admin = producer(opts)
     recorded = lookup(admin, opts.commits_topic, query, batch_id)
-    if recorded is None:
-        recorded = Recorded([h for c in commits if not c.skipped for h in c.halves])
-        if len(recorded.halves) > RECORD_HALVES_MAX:
-            raise RuntimeError(
-                f"batch {batch_id} wrote {len(recorded.halves)} half messages; one commit "
-                f"record lists at most {RECORD_HALVES_MAX}: make the micro-batches smaller "
-                "(maxOffsetsPerTrigger, or fewer rows per batch write)"
-            )
-        body = json.dumps(
-            {
-                "query": query,
-                "batch": batch_id,
-                "attempts": sorted(c.attempt for c in commits if not c.skipped),
-                "halves": [h.as_list() for h in recorded.halves],
-            },
-            separators=(",", ":"),
+    if recorded is not None:
+        return recorded
+    recorded = Recorded([h for c in commits if not c.skipped for h in c.halves])
+    if len(recorded.halves) > RECORD_HALVES_MAX:
+        raise RuntimeError(
+            f"batch {batch_id} wrote {len(recorded.halves)} half messages; one commit "
+            f"record lists at most {RECORD_HALVES_MAX}: make the micro-batches smaller "
+            "(maxOffsetsPerTrigger, or fewer rows per batch write)"
         )
-        _client.loop().run(_record(p, opts.commits_topic, record_key(query, batch_id), body))
-    _client.loop().run(end_halves(p, admin, recorded.halves, commit=True))
+    body = json.dumps(
+        {
+            "query": query,
+            "batch": batch_id,
+            "attempts": sorted(c.attempt for c in commits if not c.skipped),
+            "halves": [h.as_list() for h in recorded.halves],
+        },
+        separators=(",", ":"),
+    )
+    _client.loop().run(_record(p, opts.commits_topic, record_key(query, batch_id), body))
+    return recorded
 
 
 async def _record(p: TransactionProducer, topic: str, key: str, body: str) -> None:
