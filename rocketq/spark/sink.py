@@ -42,8 +42,10 @@ Guarantee: each row of a committed micro-batch (or batch write job) becomes visi
 once; rows of aborted or failed attempts never. Limits: a driver that stays away longer than
 ``transactionCheckMax`` × ``transactionCheckInterval`` (15 min by default) after recording a
 batch but before ending all its halves, with no other sink process of the producer group
-alive to answer check-backs, loses the halves not yet ended (the broker discards them); one
-record lists at most :data:`RECORD_HALVES_MAX` halves (about 30 million rows per micro-batch).
+alive to answer check-backs, loses the halves not yet ended (the broker discards them); a
+micro-batch must commit within ``transactionTimeout`` + ``transactionCheckMax`` ×
+``transactionCheckInterval`` of its first write for the same reason; one record lists at most
+:data:`RECORD_HALVES_MAX` halves (about 30 million rows per micro-batch).
 """
 
 from __future__ import annotations
@@ -158,6 +160,9 @@ class Recorded:
     """A batch's commit record: the halves to commit, in commit order."""
 
     halves: list[HalfRef]
+    legacy_attempts: frozenset[str] = frozenset()
+    """A record of the sink before batch halves (no ``halves`` field): its per-row halves are
+    committed by task attempt, as that sink's check-backs did."""
 
     @property
     def txids(self) -> set[str]:
@@ -177,8 +182,10 @@ def lookup(admin: Admin, topic: str, query: str, batch: int) -> Recorded | None:
     mine = [m for m in found if json.loads(m.body).get("query") == query]
     if not mine:
         return None
-    first = min(mine, key=lambda m: (m.store_timestamp_ms, m.queue_offset))
-    return Recorded([HalfRef.of(h) for h in json.loads(first.body).get("halves", [])])
+    first = json.loads(min(mine, key=lambda m: (m.store_timestamp_ms, m.queue_offset)).body)
+    if "halves" not in first:
+        return Recorded([], frozenset(first.get("attempts", [])))
+    return Recorded([HalfRef.of(h) for h in first["halves"]])
 
 
 class RecordedDecision:
@@ -206,7 +213,7 @@ def decide(
     recorded = lookup(admin, commits_topic, query, int(batch))
     if recorded is None:
         return LocalTransactionState.UNKNOW
-    if txids & recorded.txids:
+    if txids & recorded.txids or props.get(PROP_ATTEMPT) in recorded.legacy_attempts:
         return LocalTransactionState.COMMIT_MESSAGE
     return LocalTransactionState.ROLLBACK_MESSAGE
 

@@ -64,11 +64,6 @@ _FORBIDDEN_IN_RECORD = (RESERVED_PROPERTIES - {Prop.UNIQ_KEY}) | {
 }
 
 
-def is_batch(props: dict[str, str] | object) -> bool:
-    """Whether a half message's properties mark it as a batch."""
-    return isinstance(props, dict) and Prop.TRANSACTION_BATCH in props
-
-
 def check_batch_half(
     props: dict[str, str],
     body: bytes,
