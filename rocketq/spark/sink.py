@@ -84,6 +84,7 @@ from rocketq.spark._sink_halves import (
     HALVES_IN_FLIGHT_MAX,
     HalfRef,
     Packer,
+    RowError,
     end_halves,
     record,
     row_properties,
@@ -296,6 +297,8 @@ def write_task(
         bodies = cols["body"]
         for i in range(batch.num_rows):
             topic = (topics[i] if topics is not None else None) or opts.topic
+            if not topic:
+                raise RowError("a row has a null topic and the sink has no topic option")
             key = shard[i] if shard is not None else None
             rec = record(topic.encode(), bodies[i], row_properties(cols, i, props))
             ship(packer.add(topic, key, rec), sharded)
