@@ -43,7 +43,14 @@ from rocketq.client.errors import RocketQError
 from rocketq.codec import Prop
 from rocketq.message import MessageQueue, ReceivedMessage
 from rocketq.spark import _client
-from rocketq.spark.offsets import Offsets, from_json_dict, spread, to_json_dict
+from rocketq.spark.offsets import (
+    Offsets,
+    TriggerGate,
+    from_json_dict,
+    split,
+    spread,
+    to_json_dict,
+)
 from rocketq.spark.options import EARLIEST, LATEST, OptionError, SourceOptions, source_options
 
 log = logging.getLogger(__name__)
@@ -118,8 +125,11 @@ def resolve(
     mode: str,
     given: Offsets,
     timestamp_ms: int,
+    unnamed: str = "min",
 ) -> dict[MessageQueue, int]:
-    """Offsets of ``mqs`` for a start/end ``mode``: earliest, latest, timestamp or json."""
+    """Offsets of ``mqs`` for a start/end ``mode``: earliest, latest, timestamp, json or
+    timestamps (per queue; queues it leaves out at ``unnamed``: "min" for a start, "max" for
+    an end)."""
     if not mqs:
         return {}
     if mode == "earliest":
@@ -128,6 +138,14 @@ def resolve(
         return dict(zip(mqs, client.offsets(mqs, "max"), strict=True))
     if mode == "timestamp":
         return dict(zip(mqs, client.offsets(mqs, "time", timestamp_ms), strict=True))
+    if mode == "timestamps":
+        stamps = from_json_dict(given)
+        named = [mq for mq in mqs if mq in stamps]
+        rest = [mq for mq in mqs if mq not in stamps]
+        out = dict(zip(rest, client.offsets(rest, unnamed), strict=True)) if rest else {}
+        for mq in named:
+            [out[mq]] = client.offsets([mq], "time", stamps[mq])
+        return out
     wanted = from_json_dict(given)
     mins = dict(zip(mqs, client.offsets(mqs, "min"), strict=True))
     maxs = dict(zip(mqs, client.offsets(mqs, "max"), strict=True))
@@ -215,6 +233,27 @@ class _Columns:
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def plan(
+    opts: SourceOptions,
+    client: _client.SparkClient,
+    begin: dict[MessageQueue, int],
+    ends: dict[MessageQueue, int],
+) -> list[QueueRange]:
+    """The Spark partitions reading each queue from ``begin`` (missing or -2: its earliest) to
+    ``ends``: one per queue, or ranges of at most maxRecordsPerPartition offsets."""
+    most = opts.max_records_per_partition
+    parts = []
+    for mq, stop in sorted(ends.items()):
+        first = begin.get(mq, EARLIEST)
+        if first == EARLIEST and most:
+            [first] = client.offsets([mq], "min")  # known now, so the range can be split
+        if first != EARLIEST and stop <= first:
+            continue
+        for a, b in split(first, stop, most) if first != EARLIEST else [(first, stop)]:
+            parts.append(_partition(opts, mq, a, b))
+    return parts
+
+
 def _partition(opts: SourceOptions, mq: MessageQueue, start: int, end: int) -> QueueRange:
     return QueueRange(
         mq.topic,
@@ -243,6 +282,7 @@ class RocketQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self._available_now: dict[MessageQueue, int] | None = None
         self._shown: dict[MessageQueue, int] = {}
+        self._gate = TriggerGate(options.min_offsets_per_trigger, options.max_trigger_delay_ms)
         # Fail at query start, naming the option, when the nameserver or a topic is wrong.
         queues_of(options, _connect(options), strict=True)
 
@@ -294,18 +334,16 @@ class RocketQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             backlogs = {mq: ends[mq] - begin.get(mq, ends[mq]) for mq in ends}
             take = spread(backlogs, int(max_rows))
             ends = {mq: begin.get(mq, ends[mq]) + take[mq] for mq in ends}
+        if self.opts.min_offsets_per_trigger and self._available_now is None:
+            new = sum(end - begin.get(mq, end) for mq, end in ends.items())
+            if not self._gate.admit(new):
+                return start  # no new batch yet: fewer than minOffsetsPerTrigger, not overdue
         return to_json_dict(ends)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRange]:
         if start == end:
             return []
-        begin, ends = from_json_dict(start), from_json_dict(end)
-        parts = []
-        for mq, stop in ends.items():
-            first = begin.get(mq, EARLIEST)
-            if first == EARLIEST or stop > first:
-                parts.append(_partition(self.opts, mq, first, stop))
-        return parts
+        return plan(self.opts, _connect(self.opts), from_json_dict(start), from_json_dict(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, QueueRange)
@@ -341,17 +379,16 @@ class RocketQBatchReader(DataSourceReader):
         mqs = queues_of(options, client, strict=True)
         o = options
         # Like Kafka's batch reads, a batch read starts at earliest unless told otherwise.
-        given = "startingoffsets" in o.raw or "startingtimestamp" in o.raw
+        given = any(k.startswith("starting") for k in o.raw)
         starting = o.starting if given else "earliest"
         self.start = resolve(client, mqs, starting, o.starting_offsets, o.starting_timestamp_ms)
-        self.end = resolve(client, mqs, o.ending, o.ending_offsets, o.ending_timestamp_ms)
+        self.end = resolve(
+            client, mqs, o.ending, o.ending_offsets, o.ending_timestamp_ms, unnamed="max"
+        )
 
     def partitions(self) -> list[QueueRange]:
-        return [
-            _partition(self.opts, mq, self.start[mq], stop)
-            for mq, stop in sorted(self.end.items())
-            if stop > self.start.get(mq, stop)
-        ]
+        ends = {mq: stop for mq, stop in self.end.items() if stop > self.start.get(mq, stop)}
+        return plan(self.opts, _connect(self.opts), self.start, ends)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, QueueRange)
