@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -96,12 +97,28 @@ def retrying(call: Callable[[], Coroutine[Any, Any, T]]) -> T:
     raise AssertionError("unreachable")
 
 
+async def retrying_async(call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """:func:`retrying` for a call already on the loop (a prefetched pull)."""
+    for attempt in range(CALL_ATTEMPTS):
+        try:
+            return await call()
+        except (NameServerUnavailableError, BrokerUnavailableError, RequestTimeoutError):
+            if attempt + 1 == CALL_ATTEMPTS:
+                raise
+            await asyncio.sleep(RETRY_PAUSE_S * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class PullResult:
     status: int
     next_offset: int
-    messages: list[ReceivedMessage]
+    records: bytes
+    """The stored records as pulled, laid end to end (decoded by the caller)."""
     min_offset: int
+
+    def messages(self, broker_name: str) -> list[ReceivedMessage]:
+        return decode_records(self.records, broker_name) if self.records else []
 
 
 class SparkClient:
@@ -201,21 +218,22 @@ class SparkClient:
         expression: str,
         expression_type: str,
         timeout_ms: int,
-    ) -> PullResult:
-        """One Pull of ``mq`` from ``offset`` (no long polling), filtered on the broker."""
+    ) -> Future[PullResult]:
+        """One Pull of ``mq`` from ``offset`` (no long polling), filtered on the broker, started
+        on the loop at once: the caller decodes one answer while the next is on its way."""
+        request = messaging_pb2.PullRequest(
+            consumer_group=self.group,
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            queue_offset=offset,
+            max_msg_nums=min(max_nums, PULL_BATCH_MAX),
+            sys_flag=_SUBSCRIPTION_FLAG,
+            subscription=expression,
+            expression_type=_EXPRESSION[expression_type],
+        )
 
         async def go() -> PullResult:
             api = await self._ready()
-            request = messaging_pb2.PullRequest(
-                consumer_group=self.group,
-                topic=mq.topic,
-                queue_id=mq.queue_id,
-                queue_offset=offset,
-                max_msg_nums=min(max_nums, PULL_BATCH_MAX),
-                sys_flag=_SUBSCRIPTION_FLAG,
-                subscription=expression,
-                expression_type=_EXPRESSION[expression_type],
-            )
             tried: set[str] = set()
             while True:
                 # The master first; one that cannot be reached is marked by api.pull and the
@@ -229,12 +247,14 @@ class SparkClient:
                     tried.add(addr)
                     await api.refresh_route(mq.topic)
                     continue
-                msgs = decode_records(resp.records, mq.broker_name) if resp.records else []
                 return PullResult(
-                    int(resp.status), int(resp.next_begin_offset), msgs, int(resp.min_offset)
+                    int(resp.status),
+                    int(resp.next_begin_offset),
+                    resp.records,
+                    int(resp.min_offset),
                 )
 
-        return self.retrying(go)
+        return asyncio.run_coroutine_threadsafe(retrying_async(go), self._loop.loop)
 
 
 async def _make_admin(nameserver: str) -> Admin:

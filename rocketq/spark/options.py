@@ -28,8 +28,6 @@ MAX_OFFSETS_PER_TRIGGER_MAX = 10**12
 MAX_TRIGGER_DELAY_DEFAULT_MS = 15 * 60 * 1000
 """Kafka's default ``maxTriggerDelay`` (15m)."""
 MAX_TRIGGER_DELAY_MAX_MS = 7 * 24 * 3600 * 1000
-MAX_RECORDS_PER_PARTITION_MIN = 100
-"""A smaller split costs more in Spark task overhead than any read it spreads."""
 TIMESTAMP_MAX_MS = 2**62
 _DURATION_UNITS_MS = {
     "ms": 1,
@@ -329,7 +327,7 @@ def source_options(options: Any) -> SourceOptions:
         min_offsets_per_trigger=least,
         max_trigger_delay_ms=delay_ms,
         max_records_per_partition=_int(
-            opts, "maxRecordsPerPartition", 0, MAX_RECORDS_PER_PARTITION_MIN, 10**12
+            opts, "maxRecordsPerPartition", 0, 1, MAX_OFFSETS_PER_TRIGGER_MAX
         ),
         raw=opts,
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +38,21 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from rocketq.client.errors import RocketQError
 from rocketq.codec import Prop
-from rocketq.message import MessageQueue, ReceivedMessage
-from rocketq.spark import _client
+from rocketq.message import MessageQueue, ReceivedMessage, decode_records
+from rocketq.spark import _arrow, _client
 from rocketq.spark.offsets import (
     Offsets,
     TriggerGate,
@@ -60,8 +70,29 @@ SCHEMA = (
     "body binary, keys string, tags string, properties map<string,string>, "
     "bornTimestamp timestamp, storeTimestamp timestamp, bornHost string, reconsumeTimes int"
 )
+SCHEMA_TYPE = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("brokerName", StringType()),
+        StructField("queueId", IntegerType()),
+        StructField("queueOffset", LongType()),
+        StructField("msgId", StringType()),
+        StructField("body", BinaryType()),
+        StructField("keys", StringType()),
+        StructField("tags", StringType()),
+        StructField("properties", MapType(StringType(), StringType())),
+        StructField("bornTimestamp", TimestampType()),
+        StructField("storeTimestamp", TimestampType()),
+        StructField("bornHost", StringType()),
+        StructField("reconsumeTimes", IntegerType()),
+    ]
+)
+"""SCHEMA as a type (no SparkSession needed to build its Arrow schema; a unit test keeps the
+two the same)."""
 ARROW_ROWS_MAX = 8192
-"""Rows per yielded record batch."""
+"""Rows per yielded record batch (at least: pull answers are not cut)."""
+ARROW_BYTES_MAX = 64 * 1024 * 1024
+"""Pulled bytes per yielded record batch (binary columns have 32-bit offsets)."""
 PULLS_PER_PARTITION_MAX = 10_000_000
 """A bound on the pulls of one partition (a loop guard; far beyond any real range)."""
 _HIDDEN_PROPS = frozenset({Prop.TAGS, Prop.KEYS})
@@ -160,33 +191,79 @@ def resolve(
 
 
 def read_range(part: QueueRange, arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The messages of ``part``'s queue in [start, end) as record batches. One pull is always
+    in flight while the last one is turned into Arrow columns (_arrow.py, the fast path)."""
     client = _client.client(part.nameserver, part.group)
     mq = MessageQueue(part.topic, part.broker, part.queue_id)
-    offset, rows = part.start, _Columns()
+    offset = part.start
     if offset == EARLIEST:
         [offset] = client.offsets([mq], "min")
-    for _ in range(PULLS_PER_PARTITION_MAX):
-        if offset >= part.end:
-            break
-        want = min(part.pull_batch_size, part.end - offset)
-        res = client.pull(
-            mq, offset, want, part.expression, part.expression_type, part.pull_timeout_ms
+    wait_s = (part.pull_timeout_ms / 1000 + _client.RETRY_PAUSE_S) * _client.CALL_ATTEMPTS + 30
+    batches = _Batches(part, arrow_schema)
+
+    def start(at: int) -> Future[_client.PullResult] | None:
+        if at >= part.end:
+            return None
+        want = min(part.pull_batch_size, part.end - at)
+        return client.pull(
+            mq, at, want, part.expression, part.expression_type, part.pull_timeout_ms
         )
+
+    pending = start(offset)
+    for _ in range(PULLS_PER_PARTITION_MAX):
+        if pending is None:
+            break
+        res = pending.result(wait_s)
         if offset < res.min_offset:
             offset = _data_loss(part, mq, offset, res.min_offset)
+            pending = start(offset)
             continue
-        for msg in res.messages:
-            if msg.queue_offset >= part.end:
-                break
-            rows.add(msg)
-        if len(rows) >= ARROW_ROWS_MAX:
-            yield rows.batch(arrow_schema)
-            rows = _Columns()
-        if res.next_offset <= offset:
-            break  # nothing more is stored below the end (the range was planned from max)
+        # nothing more is stored below the end when the next offset does not move (the range
+        # was planned from the queue's max offset)
+        moved = res.next_offset > offset
         offset = res.next_offset
-    if len(rows):
-        yield rows.batch(arrow_schema)
+        pending = start(offset) if moved else None
+        yield from batches.add(res)
+    yield from batches.flush()
+
+
+class _Batches:
+    """Pull answers gathered into record batches of about ARROW_ROWS_MAX rows."""
+
+    def __init__(self, part: QueueRange, schema: pa.Schema) -> None:
+        self.part, self.schema = part, schema
+        self.topic_bytes = part.topic.encode()
+        self.walked = _arrow.Walked()
+
+    def add(self, res: _client.PullResult) -> Iterator[pa.RecordBatch]:
+        if not res.records:
+            return
+        if not _arrow.walk(self.walked, res.records, self.topic_bytes, self.part.end):
+            yield from self.flush()
+            yield from self._general([res.records])
+        elif len(self.walked) >= ARROW_ROWS_MAX or self.walked.size_bytes >= ARROW_BYTES_MAX:
+            yield from self.flush()
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        walked, self.walked = self.walked, _arrow.Walked()
+        if not walked:
+            return
+        batch = _arrow.columns(walked, self.part.topic, self.part.broker, self.schema)
+        if batch is None:
+            yield from self._general(walked.parts)
+        else:
+            yield batch
+
+    def _general(self, parts: list[bytes]) -> Iterator[pa.RecordBatch]:
+        """Records the fast path does not cover, decoded into messages first."""
+        rows = _Columns()
+        for records in parts:
+            for msg in decode_records(records, self.part.broker):
+                if msg.queue_offset >= self.part.end:
+                    break
+                rows.add(msg)
+        if len(rows):
+            yield rows.batch(self.schema)
 
 
 def _data_loss(part: QueueRange, mq: MessageQueue, offset: int, min_offset: int) -> int:

@@ -210,6 +210,9 @@ class BrokerConfig:
     gateway_auto_renew_invisible_ms: int = 60_000
     """[gatewayAutoRenewInvisibleMs] How long a push consumer's message (received with
     auto_renew) is hidden at a time; the gateway renews it at half that until the ack."""
+    # -- retention schedule (spark2: tests see retention act without a 10 s wait) --
+    clean_resource_interval_ms: int = 10_000
+    """[cleanResourceInterval] How often retention looks for commitlog files to delete."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -242,6 +245,10 @@ class BrokerConfig:
             raise ValueError(
                 "gatewayPort with aclEnable=true: the RocketMQ 5 gateway does not enforce access "
                 "control yet; turn one of them off (gatewayPort=0 or aclEnable=false)"
+            )
+        if not 100 <= self.clean_resource_interval_ms <= 3_600_000:
+            raise ValueError(
+                f"cleanResourceInterval {self.clean_resource_interval_ms}: 100..3600000 ms"
             )
         if not 1_000 <= self.gateway_auto_renew_invisible_ms <= 3_600_000:
             raise ValueError(
@@ -340,6 +347,7 @@ class BrokerConfig:
             access_message_in_memory_max_ratio=self.access_message_in_memory_max_ratio,
             store_host=codec.HostAddress.parse(f"{self.advertised_host}:{advertised_port}"),
             slave=not self.is_master,  # a slave's epoch history is its master's (ha_slave)
+            clean_resource_interval_ms=self.clean_resource_interval_ms,
         )
 
     def as_properties(self) -> dict[str, str]:
@@ -443,6 +451,7 @@ TABLE = KeyTable(
         *telemetry_keys(),  # metricsPort, traceExporter, traceSampleRatio, traceFile
         Key("gatewayPort", "gateway_port", int),
         Key("gatewayAutoRenewInvisibleMs", "gateway_auto_renew_invisible_ms", int),
+        Key("cleanResourceInterval", "clean_resource_interval_ms", int),  # spark2
     ],
 )
 
@@ -473,6 +482,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "maxTransferCountOnMessageInMemory",
         "maxTransferBytesOnMessageInMemory",
         "logLevel",
+        "cleanResourceInterval",  # spark2: the store's retention loop reads it at start
         *(k.name for k in security_keys()),  # sec: certificates reload by themselves
     }
     | TELEMETRY_STARTUP_ONLY_KEYS

@@ -77,7 +77,7 @@ def test_offsets_json_is_canonical_whatever_the_insertion_order() -> None:
             "option maxTriggerDelay must be a duration like",
         ),
         ({"minOffsetsPerTrigger": "5", "maxTriggerDelay": "9w"}, "option maxTriggerDelay must be"),
-        ({"maxRecordsPerPartition": "10"}, "option maxRecordsPerPartition must be 100.."),
+        ({"maxRecordsPerPartition": "0"}, "option maxRecordsPerPartition must be 1.."),
         ({"maxRecordsPerPartition": "many"}, "option maxRecordsPerPartition must be an integer"),
     ],
 )

@@ -166,6 +166,28 @@ def test_batch_reads_by_offsets_and_by_timestamps(env: Cluster, spark: Any) -> N
     assert sorted(bytes(r.body) for r in later) == [f"y{i:02d}".encode() for i in range(6)]
     earlier = read(startingOffsets="earliest", endingTimestamp=str(between_ms))
     assert sorted(bytes(r.body) for r in earlier) == [f"x{i:02d}".encode() for i in range(10)]
+    # Per queue, as Kafka's *OffsetsByTimestamp: broker-a's queue from the second send on,
+    # broker-b's from its start (left out: earliest), each up to the second send.
+    queue_a = {"broker-a": {"0": between_ms}}
+    mixed = read(
+        startingOffsetsByTimestamp=json.dumps({"spark-read-range": queue_a}),
+        endingOffsetsByTimestamp=json.dumps({"spark-read-range": {"broker-b": {"0": between_ms}}}),
+    )
+    ys_on_a = sorted(
+        bytes(r.body) for r in everything if r.brokerName == "broker-a" and r.body[:1] == b"y"
+    )
+    xs_on_b = sorted(
+        bytes(r.body) for r in everything if r.brokerName == "broker-b" and r.body[:1] == b"x"
+    )
+    assert sorted(bytes(r.body) for r in mixed) == sorted(ys_on_a + xs_on_b)
+    # maxRecordsPerPartition splits each queue's range into even Spark partitions.
+    split = spark.read.format("rocketq").option("nameserver", nameserver(env))
+    split = split.option("topic", "spark-read-range").option("maxRecordsPerPartition", "3").load()
+    per_queue = [sum(1 for r in everything if r.brokerName == b) for b in ("broker-a", "broker-b")]
+    assert split.rdd.getNumPartitions() == sum(-(-n // 3) for n in per_queue)
+    assert sorted(bytes(r.body) for r in split.collect()) == sorted(
+        bytes(r.body) for r in everything
+    )
 
 
 @pytest.mark.parametrize(
