@@ -2,23 +2,24 @@
 
 A Pull answer is the stored records laid end to end (SPEC §11.1). Turning each into a
 :class:`~rocketq.message.ReceivedMessage` and then into 13 Python lists cost about 10 µs a
-message, most of a Spark read's time. Here one Python loop per record only walks the records
-(lengths checked by :mod:`rocketq.codec`, body CRC checked) and notes where each starts; every
-column is then cut from the bytes at once with numpy and pyarrow compute:
+message, most of a Spark read's time. Here the only Python loops per record find where each
+starts (TOTALSIZE and magic checked) and copy its body and properties out (body CRC checked);
+every length is checked against TOTALSIZE with numpy, and every column is cut from the bytes
+at once with numpy and pyarrow compute:
 
 | column                     | how                                                          |
 |----------------------------|--------------------------------------------------------------|
 | queueId, queueOffset,      | big-endian fields gathered at fixed offsets from each start  |
 | timestamps, reconsumeTimes |                                                              |
-| body                       | the body slices joined into one buffer + an offsets buffer   |
+| body                       | the bodies appended to one buffer + an offsets buffer        |
 | properties, keys, tags,    | the properties slices as one string array, split on the      |
 | msgId                      | separators by pyarrow; msgId is UNIQ_KEY, else the offset id |
 | bornHost                   | the (ip, port) pairs made text once per distinct pair        |
 | topic, brokerName          | the queue's (a consume queue holds records of its topic only) |
 
-Records this layout does not cover (IPv6 hosts, compressed bodies, another topic, properties
-that are not UTF-8) are returned as ``None`` by :func:`columns`, and the caller decodes them the
-general way; the output is the same either way (tests/unit/test_spark_arrow.py).
+Records this layout does not cover (IPv6 hosts, compressed bodies, another topic: :func:`walk`
+answers False; properties that are not UTF-8: :func:`columns` answers None) are decoded the
+general way by the caller; the output is the same either way (tests/unit/test_spark_arrow.py).
 """
 
 from __future__ import annotations

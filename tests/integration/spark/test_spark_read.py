@@ -219,3 +219,41 @@ def test_bad_options_fail_at_query_start_naming_the_option(
             .start()
         )
         query.awaitTermination(60)
+
+
+def test_a_trigger_waits_for_min_offsets_per_trigger(env: Cluster, spark: Any) -> None:
+    create_topic(env, "spark-read-min", queues=1)
+    produce(env, "spark-read-min", [b"first"])
+    # Spark reports a trigger that found nothing to run every 100 ms instead of every 10 s.
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
+    query = (
+        stream(spark, env, "spark-read-min", startingOffsets="earliest")
+        .option("minOffsetsPerTrigger", "4")
+        .option("maxTriggerDelay", "1h")
+        .load()
+        .writeStream.format("memory")
+        .queryName("read_min")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        until_sync(lambda: query_rows(spark, "read_min") == 1, "the first batch (never held)", 120)
+        produce(env, "spark-read-min", [b"second", b"third"])
+        # A trigger that saw only these two ran no batch: Spark reported it idle.
+        seen = len(query.recentProgress)
+        until_sync(
+            lambda: any(p["numInputRows"] == 0 for p in query.recentProgress[seen:]),
+            "an idle trigger after two new messages",
+            60,
+        )
+        produce(env, "spark-read-min", [b"fourth", b"fifth"])
+        until_sync(lambda: query_rows(spark, "read_min") == 5, "the batch of four", 60)
+        sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        assert sizes == [1, 4], sizes
+    finally:
+        query.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+
+
+def query_rows(spark: Any, table: str) -> int:
+    return int(spark.sql(f"select count(*) as n from {table}").collect()[0].n)
