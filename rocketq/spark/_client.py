@@ -110,15 +110,22 @@ async def retrying_async(call: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 @dataclass(frozen=True)
-class PullResult:
+class RawPull:
+    """A Pull answer, its records undecoded (the reader cuts them into Arrow columns)."""
+
     status: int
     next_offset: int
     records: bytes
-    """The stored records as pulled, laid end to end (decoded by the caller)."""
+    """The stored records as pulled, laid end to end."""
     min_offset: int
 
-    def messages(self, broker_name: str) -> list[ReceivedMessage]:
-        return decode_records(self.records, broker_name) if self.records else []
+
+@dataclass(frozen=True)
+class PullResult:
+    status: int
+    next_offset: int
+    messages: list[ReceivedMessage]
+    min_offset: int
 
 
 class SparkClient:
@@ -218,9 +225,25 @@ class SparkClient:
         expression: str,
         expression_type: str,
         timeout_ms: int,
-    ) -> Future[PullResult]:
-        """One Pull of ``mq`` from ``offset`` (no long polling), filtered on the broker, started
-        on the loop at once: the caller decodes one answer while the next is on its way."""
+    ) -> PullResult:
+        """One Pull of ``mq`` from ``offset`` (no long polling), filtered on the broker, its
+        records decoded into messages."""
+        raw = self.start_pull(mq, offset, max_nums, expression, expression_type, timeout_ms)
+        res = raw.result(pull_wait_s(timeout_ms))
+        messages = decode_records(res.records, mq.broker_name) if res.records else []
+        return PullResult(res.status, res.next_offset, messages, res.min_offset)
+
+    def start_pull(
+        self,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int,
+        expression: str,
+        expression_type: str,
+        timeout_ms: int,
+    ) -> Future[RawPull]:
+        """:meth:`pull` started on the loop at once, its records left undecoded: the reader
+        turns one answer into Arrow columns while the next is on its way."""
         request = messaging_pb2.PullRequest(
             consumer_group=self.group,
             topic=mq.topic,
@@ -232,7 +255,7 @@ class SparkClient:
             expression_type=_EXPRESSION[expression_type],
         )
 
-        async def go() -> PullResult:
+        async def go() -> RawPull:
             api = await self._ready()
             tried: set[str] = set()
             while True:
@@ -247,7 +270,7 @@ class SparkClient:
                     tried.add(addr)
                     await api.refresh_route(mq.topic)
                     continue
-                return PullResult(
+                return RawPull(
                     int(resp.status),
                     int(resp.next_begin_offset),
                     resp.records,
@@ -255,6 +278,11 @@ class SparkClient:
                 )
 
         return asyncio.run_coroutine_threadsafe(retrying_async(go), self._loop.loop)
+
+
+def pull_wait_s(timeout_ms: int) -> float:
+    """How long a pull with ``timeout_ms`` can take with every retry of :func:`retrying_async`."""
+    return (timeout_ms / 1000 + RETRY_PAUSE_S) * CALL_ATTEMPTS + 30
 
 
 async def _make_admin(nameserver: str) -> Admin:

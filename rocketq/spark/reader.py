@@ -198,14 +198,14 @@ def read_range(part: QueueRange, arrow_schema: pa.Schema) -> Iterator[pa.RecordB
     offset = part.start
     if offset == EARLIEST:
         [offset] = client.offsets([mq], "min")
-    wait_s = (part.pull_timeout_ms / 1000 + _client.RETRY_PAUSE_S) * _client.CALL_ATTEMPTS + 30
+    wait_s = _client.pull_wait_s(part.pull_timeout_ms)
     batches = _Batches(part, arrow_schema)
 
-    def start(at: int) -> Future[_client.PullResult] | None:
+    def start(at: int) -> Future[_client.RawPull] | None:
         if at >= part.end:
             return None
         want = min(part.pull_batch_size, part.end - at)
-        return client.pull(
+        return client.start_pull(
             mq, at, want, part.expression, part.expression_type, part.pull_timeout_ms
         )
 
@@ -235,7 +235,7 @@ class _Batches:
         self.topic_bytes = part.topic.encode()
         self.walked = _arrow.Walked()
 
-    def add(self, res: _client.PullResult) -> Iterator[pa.RecordBatch]:
+    def add(self, res: _client.RawPull) -> Iterator[pa.RecordBatch]:
         if not res.records:
             return
         if not _arrow.walk(self.walked, res.records, self.topic_bytes, self.part.end):

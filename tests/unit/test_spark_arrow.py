@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import zlib
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -60,8 +61,8 @@ def part(end: int = 10**9) -> QueueRange:
     )
 
 
-def pulled(records: list[bytes]) -> _client.PullResult:
-    return _client.PullResult(0, 0, b"".join(records), 0)
+def pulled(records: list[bytes]) -> _client.RawPull:
+    return _client.RawPull(0, 0, b"".join(records), 0)
 
 
 def batches(answers: list[list[bytes]], end: int = 10**9) -> list[pa.RecordBatch]:
@@ -78,8 +79,10 @@ def general(answers: list[list[bytes]], end: int = 10**9) -> pa.Table:
     return pa.Table.from_batches(list(b._general([b"".join(r) for r in answers])), SCHEMA)
 
 
-def rows(found: list[pa.RecordBatch]) -> list[dict[str, object]]:
-    return pa.Table.from_batches(found, SCHEMA).to_pylist()
+def rows(found: list[pa.RecordBatch]) -> list[dict[str, Any]]:
+    table: pa.Table = pa.Table.from_batches(found, SCHEMA)
+    out: list[dict[str, Any]] = table.to_pylist()
+    return out
 
 
 def test_fast_columns_equal_the_general_decoding() -> None:

@@ -69,8 +69,8 @@ def results(c: Cluster) -> list[tuple[int, str, int, float]]:
         [end] = client.offsets([mq], "max")
         offset = 0
         while offset < end:
-            res = client.pull(mq, offset, 256, "*", "TAG", 5000).result(60)
-            for m in res.messages(mq.broker_name):
+            res = client.pull(mq, offset, 256, "*", "TAG", 5000)
+            for m in res.messages:
                 row = json.loads(m.body)
                 start_ms = _ms(row["windowStart"])
                 out.append((start_ms, row["customer"], row["orders"], row["amount"]))
