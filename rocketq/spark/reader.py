@@ -1,14 +1,17 @@
 """Reading RocketQ topics into Spark: the streaming reader, the batch reader and ``read()``.
 
-One Spark partition per queue and trigger. A partition reads its queue from a start offset up
-to (not including) an end offset with plain Pull calls, filtered on the broker (TAG or SQL92),
-and yields Arrow record batches (the fast path of PySpark's Python data sources).
+One Spark partition per queue and trigger (``maxRecordsPerPartition`` splits a queue's range
+into several). A partition reads its queue from a start offset up to (not including) an end
+offset with plain Pull calls, filtered on the broker (TAG or SQL92), one pull always in flight,
+and yields Arrow record batches cut straight from the pulled bytes (:mod:`._arrow`).
+``minOffsetsPerTrigger`` / ``maxTriggerDelay`` hold a trigger back in ``latestOffset``
+(:class:`~rocketq.spark.offsets.TriggerGate`).
 
 Where a start comes from (:meth:`RocketQStreamReader.initialOffset`):
 
 - ``earliest``: each queue's first stored offset; a JSON names offsets per queue (-2 earliest,
   -1 latest; queues it leaves out start at earliest);
-- ``latest``, ``startingTimestamp`` and JSON with -1: resolved once and stored as the consume
+- ``latest``, ``startingTimestamp``, ``startingOffsetsByTimestamp`` and JSON with -1: resolved once and stored as the consume
   offsets of the query's consumer group (option ``group``) on the brokers. Spark asks for the
   initial offset again when batch 0 is replayed after a crash; the stored offsets are found then
   and returned, so a restart cannot move the start. The group's offsets then follow every
