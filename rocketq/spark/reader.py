@@ -11,10 +11,11 @@ Where a start comes from (:meth:`RocketQStreamReader.initialOffset`):
 
 - ``earliest``: each queue's first stored offset; a JSON names offsets per queue (-2 earliest,
   -1 latest; queues it leaves out start at earliest);
-- ``latest``, ``startingTimestamp``, ``startingOffsetsByTimestamp`` and JSON with -1: resolved once and stored as the consume
-  offsets of the query's consumer group (option ``group``) on the brokers. Spark asks for the
-  initial offset again when batch 0 is replayed after a crash; the stored offsets are found then
-  and returned, so a restart cannot move the start. The group's offsets then follow every
+- ``latest``, ``startingTimestamp``, ``startingOffsetsByTimestamp`` and JSON with -1:
+  resolved once and stored as the consume offsets of the query's consumer group (option
+  ``group``) on the brokers. Spark asks for the initial offset again when batch 0 is replayed
+  after a crash; the stored offsets are found then and returned, so a restart cannot move the
+  start. The group's offsets then follow every
   committed trigger (``commit``), which is what ``rocketq group describe`` shows; they are
   progress for people, Spark's checkpoint stays the truth for exactly-once.
 
