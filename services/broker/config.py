@@ -215,6 +215,9 @@ class BrokerConfig:
     """[haSmallChunksInFlightMax] While this many chunks to a slave are not acked, the master
     holds back a chunk smaller than haTransferBatchSize until an ack (Nagle's rule), so a busy
     master ships what many sends appended in one stream message; 0 = ship every append at once."""
+    # -- retention schedule (spark2: tests see retention act without a 10 s wait) --
+    clean_resource_interval_ms: int = 10_000
+    """[cleanResourceInterval] How often retention looks for commitlog files to delete."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -241,6 +244,10 @@ class BrokerConfig:
             raise ValueError(f"brokerRole {self.broker_role!r}: use one of {BROKER_ROLES}")
         if not 0 <= self.gateway_port <= 65535:
             raise ValueError(f"gatewayPort {self.gateway_port}: 0 (off) or a port number")
+        if not 100 <= self.clean_resource_interval_ms <= 3_600_000:
+            raise ValueError(
+                f"cleanResourceInterval {self.clean_resource_interval_ms}: 100..3600000 ms"
+            )
         if not 1_000 <= self.gateway_auto_renew_invisible_ms <= 3_600_000:
             raise ValueError(
                 f"gatewayAutoRenewInvisibleMs {self.gateway_auto_renew_invisible_ms}: "
@@ -340,6 +347,7 @@ class BrokerConfig:
             access_message_in_memory_max_ratio=self.access_message_in_memory_max_ratio,
             store_host=codec.HostAddress.parse(f"{self.advertised_host}:{advertised_port}"),
             slave=not self.is_master,  # a slave's epoch history is its master's (ha_slave)
+            clean_resource_interval_ms=self.clean_resource_interval_ms,
         )
 
     def as_properties(self) -> dict[str, str]:
@@ -444,6 +452,7 @@ TABLE = KeyTable(
         Key("gatewayPort", "gateway_port", int),
         Key("gatewayAutoRenewInvisibleMs", "gateway_auto_renew_invisible_ms", int),
         Key("haSmallChunksInFlightMax", "ha_small_chunks_in_flight_max", int),  # perf3
+        Key("cleanResourceInterval", "clean_resource_interval_ms", int),  # spark2
     ],
 )
 
@@ -474,6 +483,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "maxTransferCountOnMessageInMemory",
         "maxTransferBytesOnMessageInMemory",
         "logLevel",
+        "cleanResourceInterval",  # spark2: the store's retention loop reads it at start
         *(k.name for k in security_keys()),  # sec: certificates reload by themselves
     }
     | TELEMETRY_STARTUP_ONLY_KEYS

@@ -9,6 +9,8 @@ with N messages of 1 KiB, then on local[2] (the issue's goal: >= 100 000 msgs/s 
 
 | run                 | what is timed                                                      |
 |---------------------|--------------------------------------------------------------------|
+| read, no Spark      | the reader's ``read()`` of every queue in turn in this process     |
+|                     | (pulls and Arrow batches: one Python worker's ceiling)             |
 | batch read -> noop  | ``spark.read.format("rocketq")`` of the whole topic into ``noop``   |
 | stream read -> noop | a Trigger.AvailableNow query over the topic into ``noop``           |
 | parquet -> noop     | the same rows, written once to Parquet, read back into ``noop``     |
@@ -31,11 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from rocketq.cli._bench import ensure_topic
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message
 from rocketq.spark import register
+from rocketq.spark.options import source_options
+from rocketq.spark.reader import SCHEMA_TYPE, RocketQBatchReader, read_range
 from tools.bench.messaging_bench import _start_local, _stop_local
 
 TOPIC = "spark-bench"
@@ -86,7 +91,21 @@ def timed(what: str, rows: int, run: Any) -> float:
     return took
 
 
+def worker_read(namesrv: str, count: int) -> None:
+    """What one Spark Python worker does per task, without Spark: pulls turned into Arrow."""
+    opts = source_options({"nameserver": namesrv, "topic": TOPIC, "startingOffsets": "earliest"})
+    reader = RocketQBatchReader(opts, SCHEMA_TYPE)
+    schema = to_arrow_schema(SCHEMA_TYPE, timezone="UTC")
+
+    def run() -> None:
+        rows = sum(b.num_rows for p in reader.partitions() for b in read_range(p, schema))
+        assert rows == count, f"read {rows} rows, expected {count}"
+
+    timed("read, no Spark", count, run)
+
+
 def suite(namesrv: str, count: int, work: Path) -> None:
+    worker_read(namesrv, count)
     spark = session()
     reads(spark, namesrv, count, work)
     sink(spark, namesrv, count)
