@@ -119,6 +119,10 @@ class Prop:
     TIMER_SOURCE = "TIMER_SOURCE"
     """On a timer-wheel re-put: "{commitlog offset}" of the timer-topic record it came from, so
     the broker drops a second re-put of the same timer (after a timer-wheel crash)."""
+    # -- batch half messages (services/broker/transaction_batch.py) --
+    TRANSACTION_BATCH = "TRAN_BATCH"
+    """On a half message: its body is a batch of records (as SendRequest.records) that its
+    commit stores together; the value is how many."""
 
 
 # ---- fixed part -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -94,6 +95,29 @@ def retrying(call: Callable[[], Coroutine[Any, Any, T]]) -> T:
                 raise
             time.sleep(RETRY_PAUSE_S * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+async def retrying_async(call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """:func:`retrying` for a call already on the loop (a prefetched pull)."""
+    for attempt in range(CALL_ATTEMPTS):
+        try:
+            return await call()
+        except (NameServerUnavailableError, BrokerUnavailableError, RequestTimeoutError):
+            if attempt + 1 == CALL_ATTEMPTS:
+                raise
+            await asyncio.sleep(RETRY_PAUSE_S * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class RawPull:
+    """A Pull answer, its records undecoded (the reader cuts them into Arrow columns)."""
+
+    status: int
+    next_offset: int
+    records: bytes
+    """The stored records as pulled, laid end to end."""
+    min_offset: int
 
 
 @dataclass(frozen=True)
@@ -202,20 +226,37 @@ class SparkClient:
         expression_type: str,
         timeout_ms: int,
     ) -> PullResult:
-        """One Pull of ``mq`` from ``offset`` (no long polling), filtered on the broker."""
+        """One Pull of ``mq`` from ``offset`` (no long polling), filtered on the broker, its
+        records decoded into messages."""
+        raw = self.start_pull(mq, offset, max_nums, expression, expression_type, timeout_ms)
+        res = raw.result(pull_wait_s(timeout_ms))
+        messages = decode_records(res.records, mq.broker_name) if res.records else []
+        return PullResult(res.status, res.next_offset, messages, res.min_offset)
 
-        async def go() -> PullResult:
+    def start_pull(
+        self,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int,
+        expression: str,
+        expression_type: str,
+        timeout_ms: int,
+    ) -> Future[RawPull]:
+        """:meth:`pull` started on the loop at once, its records left undecoded: the reader
+        turns one answer into Arrow columns while the next is on its way."""
+        request = messaging_pb2.PullRequest(
+            consumer_group=self.group,
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            queue_offset=offset,
+            max_msg_nums=min(max_nums, PULL_BATCH_MAX),
+            sys_flag=_SUBSCRIPTION_FLAG,
+            subscription=expression,
+            expression_type=_EXPRESSION[expression_type],
+        )
+
+        async def go() -> RawPull:
             api = await self._ready()
-            request = messaging_pb2.PullRequest(
-                consumer_group=self.group,
-                topic=mq.topic,
-                queue_id=mq.queue_id,
-                queue_offset=offset,
-                max_msg_nums=min(max_nums, PULL_BATCH_MAX),
-                sys_flag=_SUBSCRIPTION_FLAG,
-                subscription=expression,
-                expression_type=_EXPRESSION[expression_type],
-            )
             tried: set[str] = set()
             while True:
                 # The master first; one that cannot be reached is marked by api.pull and the
@@ -229,12 +270,19 @@ class SparkClient:
                     tried.add(addr)
                     await api.refresh_route(mq.topic)
                     continue
-                msgs = decode_records(resp.records, mq.broker_name) if resp.records else []
-                return PullResult(
-                    int(resp.status), int(resp.next_begin_offset), msgs, int(resp.min_offset)
+                return RawPull(
+                    int(resp.status),
+                    int(resp.next_begin_offset),
+                    resp.records,
+                    int(resp.min_offset),
                 )
 
-        return self.retrying(go)
+        return asyncio.run_coroutine_threadsafe(retrying_async(go), self._loop.loop)
+
+
+def pull_wait_s(timeout_ms: int) -> float:
+    """How long a pull with ``timeout_ms`` can take with every retry of :func:`retrying_async`."""
+    return (timeout_ms / 1000 + RETRY_PAUSE_S) * CALL_ATTEMPTS + 30
 
 
 async def _make_admin(nameserver: str) -> Admin:

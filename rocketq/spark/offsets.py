@@ -1,8 +1,13 @@
 """Offsets of the ``rocketq`` source: {topic: {brokerName: {queueId: offset}}} (queue ids as
-strings, every level in sorted order: Spark compares offsets as their JSON text), and how a
-trigger's limit is spread over the queues."""
+strings, every level in sorted order: Spark compares offsets as their JSON text), how a
+trigger's limit is spread over the queues, when a trigger may run (minOffsetsPerTrigger) and how
+a queue's range is split into Spark partitions (maxRecordsPerPartition)."""
 
 from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
 
 from rocketq.message import MessageQueue
 
@@ -42,3 +47,39 @@ def spread(backlogs: dict[MessageQueue, int], limit: int) -> dict[MessageQueue, 
             shares[mq] += 1
             left -= 1
     return shares
+
+
+def split(start: int, end: int, most: int) -> list[tuple[int, int]]:
+    """[start, end) cut into the fewest ranges of at most ``most`` offsets, of even sizes
+    (Kafka's maxRecordsPerPartition); one range when ``most`` is 0."""
+    count = end - start
+    if most <= 0 or count <= most:
+        return [(start, end)]
+    pieces = -(-count // most)
+    bounds = [start + count * i // pieces for i in range(pieces + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+class TriggerGate:
+    """Kafka's ``minOffsetsPerTrigger`` + ``maxTriggerDelay``: a trigger runs once at least
+    ``min_offsets`` new offsets are available, or ``max_delay_ms`` after the last trigger that
+    ran; the first trigger of a reader always runs (as Kafka's does)."""
+
+    def __init__(
+        self, min_offsets: int, max_delay_ms: int, clock_ms: Callable[[], float] | None = None
+    ) -> None:
+        self.min_offsets = min_offsets
+        self.max_delay_ms = max_delay_ms
+        self.clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
+        self.last_run_ms: float | None = None
+
+    def admit(self, new_offsets: int) -> bool:
+        """Whether a trigger with ``new_offsets`` available runs now."""
+        if new_offsets <= 0:
+            return False  # no batch runs; the delay keeps counting from the last one that did
+        now_ms = self.clock_ms()
+        due = self.last_run_ms is None or now_ms - self.last_run_ms >= self.max_delay_ms
+        if due or new_offsets >= self.min_offsets:
+            self.last_run_ms = now_ms
+            return True
+        return False

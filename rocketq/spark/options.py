@@ -25,6 +25,18 @@ LATEST = -1
 PULL_BATCH_SIZE_DEFAULT = 1024
 PULL_TIMEOUT_MS_DEFAULT = 10_000
 MAX_OFFSETS_PER_TRIGGER_MAX = 10**12
+MAX_TRIGGER_DELAY_DEFAULT_MS = 15 * 60 * 1000
+"""Kafka's default ``maxTriggerDelay`` (15m)."""
+MAX_TRIGGER_DELAY_MAX_MS = 7 * 24 * 3600 * 1000
+TIMESTAMP_MAX_MS = 2**62
+_DURATION_UNITS_MS = {
+    "ms": 1,
+    "s": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+}
 
 _SOURCE_OPTIONS = {
     "nameserver",
@@ -34,9 +46,14 @@ _SOURCE_OPTIONS = {
     "filtertype",
     "startingoffsets",
     "startingtimestamp",
+    "startingoffsetsbytimestamp",
     "endingoffsets",
     "endingtimestamp",
+    "endingoffsetsbytimestamp",
     "maxoffsetspertrigger",
+    "minoffsetspertrigger",
+    "maxtriggerdelay",
+    "maxrecordsperpartition",
     "failondataloss",
     "pullbatchsize",
     "pulltimeoutms",
@@ -69,11 +86,12 @@ class SourceOptions:
     filter_expression: str
     filter_type: str
     starting: str
-    """"earliest", "latest", "json" or "timestamp"."""
+    """"earliest", "latest", "json", "timestamp" or "timestamps" (per queue)."""
     starting_offsets: Offsets
+    """The offsets JSON ("json") or the per-queue timestamps in ms ("timestamps")."""
     starting_timestamp_ms: int
     ending: str
-    """"latest", "json" or "timestamp" (batch reads)."""
+    """"latest", "json", "timestamp" or "timestamps" (batch reads)."""
     ending_offsets: Offsets
     ending_timestamp_ms: int
     max_offsets_per_trigger: int
@@ -82,6 +100,12 @@ class SourceOptions:
     pull_batch_size: int
     pull_timeout_ms: int
     group: str
+    min_offsets_per_trigger: int = 0
+    """0 = a trigger runs whatever is available; else it waits for this many new offsets..."""
+    max_trigger_delay_ms: int = MAX_TRIGGER_DELAY_DEFAULT_MS
+    """... or at most this long since the last trigger that ran."""
+    max_records_per_partition: int = 0
+    """0 = one Spark partition per queue and trigger; else ranges are split to at most this."""
     raw: dict[str, str] = field(default_factory=dict)
 
 
@@ -142,15 +166,22 @@ def _nameserver(opts: dict[str, str]) -> str:
     return ns
 
 
-def parse_offsets_json(name: str, text: str, topics: tuple[str, ...]) -> Offsets:
-    """An offsets JSON {topic: {brokerName: {queueId: offset}}}; -2 earliest, -1 latest."""
+def parse_offsets_json(
+    name: str, text: str, topics: tuple[str, ...], timestamps: bool = False
+) -> Offsets:
+    """An offsets JSON {topic: {brokerName: {queueId: offset}}}; -2 earliest, -1 latest. With
+    ``timestamps`` the values are store timestamps in ms (Kafka's ``*OffsetsByTimestamp``)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise OptionError(
             f"option {name} is not valid JSON ({exc.msg} at {exc.pos}): {text!r}"
         ) from None
-    shape = f'option {name} must look like {{"topic": {{"broker-a": {{"0": 42}}}}}}'
+    example = 1700000000000 if timestamps else 42
+    shape = f'option {name} must look like {{"topic": {{"broker-a": {{"0": {example}}}}}}}'
+    low, what = (
+        (0, "timestamp in ms") if timestamps else (EARLIEST, "offset (-2 earliest, -1 latest)")
+    )
     if not isinstance(data, dict):
         raise OptionError(f"{shape}, got {text!r}")
     out: Offsets = {}
@@ -163,41 +194,77 @@ def parse_offsets_json(name: str, text: str, topics: tuple[str, ...]) -> Offsets
             if not isinstance(queues, dict):
                 raise OptionError(f"{shape}; broker {broker!r} maps to {queues!r}")
             for qid, off in queues.items():
-                if not str(qid).isdigit() or not isinstance(off, int) or off < EARLIEST:
+                if (
+                    not str(qid).isdigit()
+                    or not isinstance(off, int)
+                    or isinstance(off, bool)
+                    or not low <= off <= TIMESTAMP_MAX_MS
+                ):
                     raise OptionError(
                         f"{shape}; {topic}/{broker}: queue {qid!r} -> {off!r} is not "
-                        "queueId -> offset (-2 earliest, -1 latest)"
+                        f"queueId -> {what}"
                     )
                 out.setdefault(topic, {}).setdefault(broker, {})[str(int(qid))] = off
     return out
 
 
-def _start(opts: dict[str, str], topics: tuple[str, ...]) -> tuple[str, Offsets, int]:
-    ts = opts.get("startingtimestamp")
-    so = opts.get("startingoffsets")
-    if ts is not None and so is not None:
-        raise OptionError("give startingOffsets or startingTimestamp, not both")
-    if ts is not None:
-        return "timestamp", {}, _int(opts, "startingTimestamp", 0, 0, 2**62)
-    text = (so or "latest").strip()
+def _bound(
+    opts: dict[str, str], side: str, topics: tuple[str, ...], default: str
+) -> tuple[str, Offsets, int]:
+    """The start (``side`` "starting") or end ("ending") of a read: (mode, offsets or per-queue
+    timestamps, timestamp); at most one of the side's three options may be given."""
+    names = [f"{side}Offsets", f"{side}Timestamp", f"{side}OffsetsByTimestamp"]
+    given = [n for n in names if n.lower() in opts]
+    if len(given) > 1:
+        raise OptionError(
+            f"give only one of the options {', '.join(names)}; got {' and '.join(given)}"
+        )
+    if names[1].lower() in opts:
+        return "timestamp", {}, _int(opts, names[1], 0, 0, TIMESTAMP_MAX_MS)
+    if names[2].lower() in opts:
+        by_ts = parse_offsets_json(names[2], opts[names[2].lower()], topics, timestamps=True)
+        return "timestamps", by_ts, 0
+    text = opts.get(names[0].lower(), default).strip()
     if text.lower() in ("earliest", "latest"):
+        if side == "ending" and text.lower() == "earliest":
+            raise OptionError("option endingOffsets cannot be earliest; use latest or a JSON")
         return text.lower(), {}, 0
-    return "json", parse_offsets_json("startingOffsets", text, topics), 0
+    return "json", parse_offsets_json(names[0], text, topics), 0
 
 
-def _end(opts: dict[str, str], topics: tuple[str, ...]) -> tuple[str, Offsets, int]:
-    ts = opts.get("endingtimestamp")
-    eo = opts.get("endingoffsets")
-    if ts is not None and eo is not None:
-        raise OptionError("give endingOffsets or endingTimestamp, not both")
-    if ts is not None:
-        return "timestamp", {}, _int(opts, "endingTimestamp", 0, 0, 2**62)
-    text = (eo or "latest").strip()
-    if text.lower() == "latest":
-        return "latest", {}, 0
-    if text.lower() == "earliest":
-        raise OptionError("option endingOffsets cannot be earliest; use latest or a JSON")
-    return "json", parse_offsets_json("endingOffsets", text, topics), 0
+def duration_ms(name: str, text: str, low_ms: int, high_ms: int) -> int:
+    """A duration like Spark's time strings: "500ms", "30s", "15m", "2h", "1d" (a bare number
+    is milliseconds)."""
+    found = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    unit = (found.group(2) or "ms") if found else ""
+    if not found or unit not in _DURATION_UNITS_MS:
+        raise OptionError(
+            f"option {name} must be a duration like 500ms, 30s, 15m, 2h or 1d, got {text!r}"
+        )
+    value_ms = int(found.group(1)) * _DURATION_UNITS_MS[unit]
+    if not low_ms <= value_ms <= high_ms:
+        raise OptionError(f"option {name} must be {low_ms} ms..{high_ms} ms, got {text!r}")
+    return value_ms
+
+
+def _trigger_limits(opts: dict[str, str]) -> tuple[int, int, int]:
+    """(maxOffsetsPerTrigger, minOffsetsPerTrigger, maxTriggerDelay in ms), checked together."""
+    most = _int(opts, "maxOffsetsPerTrigger", 0, 1, MAX_OFFSETS_PER_TRIGGER_MAX)
+    least = _int(opts, "minOffsetsPerTrigger", 0, 1, MAX_OFFSETS_PER_TRIGGER_MAX)
+    delay_ms = MAX_TRIGGER_DELAY_DEFAULT_MS
+    if "maxtriggerdelay" in opts:
+        if not least:
+            raise OptionError(
+                "option maxTriggerDelay only applies with minOffsetsPerTrigger; give both"
+            )
+        delay_ms = duration_ms(
+            "maxTriggerDelay", opts["maxtriggerdelay"], 0, MAX_TRIGGER_DELAY_MAX_MS
+        )
+    if most and least > most:
+        raise OptionError(
+            f"option minOffsetsPerTrigger ({least}) must not exceed maxOffsetsPerTrigger ({most})"
+        )
+    return most, least, delay_ms
 
 
 def source_options(options: Any) -> SourceOptions:
@@ -232,8 +299,9 @@ def source_options(options: Any) -> SourceOptions:
     if ftype not in ("TAG", "SQL92"):
         raise OptionError(f"option filterType must be TAG or SQL92, got {ftype!r}")
     _check_filter(expression, ftype)
-    starting, start_offsets, start_ts = _start(opts, topics)
-    ending, end_offsets, end_ts = _end(opts, topics)
+    starting, start_offsets, start_ts = _bound(opts, "starting", topics, "latest")
+    ending, end_offsets, end_ts = _bound(opts, "ending", topics, "latest")
+    most, least, delay_ms = _trigger_limits(opts)
     group = opts.get("group", "").strip() or default_group(opts)
     try:
         check_group(group)
@@ -251,13 +319,16 @@ def source_options(options: Any) -> SourceOptions:
         ending=ending,
         ending_offsets=end_offsets,
         ending_timestamp_ms=end_ts,
-        max_offsets_per_trigger=_int(
-            opts, "maxOffsetsPerTrigger", 0, 1, MAX_OFFSETS_PER_TRIGGER_MAX
-        ),
+        max_offsets_per_trigger=most,
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         pull_batch_size=_int(opts, "pullBatchSize", PULL_BATCH_SIZE_DEFAULT, 1, 1024),
         pull_timeout_ms=_int(opts, "pullTimeoutMs", PULL_TIMEOUT_MS_DEFAULT, 100, 600_000),
         group=group,
+        min_offsets_per_trigger=least,
+        max_trigger_delay_ms=delay_ms,
+        max_records_per_partition=_int(
+            opts, "maxRecordsPerPartition", 0, 1, MAX_OFFSETS_PER_TRIGGER_MAX
+        ),
         raw=opts,
     )
 
@@ -275,20 +346,10 @@ def _check_filter(expression: str, ftype: str) -> None:
 def default_group(opts: dict[str, str]) -> str:
     """The consumer group progress is stored under when no ``group`` option is given: derived
     from what identifies the query's input (the reader never sees Spark's query id)."""
-    ident = json.dumps(
-        {
-            k: opts.get(k, "")
-            for k in (
-                "nameserver",
-                "topic",
-                "topicpattern",
-                "filter",
-                "startingoffsets",
-                "startingtimestamp",
-            )
-        },
-        sort_keys=True,
-    )
+    keys = ["nameserver", "topic", "topicpattern", "filter", "startingoffsets", "startingtimestamp"]
+    # Added later: only when given, so the group of a query that does not use it stays the same.
+    keys += [k for k in ("startingoffsetsbytimestamp",) if k in opts]
+    ident = json.dumps({k: opts.get(k, "") for k in keys}, sort_keys=True)
     return "spark-rocketq-" + hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 

@@ -1,17 +1,21 @@
 """Reading RocketQ topics into Spark: the streaming reader, the batch reader and ``read()``.
 
-One Spark partition per queue and trigger. A partition reads its queue from a start offset up
-to (not including) an end offset with plain Pull calls, filtered on the broker (TAG or SQL92),
-and yields Arrow record batches (the fast path of PySpark's Python data sources).
+One Spark partition per queue and trigger (``maxRecordsPerPartition`` splits a queue's range
+into several). A partition reads its queue from a start offset up to (not including) an end
+offset with plain Pull calls, filtered on the broker (TAG or SQL92), one pull always in flight,
+and yields Arrow record batches cut straight from the pulled bytes (:mod:`._arrow`).
+``minOffsetsPerTrigger`` / ``maxTriggerDelay`` hold a trigger back in ``latestOffset``
+(:class:`~rocketq.spark.offsets.TriggerGate`).
 
 Where a start comes from (:meth:`RocketQStreamReader.initialOffset`):
 
 - ``earliest``: each queue's first stored offset; a JSON names offsets per queue (-2 earliest,
   -1 latest; queues it leaves out start at earliest);
-- ``latest``, ``startingTimestamp`` and JSON with -1: resolved once and stored as the consume
-  offsets of the query's consumer group (option ``group``) on the brokers. Spark asks for the
-  initial offset again when batch 0 is replayed after a crash; the stored offsets are found then
-  and returned, so a restart cannot move the start. The group's offsets then follow every
+- ``latest``, ``startingTimestamp``, ``startingOffsetsByTimestamp`` and JSON with -1:
+  resolved once and stored as the consume offsets of the query's consumer group (option
+  ``group``) on the brokers. Spark asks for the initial offset again when batch 0 is replayed
+  after a crash; the stored offsets are found then and returned, so a restart cannot move the
+  start. The group's offsets then follow every
   committed trigger (``commit``), which is what ``rocketq group describe`` shows; they are
   progress for people, Spark's checkpoint stays the truth for exactly-once.
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +42,29 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from rocketq.client.errors import RocketQError
 from rocketq.codec import Prop
-from rocketq.message import MessageQueue, ReceivedMessage
-from rocketq.spark import _client
-from rocketq.spark.offsets import Offsets, from_json_dict, spread, to_json_dict
+from rocketq.message import MessageQueue, ReceivedMessage, decode_records
+from rocketq.spark import _arrow, _client
+from rocketq.spark.offsets import (
+    Offsets,
+    TriggerGate,
+    from_json_dict,
+    split,
+    spread,
+    to_json_dict,
+)
 from rocketq.spark.options import EARLIEST, LATEST, OptionError, SourceOptions, source_options
 
 log = logging.getLogger(__name__)
@@ -53,8 +74,29 @@ SCHEMA = (
     "body binary, keys string, tags string, properties map<string,string>, "
     "bornTimestamp timestamp, storeTimestamp timestamp, bornHost string, reconsumeTimes int"
 )
+SCHEMA_TYPE = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("brokerName", StringType()),
+        StructField("queueId", IntegerType()),
+        StructField("queueOffset", LongType()),
+        StructField("msgId", StringType()),
+        StructField("body", BinaryType()),
+        StructField("keys", StringType()),
+        StructField("tags", StringType()),
+        StructField("properties", MapType(StringType(), StringType())),
+        StructField("bornTimestamp", TimestampType()),
+        StructField("storeTimestamp", TimestampType()),
+        StructField("bornHost", StringType()),
+        StructField("reconsumeTimes", IntegerType()),
+    ]
+)
+"""SCHEMA as a type (no SparkSession needed to build its Arrow schema; a unit test keeps the
+two the same)."""
 ARROW_ROWS_MAX = 8192
-"""Rows per yielded record batch."""
+"""Rows per yielded record batch (at least: pull answers are not cut)."""
+ARROW_BYTES_MAX = 64 * 1024 * 1024
+"""Pulled bytes per yielded record batch (binary columns have 32-bit offsets)."""
 PULLS_PER_PARTITION_MAX = 10_000_000
 """A bound on the pulls of one partition (a loop guard; far beyond any real range)."""
 _HIDDEN_PROPS = frozenset({Prop.TAGS, Prop.KEYS})
@@ -118,8 +160,11 @@ def resolve(
     mode: str,
     given: Offsets,
     timestamp_ms: int,
+    unnamed: str = "min",
 ) -> dict[MessageQueue, int]:
-    """Offsets of ``mqs`` for a start/end ``mode``: earliest, latest, timestamp or json."""
+    """Offsets of ``mqs`` for a start/end ``mode``: earliest, latest, timestamp, json or
+    timestamps (per queue; queues it leaves out at ``unnamed``: "min" for a start, "max" for
+    an end)."""
     if not mqs:
         return {}
     if mode == "earliest":
@@ -128,6 +173,14 @@ def resolve(
         return dict(zip(mqs, client.offsets(mqs, "max"), strict=True))
     if mode == "timestamp":
         return dict(zip(mqs, client.offsets(mqs, "time", timestamp_ms), strict=True))
+    if mode == "timestamps":
+        stamps = from_json_dict(given)
+        named = [mq for mq in mqs if mq in stamps]
+        rest = [mq for mq in mqs if mq not in stamps]
+        out = dict(zip(rest, client.offsets(rest, unnamed), strict=True)) if rest else {}
+        for mq in named:
+            [out[mq]] = client.offsets([mq], "time", stamps[mq])
+        return out
     wanted = from_json_dict(given)
     mins = dict(zip(mqs, client.offsets(mqs, "min"), strict=True))
     maxs = dict(zip(mqs, client.offsets(mqs, "max"), strict=True))
@@ -142,33 +195,79 @@ def resolve(
 
 
 def read_range(part: QueueRange, arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The messages of ``part``'s queue in [start, end) as record batches. One pull is always
+    in flight while the last one is turned into Arrow columns (_arrow.py, the fast path)."""
     client = _client.client(part.nameserver, part.group)
     mq = MessageQueue(part.topic, part.broker, part.queue_id)
-    offset, rows = part.start, _Columns()
+    offset = part.start
     if offset == EARLIEST:
         [offset] = client.offsets([mq], "min")
-    for _ in range(PULLS_PER_PARTITION_MAX):
-        if offset >= part.end:
-            break
-        want = min(part.pull_batch_size, part.end - offset)
-        res = client.pull(
-            mq, offset, want, part.expression, part.expression_type, part.pull_timeout_ms
+    wait_s = _client.pull_wait_s(part.pull_timeout_ms)
+    batches = _Batches(part, arrow_schema)
+
+    def start(at: int) -> Future[_client.RawPull] | None:
+        if at >= part.end:
+            return None
+        want = min(part.pull_batch_size, part.end - at)
+        return client.start_pull(
+            mq, at, want, part.expression, part.expression_type, part.pull_timeout_ms
         )
+
+    pending = start(offset)
+    for _ in range(PULLS_PER_PARTITION_MAX):
+        if pending is None:
+            break
+        res = pending.result(wait_s)
         if offset < res.min_offset:
             offset = _data_loss(part, mq, offset, res.min_offset)
+            pending = start(offset)
             continue
-        for msg in res.messages:
-            if msg.queue_offset >= part.end:
-                break
-            rows.add(msg)
-        if len(rows) >= ARROW_ROWS_MAX:
-            yield rows.batch(arrow_schema)
-            rows = _Columns()
-        if res.next_offset <= offset:
-            break  # nothing more is stored below the end (the range was planned from max)
+        # nothing more is stored below the end when the next offset does not move (the range
+        # was planned from the queue's max offset)
+        moved = res.next_offset > offset
         offset = res.next_offset
-    if len(rows):
-        yield rows.batch(arrow_schema)
+        pending = start(offset) if moved else None
+        yield from batches.add(res)
+    yield from batches.flush()
+
+
+class _Batches:
+    """Pull answers gathered into record batches of about ARROW_ROWS_MAX rows."""
+
+    def __init__(self, part: QueueRange, schema: pa.Schema) -> None:
+        self.part, self.schema = part, schema
+        self.topic_bytes = part.topic.encode()
+        self.walked = _arrow.Walked()
+
+    def add(self, res: _client.RawPull) -> Iterator[pa.RecordBatch]:
+        if not res.records:
+            return
+        if not _arrow.walk(self.walked, res.records, self.topic_bytes, self.part.end):
+            yield from self.flush()
+            yield from self._general([res.records])
+        elif len(self.walked) >= ARROW_ROWS_MAX or self.walked.size_bytes >= ARROW_BYTES_MAX:
+            yield from self.flush()
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        walked, self.walked = self.walked, _arrow.Walked()
+        if not walked:
+            return
+        batch = _arrow.columns(walked, self.part.topic, self.part.broker, self.schema)
+        if batch is None:
+            yield from self._general(walked.parts)
+        else:
+            yield batch
+
+    def _general(self, parts: list[bytes]) -> Iterator[pa.RecordBatch]:
+        """Records the fast path does not cover, decoded into messages first."""
+        rows = _Columns()
+        for records in parts:
+            for msg in decode_records(records, self.part.broker):
+                if msg.queue_offset >= self.part.end:
+                    break
+                rows.add(msg)
+        if len(rows):
+            yield rows.batch(self.schema)
 
 
 def _data_loss(part: QueueRange, mq: MessageQueue, offset: int, min_offset: int) -> int:
@@ -215,6 +314,27 @@ class _Columns:
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def plan(
+    opts: SourceOptions,
+    client: _client.SparkClient,
+    begin: dict[MessageQueue, int],
+    ends: dict[MessageQueue, int],
+) -> list[QueueRange]:
+    """The Spark partitions reading each queue from ``begin`` (missing or -2: its earliest) to
+    ``ends``: one per queue, or ranges of at most maxRecordsPerPartition offsets."""
+    most = opts.max_records_per_partition
+    parts = []
+    for mq, stop in sorted(ends.items()):
+        first = begin.get(mq, EARLIEST)
+        if first == EARLIEST and most:
+            [first] = client.offsets([mq], "min")  # known now, so the range can be split
+        if first != EARLIEST and stop <= first:
+            continue
+        for a, b in split(first, stop, most) if first != EARLIEST else [(first, stop)]:
+            parts.append(_partition(opts, mq, a, b))
+    return parts
+
+
 def _partition(opts: SourceOptions, mq: MessageQueue, start: int, end: int) -> QueueRange:
     return QueueRange(
         mq.topic,
@@ -243,6 +363,7 @@ class RocketQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self._available_now: dict[MessageQueue, int] | None = None
         self._shown: dict[MessageQueue, int] = {}
+        self._gate = TriggerGate(options.min_offsets_per_trigger, options.max_trigger_delay_ms)
         # Fail at query start, naming the option, when the nameserver or a topic is wrong.
         queues_of(options, _connect(options), strict=True)
 
@@ -294,18 +415,16 @@ class RocketQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             backlogs = {mq: ends[mq] - begin.get(mq, ends[mq]) for mq in ends}
             take = spread(backlogs, int(max_rows))
             ends = {mq: begin.get(mq, ends[mq]) + take[mq] for mq in ends}
+        if self.opts.min_offsets_per_trigger and self._available_now is None:
+            new = sum(end - begin.get(mq, end) for mq, end in ends.items())
+            if not self._gate.admit(new):
+                return start  # no new batch yet: fewer than minOffsetsPerTrigger, not overdue
         return to_json_dict(ends)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRange]:
         if start == end:
             return []
-        begin, ends = from_json_dict(start), from_json_dict(end)
-        parts = []
-        for mq, stop in ends.items():
-            first = begin.get(mq, EARLIEST)
-            if first == EARLIEST or stop > first:
-                parts.append(_partition(self.opts, mq, first, stop))
-        return parts
+        return plan(self.opts, _connect(self.opts), from_json_dict(start), from_json_dict(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, QueueRange)
@@ -341,17 +460,16 @@ class RocketQBatchReader(DataSourceReader):
         mqs = queues_of(options, client, strict=True)
         o = options
         # Like Kafka's batch reads, a batch read starts at earliest unless told otherwise.
-        given = "startingoffsets" in o.raw or "startingtimestamp" in o.raw
+        given = any(k.startswith("starting") for k in o.raw)
         starting = o.starting if given else "earliest"
         self.start = resolve(client, mqs, starting, o.starting_offsets, o.starting_timestamp_ms)
-        self.end = resolve(client, mqs, o.ending, o.ending_offsets, o.ending_timestamp_ms)
+        self.end = resolve(
+            client, mqs, o.ending, o.ending_offsets, o.ending_timestamp_ms, unnamed="max"
+        )
 
     def partitions(self) -> list[QueueRange]:
-        return [
-            _partition(self.opts, mq, self.start[mq], stop)
-            for mq, stop in sorted(self.end.items())
-            if stop > self.start.get(mq, stop)
-        ]
+        ends = {mq: stop for mq, stop in self.end.items() if stop > self.start.get(mq, stop)}
+        return plan(self.opts, _connect(self.opts), self.start, ends)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, QueueRange)

@@ -234,6 +234,14 @@ class BrokerConfig:
     gateway_long_polling_timeout_ms: int = 20_000
     """[gatewayLongPollingTimeoutMs] How long an SDK consumer's receive waits for messages, and
     the longest wait ReceiveMessage accepts (the shortest is 5 s)."""
+    # -- replication chunking (issue 16, perf3) --
+    ha_small_chunks_in_flight_max: int = 1
+    """[haSmallChunksInFlightMax] While this many chunks to a slave are not acked, the master
+    holds back a chunk smaller than haTransferBatchSize until an ack (Nagle's rule), so a busy
+    master ships what many sends appended in one stream message; 0 = ship every append at once."""
+    # -- retention schedule (spark2: tests see retention act without a 10 s wait) --
+    clean_resource_interval_ms: int = 10_000
+    """[cleanResourceInterval] How often retention looks for commitlog files to delete."""
 
     replica_id: int = -1
     """Not a key: this replica's stable id, the configured brokerId (set at load). In controller
@@ -261,6 +269,10 @@ class BrokerConfig:
         if not 0 <= self.gateway_port <= 65535:
             raise ValueError(f"gatewayPort {self.gateway_port}: 0 (off) or a port number")
         self._validate_gateway_settings()
+        if not 100 <= self.clean_resource_interval_ms <= 3_600_000:
+            raise ValueError(
+                f"cleanResourceInterval {self.clean_resource_interval_ms}: 100..3600000 ms"
+            )
         if not 1_000 <= self.gateway_auto_renew_invisible_ms <= 3_600_000:
             raise ValueError(
                 f"gatewayAutoRenewInvisibleMs {self.gateway_auto_renew_invisible_ms}: "
@@ -300,6 +312,8 @@ class BrokerConfig:
             raise ValueError(
                 f"haMaxInFlightBytes must be at most {HA_MAX_IN_FLIGHT_BYTES_MAX} (1 GiB)"
             )
+        if not 0 <= self.ha_small_chunks_in_flight_max <= 64:
+            raise ValueError("haSmallChunksInFlightMax must be 0..64 chunks")
         if not 100 <= self.ha_send_heartbeat_interval_ms <= 60_000:
             raise ValueError("haSendHeartbeatInterval must be 100..60000 ms")
         if self.ha_housekeeping_interval_ms <= self.ha_send_heartbeat_interval_ms:
@@ -391,6 +405,7 @@ class BrokerConfig:
             access_message_in_memory_max_ratio=self.access_message_in_memory_max_ratio,
             store_host=codec.HostAddress.parse(f"{self.advertised_host}:{advertised_port}"),
             slave=not self.is_master,  # a slave's epoch history is its master's (ha_slave)
+            clean_resource_interval_ms=self.clean_resource_interval_ms,
         )
 
     def as_properties(self) -> dict[str, str]:
@@ -502,6 +517,8 @@ TABLE = KeyTable(
         Key("gatewayProducerBackoffMultiplier", "gateway_producer_backoff_multiplier", float),
         Key("gatewayReceiveBatchSize", "gateway_receive_batch_size", int),
         Key("gatewayLongPollingTimeoutMs", "gateway_long_polling_timeout_ms", int),
+        Key("haSmallChunksInFlightMax", "ha_small_chunks_in_flight_max", int),  # perf3
+        Key("cleanResourceInterval", "clean_resource_interval_ms", int),  # spark2
     ],
 )
 
@@ -532,6 +549,7 @@ STARTUP_ONLY_KEYS = frozenset(
         "maxTransferCountOnMessageInMemory",
         "maxTransferBytesOnMessageInMemory",
         "logLevel",
+        "cleanResourceInterval",  # spark2: the store's retention loop reads it at start
         *(k.name for k in security_keys()),  # sec: certificates reload by themselves
     }
     | TELEMETRY_STARTUP_ONLY_KEYS

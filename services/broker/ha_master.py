@@ -11,9 +11,11 @@ UNAVAILABLE NOT_MASTER, so a slave pointed at another slave learns why at once.
     ◀── acks (reader task) ── ReplicaTracker.on_ack ── may advance the confirm offset,
                                                       resolve SYNC_MASTER waiters
     ──▶ CommitLogChunk: store.read_replica(sent, n), n = min(haTransferBatchSize,
-        haMaxInFlightBytes - (sent - acked)); nothing is read while the window is full
+        haMaxInFlightBytes - (sent - acked)); nothing is read while the window is full, nor,
+        while haSmallChunksInFlightMax chunks are unacked, while what is new fills no chunk
     ──▶ ConfirmOffset: whenever it (or the topic/group tables) changes, and every
-        CONFIRM_HEARTBEAT_S
+        CONFIRM_HEARTBEAT_S; inside the chunk that goes out with it when the slave's hello
+        set accepts_chunk_confirm (one stream message instead of two)
 
 The sender sleeps on its link's ``wake`` event, set by a store arrival listener (new bytes),
 by acks (window opened) and by confirm changes; it never polls. The arrival listener costs the
@@ -355,6 +357,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             PhysicalOffset(hello.max_physical_offset),
         )
         link = self.tracker.connect(hello.broker_id, hello.broker_addr, point)
+        link.chunk_confirm = hello.accepts_chunk_confirm
         failure: list[ServiceError] = []
         reader = asyncio.create_task(self._read_acks(requests, link, failure))
         try:
@@ -433,33 +436,62 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             confirm = tracker.confirm_offset()
             version = self.config_version
             now_s = self.clock.monotonic_s()
-            if (
+            confirm_due = (
                 confirm != confirm_sent
                 or version != version_sent
                 or now_s - confirm_sent_s >= CONFIRM_HEARTBEAT_S
-            ):
-                confirm_sent, confirm_sent_s, version_sent = confirm, now_s, version
-                yield replication_pb2.ReplicationStreamResponse(
-                    confirm=replication_pb2.ConfirmOffset(
-                        confirm_offset=confirm, config_version=version
-                    )
-                )
-                tracker.on_confirm_sent(link, confirm)
-                continue
+            )
+            data = b""
             batch = min(cfg.ha_transfer_batch_size, CHUNK_BYTES_MAX)
             want = link.chunk_bytes(batch, cfg.ha_max_in_flight_bytes)
-            if want > 0 and link.sent_offset < store.commitlog.max_offset:
+            if (
+                want > 0
+                and link.sent_offset < store.commitlog.max_offset
+                and (link.chunk_confirm or not confirm_due)
+                and not self._holds_small_chunk(link, want)
+            ):
                 data = self._read(link, want)
-                if data:
-                    offset = link.sent_offset
-                    link.sent_offset = PhysicalOffset(offset + len(data))
-                    yield replication_pb2.ReplicationStreamResponse(
-                        chunk=replication_pb2.CommitLogChunk(physical_offset=offset, data=data)
+            confirm_pb = None
+            if confirm_due:
+                confirm_sent, confirm_sent_s, version_sent = confirm, now_s, version
+                confirm_pb = replication_pb2.ConfirmOffset(
+                    confirm_offset=confirm, config_version=version
+                )
+            if data:
+                # With a due confirm inside (a slave that accepts it): one stream message, not
+                # two, per ack while data flows - each costs both brokers a gRPC write or read.
+                offset = link.sent_offset
+                link.sent_offset = PhysicalOffset(offset + len(data))
+                link.chunk_ends.append(link.sent_offset)
+                yield replication_pb2.ReplicationStreamResponse(
+                    chunk=replication_pb2.CommitLogChunk(
+                        physical_offset=offset, data=data, confirm=confirm_pb
                     )
-                    continue
+                )
+            elif confirm_pb is not None:
+                yield replication_pb2.ReplicationStreamResponse(confirm=confirm_pb)
+            if confirm_pb is not None:
+                tracker.on_confirm_sent(link, confirm)
+            if data or confirm_pb is not None:
+                continue
             wait_s = max(0.0, CONFIRM_HEARTBEAT_S - (now_s - confirm_sent_s))
+            # asyncio.timeout, not wait_for: no task per wait (the sender waits once or twice
+            # per chunk under load).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(link.wake.wait(), wait_s)
+                async with asyncio.timeout(wait_s):
+                    await link.wake.wait()
+
+    def _holds_small_chunk(self, link: SlaveLink, want: int) -> bool:
+        """Nagle's rule (haSmallChunksInFlightMax): with that many chunks unacked, what is new
+        waits for an ack unless it fills a chunk. Under load an ack round trip then carries
+        the appends of many sends in one stream message; each message costs both brokers a
+        gRPC write or read, far more than the bytes."""
+        held_max = self.config.ha_small_chunks_in_flight_max
+        return (
+            held_max > 0
+            and len(link.chunk_ends) >= held_max
+            and self.store.commitlog.max_offset - link.sent_offset < want
+        )
 
     def _read(self, link: SlaveLink, max_bytes: int) -> bytes:
         try:

@@ -217,6 +217,10 @@ class SlaveLink:
     close_reason: str = ""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Set on appends, acks, confirm changes and close: the sender loop has something to do."""
+    chunk_confirm: bool = False
+    """Its hello set accepts_chunk_confirm: a confirm may travel inside a chunk."""
+    chunk_ends: deque[PhysicalOffset] = field(default_factory=deque)
+    """End offsets of the chunks sent and not yet acked, oldest first."""
 
     def __post_init__(self) -> None:
         self.sent_offset = self.start_offset
@@ -231,6 +235,10 @@ class SlaveLink:
         """How many bytes the next chunk may carry: at most a batch, and never more than
         ``in_flight_max_bytes`` beyond the last ack (0 = wait for an ack)."""
         return max(0, min(batch_bytes, in_flight_max_bytes - self.in_flight_bytes()))
+
+
+TIMER_SLACK_S = 0.001
+"""Shortest re-arm of the waiters' timer (a deadline already due fires on the next tick)."""
 
 
 class HaWaiter:
@@ -255,6 +263,9 @@ class HaWaiter:
         self._by_deadline: deque[tuple[float, asyncio.Future[SendStatus]]] = deque()
         self.pending = 0
         """Waiters not yet resolved."""
+        self._timer: asyncio.TimerHandle | None = None
+        """One timer for all waiters, due at the oldest deadline (a timer per waiter cost
+        a scheduled handle and its cancel on every SYNC_MASTER send)."""
 
     async def wait_replicated(self, end_offset: PhysicalOffset) -> SendStatus:
         """SEND_OK once an in-sync slave acked ``end_offset``; SLAVE_NOT_AVAILABLE at once
@@ -272,13 +283,25 @@ class HaWaiter:
         heapq.heappush(self._by_offset, (end_offset, next(self._seq), future))
         self._by_deadline.append((self._clock.monotonic_s() + timeout_s, future))
         self.pending += 1
-        timer = loop.call_later(timeout_s, self.expire_due)
+        if self._timer is None:
+            self._timer = loop.call_later(timeout_s, self._on_timer)
         try:
             return await future
         finally:
             self.pending -= 1
-            timer.cancel()
             self._compact()
+
+    def _on_timer(self) -> None:
+        """Expire what is due, then re-arm at the next live deadline (deadlines are queued in
+        the order they were set)."""
+        self._timer = None
+        self.expire_due()
+        queue = self._by_deadline
+        while queue and queue[0][1].done():
+            queue.popleft()
+        if queue:
+            delay_s = max(queue[0][0] - self._clock.monotonic_s(), TIMER_SLACK_S)
+            self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
 
     def resolve(self, replicated_offset: PhysicalOffset) -> int:
         """Answer SEND_OK to every waiter at or below ``replicated_offset``; how many."""
@@ -312,6 +335,9 @@ class HaWaiter:
                 done += 1
         self._by_offset.clear()
         self._by_deadline.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         return done
 
     def _compact(self) -> None:
@@ -488,6 +514,9 @@ class ReplicaTracker:
             )
         now_s = self.clock.monotonic_s()
         link.acked_offset = max_offset
+        ends = link.chunk_ends
+        while ends and ends[0] <= max_offset:
+            ends.popleft()
         link.flushed_offset = max(link.flushed_offset, min(flushed_offset, max_offset))
         link.has_acked = True
         link.last_ack_s = link.last_heard_s = now_s

@@ -90,6 +90,7 @@ from services.broker.timer_put import (
     timer_queue_id,
 )
 from services.broker.topic_config_manager import TopicConfigManager
+from services.broker.transaction_batch import check_batch_half
 from services.broker.transaction_half import TransactionIndex, half_message
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import ServiceError, denied, invalid, not_found
@@ -546,6 +547,13 @@ class SendProcessor:
         delayed = bool(out) and out[0].topic == TIMER_TOPIC
         self._refuse_transactional(len(request.messages), delayed, topic)
         if out:
+            # -- batch half messages (sink2; services/broker/transaction_batch.py) --
+            pb_props = request.messages[0].properties
+            if Prop.TRANSACTION_BATCH in pb_props:
+                check_batch_half(
+                    dict(pb_props), out[0].body, request.sys_flag, topic,
+                    now_ms=self.clock.now_ms(), config=self.config,
+                )  # fmt: skip
             out[0] = half_message(out[0], producer_group=request.producer_group, topics=self.topics)
             plan.half = True
 

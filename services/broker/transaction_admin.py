@@ -34,6 +34,9 @@ from services.store.message_store import MessageStore
 
 MAX_NUM_DEFAULT = 100
 MAX_NUM_MAX = 1000
+RESPONSE_BYTES_MAX = 8 * 1024 * 1024
+"""Bodies one answer carries at most: batch half messages (transaction_batch.py) are large, and
+1000 of them would pass gRPC's message limit. ``total`` still counts every pending one."""
 
 
 @dataclass(slots=True)
@@ -84,10 +87,14 @@ async def list_half_messages(
     ]
     pending.sort(key=lambda item: (item[1].born_ms, item[1].queue_offset))
     response = admin_pb2.ListHalfMessagesResponse(total=len(pending))
+    body_bytes = 0
     for txid, c in pending[:max_num]:
         full = store.read_record(c.commitlog_offset)
         if full is None:
             continue  # removed by retention since the walk
+        body_bytes += len(full.body)
+        if response.messages and body_bytes > RESPONSE_BYTES_MAX:
+            break
         response.messages.append(
             admin_pb2.HalfMessage(
                 message=producer_view(

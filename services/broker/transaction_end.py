@@ -25,6 +25,8 @@ Then, by resolution:
   and its op record go to the store in ONE append: a crash cannot keep the message and lose
   the op (which would make the check service commit it twice). Failpoint
   ``transaction_before_end_put`` sits just before that append.
+* COMMIT of a batch half message (TRAN_BATCH, services.broker.transaction_batch): every
+  message of the batch, then the op record, in the same ONE append.
 * ROLLBACK: only the op record.
 
 The decision enters the index in the same event-loop step as the append; the answer waits for
@@ -47,6 +49,7 @@ from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.ha_tracker import HaWaiter, leadership_lost_error, sync_master_wait
 from services.broker.topic_config_manager import TopicConfigManager
+from services.broker.transaction_batch import committed_batch
 from services.broker.transaction_half import (
     COMMIT,
     ROLLBACK,
@@ -154,7 +157,15 @@ class EndTransactionProcessor:
         to_store: list[MessageToStore] = []
         if wanted == COMMIT:
             topic, queue_id = self._real_queue(record, txid)
-            to_store.append(committed_message(record, topic, queue_id))
+            if Prop.TRANSACTION_BATCH in record.properties:  # services/broker/transaction_batch
+                to_store.extend(
+                    committed_batch(
+                        record, topic, queue_id,
+                        now_ms=self.clock.now_ms(), config=self.config, topics=self.topics,
+                    )
+                )  # fmt: skip
+            else:
+                to_store.append(committed_message(record, topic, queue_id))
         ensure_topic(self.topics, TRANS_OP_HALF_TOPIC)
         to_store.append(op_message(txid, record.queue_offset, wanted, self.clock.now_ms()))
         failpoints.inject("transaction_before_end_put")

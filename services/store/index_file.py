@@ -121,6 +121,8 @@ DEFAULT_INDEX_NUM = 20_000_000
 _PAGE_BYTES = 4096
 """Granularity of slot-table space reservations (module doc of mapped_file: a store into a
 sparse page the volume has no room for is a SIGBUS, so space is reserved before each put)."""
+SLOT_RESERVE_PAGES = 16
+"""Slot-table pages reserved per fallocate (64 KiB of the default 20 MB table)."""
 _INT32_MAX = 2**31 - 1
 _SECOND_MS = 1000
 _NO_OFFSET = PhysicalOffset(0)
@@ -385,7 +387,12 @@ class IndexFile:
         first = n == 1
         begin_ts = store_timestamp_ms if first else self._begin_ts
         slot_at = HEADER.size + (key_hash % self._slot_num) * SLOT.size
-        self._reserve(np.array([slot_at]), self._entries_at + (n + 1) * ENTRY.size)
+        # One slot: the scalar form of _reserve (numpy on one element cost more than the put).
+        if not self._slot_pages_reserved[slot_at // _PAGE_BYTES]:
+            self._reserve_slot_pages([slot_at // _PAGE_BYTES])
+        entries_end = self._entries_at + (n + 1) * ENTRY.size
+        if entries_end > self._entries_reserved_to:
+            self._reserve_entries(entries_end)
         (slot_value,) = SLOT.unpack_from(self._mm, slot_at)
         prev = slot_value if 0 <= slot_value < n else self._committed_head(slot_value, n)
         diff = _time_diff_s(store_timestamp_ms, begin_ts)
@@ -472,10 +479,29 @@ class IndexFile:
         pages = slot_positions // _PAGE_BYTES
         reserved = self._slot_pages_reserved[pages]
         if not reserved.all():  # the common case is a fast "all reserved already"
-            for page in np.unique(pages[~reserved]).tolist():
-                end = min((page + 1) * _PAGE_BYTES, self._entries_at)
-                self._fallocate(page * _PAGE_BYTES, end)
-                self._slot_pages_reserved[page] = True
+            self._reserve_slot_pages(np.unique(pages[~reserved]).tolist())
+        if entries_end > self._entries_reserved_to:
+            self._reserve_entries(entries_end)
+
+    def _reserve_slot_pages(self, pages: list[int]) -> None:
+        """Reserve the slot table around ``pages`` in aligned groups of SLOT_RESERVE_PAGES
+        (a fresh file's puts land on a new page nearly every time: one fallocate per group,
+        not per page)."""
+        reserved = self._slot_pages_reserved
+        for page in pages:
+            if reserved[page]:
+                continue  # its group was reserved by an earlier page of this call
+            first = page - page % SLOT_RESERVE_PAGES
+            last = min(first + SLOT_RESERVE_PAGES, len(reserved))
+            try:
+                self._fallocate(first * _PAGE_BYTES, min(last * _PAGE_BYTES, self._entries_at))
+            except DiskFullError:  # no room for the group: the one page the put needs
+                first, last = page, page + 1
+                self._fallocate(first * _PAGE_BYTES, min(last * _PAGE_BYTES, self._entries_at))
+            reserved[first:last] = True
+
+    def _reserve_entries(self, entries_end: int) -> None:
+        """Reserve the entry area up to ``entries_end`` and RESERVE_AHEAD_BYTES beyond it."""
         if entries_end > self._entries_reserved_to:
             start = self._entries_at + self._next_no * ENTRY.size
             ahead = min(self._size, entries_end + RESERVE_AHEAD_BYTES)

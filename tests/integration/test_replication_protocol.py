@@ -62,6 +62,9 @@ class FakeSlave:
         self.data = bytearray()
         self.start = 0
         self.confirms: list[int] = []
+        self.accepts_chunk_confirm = False
+        self.chunk_confirms = 0
+        """Confirms that came inside a chunk."""
         self._pending: asyncio.Future[Any] | None = None
 
     async def hello(self, max_offset: int = 0, epochs: Any = (), **fields: Any) -> Any:
@@ -71,6 +74,7 @@ class FakeSlave:
             broker_addr="127.0.0.1:1",
             max_physical_offset=max_offset,
             epochs=list(epochs),
+            accepts_chunk_confirm=self.accepts_chunk_confirm,
         )
         await self.call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
         first = await self.read()
@@ -110,6 +114,10 @@ class FakeSlave:
         if kind == "chunk":
             assert msg.chunk.physical_offset == self.end, "chunks must be contiguous"
             self.data += msg.chunk.data
+            if msg.chunk.HasField("confirm"):
+                assert self.accepts_chunk_confirm, "a confirm inside a chunk it did not accept"
+                self.confirms.append(msg.chunk.confirm.confirm_offset)
+                self.chunk_confirms += 1
         elif kind == "confirm":
             self.confirms.append(msg.confirm.confirm_offset)
         else:
@@ -329,13 +337,38 @@ async def test_in_flight_bytes_are_capped_until_the_slave_acks(
         assert bytes(slave.data) == _commitlog_bytes(master, 0, end)
 
 
+async def test_small_appends_wait_for_the_ack_of_the_chunk_in_flight_then_ship_as_one(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory(haSmallChunksInFlightMax=1)
+
+    end = await _produce(master.addr, 3)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        await slave.hello()
+        await slave.receive_until(lambda: slave.end >= end, ack=False)
+        await _send(c, 5)  # each a small append while the first chunk is not acked
+        end2 = await _max_offset(c)
+        await slave.drain(quiet_s=0.5)
+        assert slave.end == end  # held back: a chunk is in flight and these fill no chunk
+        await slave.ack(end)
+        chunks = 0
+        while slave.end < end2:
+            msg = await slave.read()
+            chunks += msg.WhichOneof("command") == "chunk"
+            await slave.take(msg)
+        assert chunks == 1  # the five sends in one stream message
+        assert bytes(slave.data) == _commitlog_bytes(master, 0, end2)
+
+
 # -- confirm offset, SYNC_MASTER, housekeeping ---------------------------------------------------
 
 
 async def test_confirm_offset_follows_the_in_sync_slave(
     master_factory: Callable[..., ServiceProcess],
 ) -> None:
-    master = master_factory()
+    # This slave withholds acks while it reads: small appends must not wait for them.
+    master = master_factory(haSmallChunksInFlightMax=0)
 
     end = await _produce(master.addr, 10)
     async with RawClient(master.addr) as c:
@@ -360,6 +393,29 @@ async def test_confirm_offset_follows_the_in_sync_slave(
         await slave.receive_until(lambda: end2 in slave.confirms, ack=False)
         assert (await _stats(c)).confirm_offset == end2
         assert slave.confirms == sorted(slave.confirms)
+
+
+async def test_a_slave_that_accepts_it_gets_confirms_inside_chunks_while_data_waits(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    # A one-chunk window: every ack both opens it and advances the confirm offset, so the next
+    # message has data and a confirm to carry.
+    master = master_factory(haTransferBatchSize=4096, haMaxInFlightBytes=4096)
+
+    end = await _produce(master.addr, 3)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        slave.accepts_chunk_confirm = True
+        await slave.hello()
+        await slave.receive_until(lambda: slave.end >= end, ack=True)
+        await until(lambda: _in_sync(c), "the slave in sync after its ack")
+        await _send(c, 30)
+        end2 = await _max_offset(c)
+        await slave.receive_until(lambda: slave.end >= end2 and end2 in slave.confirms, ack=True)
+        assert slave.chunk_confirms > 0
+        assert slave.confirms == sorted(slave.confirms)
+        assert bytes(slave.data) == _commitlog_bytes(master, 0, end2)
+        assert (await _stats(c)).confirm_offset == end2
 
 
 async def test_sync_master_statuses(master_factory: Callable[..., ServiceProcess]) -> None:

@@ -270,6 +270,29 @@ async def test_waiter_times_out_on_the_injected_clock_with_flush_slave_timeout()
     assert await task == FLUSH_SLAVE_TIMEOUT
 
 
+async def test_one_shared_timer_expires_waiters_in_turn_without_anyone_calling_expire() -> None:
+    m = Master(sync_flush_timeout_ms=20)
+    link = m.connect()
+    m.ack(link, 0)
+    m.append(100)
+    waiter = m.tracker.waiter
+    first = asyncio.create_task(waiter.wait_replicated(100))
+    await asyncio.sleep(0)
+    m.clock.advance_ms(10)
+    second = asyncio.create_task(waiter.wait_replicated(100))
+    await asyncio.sleep(0)
+    m.clock.advance_ms(10)  # the first deadline is due, the second 10 ms away
+    assert await asyncio.wait_for(first, 5) == FLUSH_SLAVE_TIMEOUT
+    assert not second.done()  # the timer re-armed for it, it did not expire it early
+    m.clock.advance_ms(10)
+    assert await asyncio.wait_for(second, 5) == FLUSH_SLAVE_TIMEOUT
+    third = asyncio.create_task(waiter.wait_replicated(100))  # the timer is armed again
+    await asyncio.sleep(0)
+    m.clock.advance_ms(20)
+    assert await asyncio.wait_for(third, 5) == FLUSH_SLAVE_TIMEOUT
+    assert waiter.pending == 0
+
+
 async def test_waiter_count_is_bounded_and_a_cancelled_waiter_is_forgotten() -> None:
     m = Master()
     link = m.connect()

@@ -323,3 +323,15 @@ def test_retention_state_survives_reopen(tmp_path: Path) -> None:
         assert again.get_messages("T", 0, lo, 32).status is GetStatus.FOUND
     finally:
         again.close_files()
+
+
+def test_the_broker_key_clean_resource_interval_sets_how_often_retention_runs() -> None:
+    # spark2: tests that need retention to act set it low instead of waiting 10 s.
+    from services.broker import config as broker_config
+
+    cfg = broker_config.load(None, {"cleanResourceInterval": "200"}, {})
+    assert cfg.store_config(10911).clean_resource_interval_ms == 200
+    assert broker_config.load(None, {}, {}).store_config(10911).clean_resource_interval_ms == 10_000
+    with pytest.raises(ValueError, match=r"cleanResourceInterval 5: 100\.\.3600000 ms"):
+        broker_config.load(None, {"cleanResourceInterval": "5"}, {})
+    assert "cleanResourceInterval" in broker_config.STARTUP_ONLY_KEYS

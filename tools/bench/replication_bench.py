@@ -1,6 +1,7 @@
 """Replication benchmark (issue 7): what a slave costs the producer, and how far it lags.
 
     python -m tools.bench.replication_bench [--quick] [--duration S] [--clients N]
+        [--setups "no slave,sync + 1"] [--rounds R] [--lag-duration 0]
 
 For each of three setups, started fresh on loopback ports with data in a temporary directory
 (a nameserver, a master ``broker-a`` and, in the last two, its slave ``brokerId=1``):
@@ -22,7 +23,9 @@ sustain that rate the line says so and gives the rate actually produced.
 Senders are raw gRPC Send calls (no SDK routing), from ``--clients`` processes (default 1), so
 the numbers are the broker's; on a small shared machine the client, master and slave compete
 for the same cores and the ratios say more than the absolute rates. Prints, never asserts.
-``--quick`` (3 s per load, 8 s of lag sampling) finishes in about a minute.
+``--quick`` (3 s per load, 8 s of lag sampling) finishes in about a minute. Each line also gives
+the master's and the slave's CPU per acknowledged message (/proc), which a loaded machine
+disturbs far less than throughput; ``--rounds`` interleaves the setups and reports medians.
 """
 
 from __future__ import annotations
@@ -156,6 +159,8 @@ class LoadResult:
     errors: int = 0
     latencies_s: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
+    cpu_us_per_msg: dict[str, float] = field(default_factory=dict)
+    """Server CPU (user + system) per acknowledged message, by process (master, slave)."""
 
     def merge(self, other: LoadResult) -> None:
         self.messages += other.messages
@@ -297,6 +302,12 @@ async def paced_with_lag(addr: str, rate: float, duration_s: float) -> LagResult
 # ---- report --------------------------------------------------------------------------------
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _line(label: str, r: LoadResult, base: LoadResult | None) -> str:
     ratio = f"{r.rate / base.rate:5.2f}x" if base and base.rate else "  1.00x"
     extra = ""
@@ -304,7 +315,9 @@ def _line(label: str, r: LoadResult, base: LoadResult | None) -> str:
         extra = f"  ({r.not_ok} not SEND_OK, {r.errors} failed calls)"
     return (
         f"  {label:<12} {r.rate:>10,.0f} msgs/s  {ratio} of no-slave   "
-        f"p50 {r.pct_ms(0.5):6.2f} ms  p99 {r.pct_ms(0.99):7.2f} ms{extra}"
+        f"p50 {r.pct_ms(0.5):6.2f} ms  p99 {r.pct_ms(0.99):7.2f} ms  cpu/msg "
+        + " ".join(f"{who} {us:.1f} us" for who, us in r.cpu_us_per_msg.items())
+        + extra
     )
 
 
@@ -330,14 +343,31 @@ def _lag_lines(lag: LagResult) -> list[str]:
     return lines
 
 
-def run(duration_s: float, lag_duration_s: float, rate: float, clients: int) -> None:
-    setups = [
-        Setup("no slave", "ASYNC_MASTER", False),
-        Setup("async + 1", "ASYNC_MASTER", True),
-        Setup("sync + 1", "SYNC_MASTER", True),
-    ]
+SETUP_LABELS = ("no slave", "async + 1", "sync + 1")
+
+
+def _median(runs: list[LoadResult] | None) -> LoadResult | None:
+    """The run with the median throughput (the first of two middles)."""
+    if not runs:
+        return None
+    return sorted(runs, key=lambda r: r.rate)[(len(runs) - 1) // 2]
+
+
+def run(
+    duration_s: float,
+    lag_duration_s: float,
+    rate: float,
+    clients: int,
+    only: tuple[str, ...] = SETUP_LABELS,
+    rounds: int = 1,
+) -> None:
+    """``rounds`` > 1 interleaves the setups (no slave, sync + 1, no slave, ...) so a ratio
+    compares runs made under the same machine load; the table shows each setup's median."""
+    roles = {"no slave": ("ASYNC_MASTER", False), "async + 1": ("ASYNC_MASTER", True)}
+    roles["sync + 1"] = ("SYNC_MASTER", True)
+    setups = [Setup(label, *roles[label]) for _ in range(rounds) for label in only]
     loads = [("batch 32x200B", BATCH_SIZE, BATCH_IN_FLIGHT), ("single 200B", 1, SINGLE_IN_FLIGHT)]
-    results: dict[str, dict[str, LoadResult]] = {name: {} for name, _, _ in loads}
+    results: dict[str, dict[str, list[LoadResult]]] = {name: {} for name, _, _ in loads}
     lag: LagResult | None = None
     print(f"loadavg at start: {os.getloadavg()[0]:.2f}, cores: {os.cpu_count()}", flush=True)
     for setup in setups:
@@ -346,10 +376,15 @@ def run(duration_s: float, lag_duration_s: float, rate: float, clients: int) -> 
             setup.start(base)
             asyncio.run(prepare(setup))
             for name, batch, in_flight in loads:
+                servers = {p.name: p.pid for p in setup.procs[1:]}
+                cpu0 = {who: cpu_s(pid) for who, pid in servers.items()}
                 r = run_load(setup.master, batch, in_flight, duration_s, clients)
-                results[name][setup.label] = r
-                print(_line(f"{setup.label}", r, results[name].get("no slave")), f"[{name}]")
-            if setup.label == "async + 1":
+                for who, pid in servers.items():
+                    used_s = cpu_s(pid) - cpu0[who]
+                    r.cpu_us_per_msg[who] = used_s * 1e6 / max(1, r.messages)
+                results[name].setdefault(setup.label, []).append(r)
+                print(_line(setup.label, r, _median(results[name].get("no slave"))), f"[{name}]")
+            if setup.label == "async + 1" and lag is None and lag_duration_s > 0:
                 print(f"  lag at {rate:,.0f} msgs/s for {lag_duration_s:.0f} s ...", flush=True)
                 lag = asyncio.run(paced_with_lag(setup.master, rate, lag_duration_s))
         finally:
@@ -359,9 +394,14 @@ def run(duration_s: float, lag_duration_s: float, rate: float, clients: int) -> 
     print("Produce throughput, ratio to no slave (RocketMQ: sync double write ~0.9x)")
     for name, _, _ in loads:
         print(f" {name}")
-        for label in ("no slave", "async + 1", "sync + 1"):
+        for label in SETUP_LABELS:
             if label in results[name]:
-                print(_line(label, results[name][label], results[name].get("no slave")))
+                runs = len(results[name][label])
+                runs_of = results[name]
+                mid = _median(runs_of[label])
+                assert mid is not None
+                line = _line(label, mid, _median(runs_of.get("no slave")))
+                print(line, f"(median of {runs})" if runs > 1 else "")
     print(f"Replication lag, ASYNC_MASTER + 1 slave, batches of {BATCH_SIZE}")
     if lag is not None:
         for line in _lag_lines(lag):
@@ -376,10 +416,18 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50_000.0, help="msgs/s for the lag run")
     parser.add_argument("--clients", type=int, default=1, help="sender processes")
     parser.add_argument("--quick", action="store_true", help="3 s loads, 8 s lag run")
+    parser.add_argument(
+        "--setups", default=",".join(SETUP_LABELS), help="comma-separated setups to run"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each setup")
     args = parser.parse_args()
     if args.quick:
         args.duration, args.lag_duration = 3.0, 8.0
-    run(args.duration, args.lag_duration, args.rate, args.clients)
+    only = tuple(label.strip() for label in args.setups.split(","))
+    unknown = [label for label in only if label not in SETUP_LABELS]
+    if unknown:
+        parser.error(f"unknown setup(s) {unknown}; choose from {list(SETUP_LABELS)}")
+    run(args.duration, args.lag_duration, args.rate, args.clients, only, max(1, args.rounds))
 
 
 if __name__ == "__main__":

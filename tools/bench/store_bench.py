@@ -37,6 +37,7 @@ from services.store.commitlog import MessageToStore
 from services.store.config import StoreConfig
 from services.store.flush import FlushDiskType
 from services.store.message_store import MessageStore
+from services.store.types import PhysicalOffset
 
 BODY = os.urandom(1024)
 TOPIC = "BenchTopic"
@@ -179,6 +180,41 @@ async def bench_reads(root: Path, total: int) -> None:
     await store.shutdown()
 
 
+async def bench_replica_apply(root: Path, total: int, batch: int, profile: bool = False) -> None:
+    """A slave's write path: a master's commitlog read back in chunks of one ``batch`` each
+    (what a replication stream carries when every send is shipped at once) and appended to a
+    second store, which checks and dispatches (consume queues, index) every record."""
+    master = fresh_store(root, f"master-{batch}", FlushDiskType.ASYNC_FLUSH)
+    await master.start()
+    n = (total // batch) * batch
+    for q in range(n // batch):
+        await master.put(make_messages(batch, q % QUEUES))
+    chunk_bytes = (master.commitlog.max_offset - master.commitlog.min_offset) * batch // n
+    chunks: list[bytes] = []
+    offset = master.commitlog.min_offset
+    while data := master.read_replica(offset, chunk_bytes):
+        chunks.append(data)
+        offset = PhysicalOffset(offset + len(data))
+    await master.shutdown()
+    slave = fresh_store(root, f"slave-{batch}", FlushDiskType.ASYNC_FLUSH)
+    await slave.start()
+    prof = cProfile.Profile() if profile else None
+    at = slave.commitlog.max_offset
+    t0, cpu0 = time.perf_counter(), time.thread_time()
+    if prof:
+        prof.enable()
+    for data in chunks:
+        at = slave.append_replica(at, data)
+    if prof:
+        prof.disable()
+    dt, cpu_s = time.perf_counter() - t0, time.thread_time() - cpu0
+    report(f"slave apply, chunks of {batch} records", n, dt, sum(map(len, chunks)))
+    print(f"    {cpu_s * 1e6 / n:.1f} us CPU per record (this thread; wall {dt * 1e6 / n:.1f} us)")
+    await slave.shutdown()
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+
 def run(label: str, fn: Callable[[], object]) -> None:
     print(label)
     fn()
@@ -190,11 +226,18 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages")
     ap.add_argument("--profile", action="store_true", help="cProfile the batch-256 append")
+    ap.add_argument(
+        "--only-replica", action="store_true", help="only the slave apply cases (1 and 32)"
+    )
     args = ap.parse_args()
     total = args.messages // 10 if args.quick else args.messages
     root = Path(tempfile.mkdtemp(prefix="rocketq-bench-", dir=args.dir))
     try:
         print(f"store benchmark in {root}: {os.cpu_count()} cpus, 1 KiB bodies, default file sizes")
+        if args.only_replica:
+            for batch in (1, 32):
+                asyncio.run(bench_replica_apply(root, total // 4, batch, args.profile))
+            return
         print(f"  raw disk (dd 512 MiB, fdatasync): {disk_rate(root)}")
         for batch in (1, 32, 256):
             n = total if batch > 1 else total // 4
@@ -203,6 +246,8 @@ def main() -> None:
             n = total // 10 if (writers, batch) == (1, 1) else total // 2
             asyncio.run(bench_sync_writers(root, n, writers, batch))
         asyncio.run(bench_reads(root, total // 2))
+        for batch in (1, 32):
+            asyncio.run(bench_replica_apply(root, total // 4, batch))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

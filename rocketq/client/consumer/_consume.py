@@ -115,8 +115,8 @@ def reset_retry_topic(msgs: list[ReceivedMessage], group: str) -> None:
     """Show redelivered messages under their original topic, as RocketMQ does before a call."""
     group_retry_topic = retry_topic(group)
     for msg in msgs:
-        original = msg.properties.get(Prop.RETRY_TOPIC)
-        if original and msg.topic == group_retry_topic:
+        # The topic first: a string compare per message, the property lookup only on a retry.
+        if msg.topic == group_retry_topic and (original := msg.properties.get(Prop.RETRY_TOPIC)):
             msg.topic = original
 
 

@@ -185,6 +185,17 @@ class ProducerCore:
         check_batch(items, self.config.max_message_size_bytes)
         return items
 
+    def cached_route_for_send(self, topic: str) -> TopicRoute | None:
+        """The cached route when :meth:`route_for_send` would return it without awaiting
+        anything (cached and not marked stale); None otherwise. Lets a send skip the
+        ``wait_for`` around the lookup: a task and a timer per send, a tenth of the client's
+        CPU for a single sync send."""
+        route = self.instance.cached_route(topic)
+        if route is None or self._refresh_gate.is_stale(topic):
+            return None
+        self._topics.add(topic)
+        return route
+
     async def route_for_send(self, topic: str) -> TopicRoute:
         """The route to send ``topic`` with, borrowing the template's when it has none."""
         instance = self.instance
@@ -428,7 +439,9 @@ class ProducerCore:
     ) -> list[SendResult]:
         """An ordered send: one attempt, to ``mq``."""
         deadline = time.monotonic() + timeout_ms / 1000
-        route = await self._with_deadline(self.route_for_send(mq.topic), deadline, mq.topic)
+        route = self.cached_route_for_send(mq.topic) or await self._with_deadline(
+            self.route_for_send(mq.topic), deadline, mq.topic
+        )
         return await self.send_once(route, mq, items, _remaining_ms(deadline))
 
     @traced_send  # a send span; the messages carry its trace context
@@ -444,7 +457,9 @@ class ProducerCore:
     ) -> list[SendResult]:
         """A normal send: round-robin queue, up to ``1 + retries`` attempts in ``timeout_ms``."""
         deadline = time.monotonic() + timeout_ms / 1000
-        route = await self._with_deadline(self.route_for_send(topic), deadline, topic)
+        route = self.cached_route_for_send(topic) or await self._with_deadline(
+            self.route_for_send(topic), deadline, topic
+        )
         route, queues = await self._writable_route(topic, route, deadline)
         chooser = self._chooser(topic)
         attempts = 1 + retries

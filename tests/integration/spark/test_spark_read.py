@@ -166,6 +166,28 @@ def test_batch_reads_by_offsets_and_by_timestamps(env: Cluster, spark: Any) -> N
     assert sorted(bytes(r.body) for r in later) == [f"y{i:02d}".encode() for i in range(6)]
     earlier = read(startingOffsets="earliest", endingTimestamp=str(between_ms))
     assert sorted(bytes(r.body) for r in earlier) == [f"x{i:02d}".encode() for i in range(10)]
+    # Per queue, as Kafka's *OffsetsByTimestamp: broker-a's queue from the second send on,
+    # broker-b's from its start (left out: earliest), each up to the second send.
+    queue_a = {"broker-a": {"0": between_ms}}
+    mixed = read(
+        startingOffsetsByTimestamp=json.dumps({"spark-read-range": queue_a}),
+        endingOffsetsByTimestamp=json.dumps({"spark-read-range": {"broker-b": {"0": between_ms}}}),
+    )
+    ys_on_a = sorted(
+        bytes(r.body) for r in everything if r.brokerName == "broker-a" and r.body[:1] == b"y"
+    )
+    xs_on_b = sorted(
+        bytes(r.body) for r in everything if r.brokerName == "broker-b" and r.body[:1] == b"x"
+    )
+    assert sorted(bytes(r.body) for r in mixed) == sorted(ys_on_a + xs_on_b)
+    # maxRecordsPerPartition splits each queue's range into even Spark partitions.
+    split = spark.read.format("rocketq").option("nameserver", nameserver(env))
+    split = split.option("topic", "spark-read-range").option("maxRecordsPerPartition", "3").load()
+    per_queue = [sum(1 for r in everything if r.brokerName == b) for b in ("broker-a", "broker-b")]
+    assert split.rdd.getNumPartitions() == sum(-(-n // 3) for n in per_queue)
+    assert sorted(bytes(r.body) for r in split.collect()) == sorted(
+        bytes(r.body) for r in everything
+    )
 
 
 @pytest.mark.parametrize(
@@ -197,3 +219,41 @@ def test_bad_options_fail_at_query_start_naming_the_option(
             .start()
         )
         query.awaitTermination(60)
+
+
+def test_a_trigger_waits_for_min_offsets_per_trigger(env: Cluster, spark: Any) -> None:
+    create_topic(env, "spark-read-min", queues=1)
+    produce(env, "spark-read-min", [b"first"])
+    # Spark reports a trigger that found nothing to run every 100 ms instead of every 10 s.
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
+    query = (
+        stream(spark, env, "spark-read-min", startingOffsets="earliest")
+        .option("minOffsetsPerTrigger", "4")
+        .option("maxTriggerDelay", "1h")
+        .load()
+        .writeStream.format("memory")
+        .queryName("read_min")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        until_sync(lambda: query_rows(spark, "read_min") == 1, "the first batch (never held)", 120)
+        produce(env, "spark-read-min", [b"second", b"third"])
+        # A trigger that saw only these two ran no batch: Spark reported it idle.
+        seen = len(query.recentProgress)
+        until_sync(
+            lambda: any(p["numInputRows"] == 0 for p in query.recentProgress[seen:]),
+            "an idle trigger after two new messages",
+            60,
+        )
+        produce(env, "spark-read-min", [b"fourth", b"fifth"])
+        until_sync(lambda: query_rows(spark, "read_min") == 5, "the batch of four", 60)
+        sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        assert sizes == [1, 4], sizes
+    finally:
+        query.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+
+
+def query_rows(spark: Any, table: str) -> int:
+    return int(spark.sql(f"select count(*) as n from {table}").collect()[0].n)

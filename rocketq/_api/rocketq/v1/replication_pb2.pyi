@@ -74,6 +74,7 @@ class SlaveHello(_message.Message):
     BROKER_ADDR_FIELD_NUMBER: _builtins.int
     MAX_PHYSICAL_OFFSET_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
+    ACCEPTS_CHUNK_CONFIRM_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     """Broker group name; must be the master's."""
     broker_id: _builtins.int
@@ -82,6 +83,10 @@ class SlaveHello(_message.Message):
     """The slave's own gRPC address, for the master's runtime stats."""
     max_physical_offset: _builtins.int
     """Commitlog offset one past the last byte the slave has written."""
+    accepts_chunk_confirm: _builtins.bool
+    """The slave reads CommitLogChunk.confirm: the master may then send a confirm offset with the
+    data instead of in a message of its own (one stream message fewer per ack under load).
+    """
     @_builtins.property
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEntry]:
         """The slave's epoch history, oldest first. Empty for an empty store."""
@@ -94,10 +99,11 @@ class SlaveHello(_message.Message):
         broker_addr: _builtins.str = ...,
         max_physical_offset: _builtins.int = ...,
         epochs: _abc.Iterable[Global___EpochEntry] | None = ...,
+        accepts_chunk_confirm: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_addr", b"broker_addr", "broker_id", b"broker_id", "broker_name", b"broker_name", "epochs", b"epochs", "max_physical_offset", b"max_physical_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_chunk_confirm", b"accepts_chunk_confirm", "broker_addr", b"broker_addr", "broker_id", b"broker_id", "broker_name", b"broker_name", "epochs", b"epochs", "max_physical_offset", b"max_physical_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -200,23 +206,32 @@ class CommitLogChunk(_message.Message):
 
     PHYSICAL_OFFSET_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    CONFIRM_FIELD_NUMBER: _builtins.int
     physical_offset: _builtins.int
     """Commitlog offset of data's first byte; always the slave's current max offset (chunks are
     contiguous and in order).
     """
     data: _builtins.bytes
     """Raw commitlog bytes, copied as stored (records and file-end BLANK fillers). At most 1 MiB per
-    chunk; a chunk may end inside a record.
+    chunk; a chunk may end inside a record. A master may hold back a chunk that would be smaller
+    than its batch size until the slave acks the chunks before it (haSmallChunksInFlightMax).
     """
+    @_builtins.property
+    def confirm(self) -> Global___ConfirmOffset:
+        """Only to a slave whose hello set accepts_chunk_confirm: a ConfirmOffset that went out with
+        this chunk, to apply after its data exactly as a ConfirmOffset message.
+        """
+
     def __init__(
         self,
         *,
         physical_offset: _builtins.int = ...,
         data: _builtins.bytes = ...,
+        confirm: Global___ConfirmOffset | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["confirm", b"confirm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "physical_offset", b"physical_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirm", b"confirm", "data", b"data", "physical_offset", b"physical_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -273,7 +288,9 @@ class ReplicationStreamResponse(_message.Message):
 
     @_builtins.property
     def confirm(self) -> Global___ConfirmOffset:
-        """Sent whenever it advances, and at least every 5 s."""
+        """Sent whenever it advances, and at least every 5 s (inside a chunk instead when data goes
+        out at the same time and the slave accepts that, see CommitLogChunk.confirm).
+        """
 
     def __init__(
         self,
