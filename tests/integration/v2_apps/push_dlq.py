@@ -3,9 +3,9 @@
     python push_dlq.py ENDPOINT TOPIC GROUP COUNT
 
 Sends COUNT messages and prints one JSON line with their ids, then consumes with a PushConsumer
-whose listener answers FAILURE every time (the SDK then changes each message's invisible duration
-by the server's backoff policy; the server redelivers it until its group's max delivery attempts
-are used up, then moves it to ``%DLQ%{group}``). Runs until its standard input is closed (the
+whose listener answers FAILURE every time (the SDK then changes each message's invisible duration:
+1 s, as SDK 5.1.2 reads only a customized backoff policy; the broker redelivers it until its
+group's retryMaxTimes are used up, then moves it to ``%DLQ%{group}``). Runs until its standard input is closed (the
 test closes it once the dead letters are there), then prints one JSON line with every delivery
 the listener saw.
 """
