@@ -5,9 +5,9 @@
 Sends COUNT messages and prints one JSON line with their ids, then consumes with a PushConsumer
 whose listener answers FAILURE every time (the SDK then changes each message's invisible duration:
 1 s, as SDK 5.1.2 reads only a customized backoff policy; the broker redelivers it until its
-group's retryMaxTimes are used up, then moves it to ``%DLQ%{group}``). Runs until its standard input is closed (the
-test closes it once the dead letters are there), then prints one JSON line with every delivery
-the listener saw.
+group's retryMaxTimes are used up, then moves it to ``%DLQ%{group}``). Runs until its standard
+input is closed (the test closes it once the dead letters are there), then prints one JSON line
+with every delivery the listener saw.
 """
 
 from __future__ import annotations
