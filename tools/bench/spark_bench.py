@@ -196,6 +196,7 @@ def main() -> None:
             print(f"local RocketQ at {namesrv[0]}, data in {base}", flush=True)
         took = asyncio.run(fill(namesrv, count))
         print(f"filled {TOPIC}: {count} x {BODY_BYTES} B in {took:.1f} s", flush=True)
+        asyncio.run(ensure_topic(namesrv, TOPIC + "-out", QUEUES))  # the sink's target
         suite(namesrv[0], count, base / "spark")
     finally:
         if (base / "cluster" / "pids.json").exists():
