@@ -17,7 +17,7 @@ import pytest
 from rocketq import PoppedMessage, SimpleConsumer, SimpleConsumerConfig, SyncSimpleConsumer
 from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
 from rocketq.client.consumer import InvalidReceiptHandleError
-from tests.support.cluster import Cluster, cluster
+from tests.support.cluster import Cluster, cluster, wait_routed
 from tests.support.raw_client import RawClient, refused
 from tests.support.until import until, until_sync
 
@@ -33,8 +33,10 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         cl.check_logs()
 
 
-async def make_topic(addr: str, topic: str, queues: int = 1) -> None:
-    async with RawClient(addr) as raw:
+async def make_topic(c: Cluster, topic: str, queues: int = 1) -> None:
+    """Create ``topic`` on the broker, then wait until the nameservers route it: the broker
+    registers a new topic on its own time, and a receive looks the route up first."""
+    async with RawClient(c.broker.addr) as raw:
         await raw.admin.CreateTopic(
             admin_pb2.CreateTopicRequest(
                 target=admin_pb2.ApplyTarget(broker_name=BROKER),
@@ -43,6 +45,7 @@ async def make_topic(addr: str, topic: str, queues: int = 1) -> None:
                 ),
             )
         )
+    await wait_routed(c.namesrv_addrs, topic, queues)
 
 
 async def send(addr: str, topic: str, bodies: list[bytes]) -> list[str]:
@@ -91,7 +94,7 @@ async def receive_until(
 
 async def test_two_consumers_share_one_queue_without_duplicates(c: Cluster) -> None:
     topic, group = "PopShared", "pop-shared"
-    await make_topic(c.broker.addr, topic)
+    await make_topic(c, topic)
     async with (
         consumer(c, group, topic, "one") as first,
         consumer(c, group, topic, "two") as second,
@@ -117,7 +120,7 @@ async def test_two_consumers_share_one_queue_without_duplicates(c: Cluster) -> N
 
 async def test_unacked_message_comes_back_with_attempt_2(c: Cluster) -> None:
     topic, group = "PopRedeliver", "pop-redeliver"
-    await make_topic(c.broker.addr, topic)
+    await make_topic(c, topic)
     [sent] = await send(c.broker.addr, topic, [b"retry me"])
     async with consumer(c, group, topic, "solo") as sc:
         [first] = await receive_until(sc, "the first delivery", invisible_ms=1_000)
@@ -134,7 +137,7 @@ async def test_unacked_message_comes_back_with_attempt_2(c: Cluster) -> None:
 
 async def test_stale_forged_and_bad_requests_are_refused(c: Cluster) -> None:
     topic, group = "PopHandles", "pop-handles"
-    await make_topic(c.broker.addr, topic)
+    await make_topic(c, topic)
     await send(c.broker.addr, topic, [b"a", b"b"])
     async with consumer(c, group, topic, "h") as sc:
         got = await receive_until(sc, "two messages", want=2)
@@ -175,7 +178,7 @@ async def test_stale_forged_and_bad_requests_are_refused(c: Cluster) -> None:
 
 async def test_past_max_attempts_a_message_goes_to_the_dlq(c: Cluster) -> None:
     topic, group = "PopDead", "pop-dead"
-    await make_topic(c.broker.addr, topic)
+    await make_topic(c, topic)
     async with RawClient(c.broker.addr) as raw:
         await raw.admin.CreateSubscriptionGroup(
             admin_pb2.CreateSubscriptionGroupRequest(
@@ -213,7 +216,7 @@ async def test_pop_state_survives_a_killed_broker(
     # Killed, not stopped: the checkpoints and acks must come back from the revive log alone.
     keys = {"flushDiskType": "SYNC_FLUSH"}
     with cluster(tmp_path_factory.mktemp("pop_restart"), broker_keys=keys) as cl:
-        await make_topic(cl.broker.addr, topic)
+        await make_topic(cl, topic)
         sent = await send(cl.broker.addr, topic, [b"acked", b"unacked", b"later"])
         async with consumer(cl, group, topic, "before") as sc:
             got = await receive_until(sc, "two messages", want=2, invisible_ms=2_000)
@@ -235,7 +238,7 @@ async def test_pop_state_survives_a_killed_broker(
 
 async def test_the_slave_follows_the_pop_state_and_refuses_pops(c: Cluster) -> None:
     topic, group = "PopReplicated", "pop-replicated"
-    await make_topic(c.broker.addr, topic)
+    await make_topic(c, topic)
     await send(c.broker.addr, topic, [b"x", b"y"])
 
     async def in_flight(addr: str) -> int:
@@ -269,7 +272,7 @@ async def _below(probe: Callable[[], Awaitable[int | None]], limit: int) -> bool
 
 async def test_fifo_group_holds_the_queue_until_its_batch_is_acked(c: Cluster) -> None:
     topic, group = "PopFifo", "pop-fifo"
-    await make_topic(c.broker.addr, topic)
+    await make_topic(c, topic)
     async with RawClient(c.broker.addr) as raw:
         await raw.admin.CreateSubscriptionGroup(
             admin_pb2.CreateSubscriptionGroupRequest(
@@ -310,7 +313,7 @@ async def test_fifo_batch_past_max_attempts_goes_to_the_dlq_and_the_queue_moves_
     c: Cluster,
 ) -> None:
     topic, group = "PopFifoDead", "pop-fifo-dead"
-    await make_topic(c.broker.addr, topic)
+    await make_topic(c, topic)
     async with RawClient(c.broker.addr) as raw:
         await raw.admin.CreateSubscriptionGroup(
             admin_pb2.CreateSubscriptionGroupRequest(
@@ -337,7 +340,7 @@ async def test_fifo_batch_past_max_attempts_goes_to_the_dlq_and_the_queue_moves_
 
 def test_blocking_simple_consumer_receives_and_acks(c: Cluster) -> None:
     topic, group = "PopBlocking", "pop-blocking"
-    asyncio.run(make_topic(c.broker.addr, topic))
+    asyncio.run(make_topic(c, topic))
     [sent] = asyncio.run(send(c.broker.addr, topic, [b"no asyncio here"]))
     cfg = SimpleConsumerConfig(
         group, tuple(c.namesrv_addrs), await_duration_ms=1_000, request_timeout_ms=10_000
