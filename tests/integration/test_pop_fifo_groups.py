@@ -20,7 +20,7 @@ from rocketq import PoppedMessage, SimpleConsumer, SimpleConsumerConfig
 from rocketq._api.rocketq.v1 import admin_pb2, common_pb2, messaging_pb2
 from rocketq.codec import Prop
 from tests.integration.cluster import free_port
-from tests.support.cluster import Cluster, cluster
+from tests.support.cluster import Cluster, cluster, wait_routed
 from tests.support.raw_client import RawClient
 from tests.support.until import until
 
@@ -61,6 +61,8 @@ async def fifo_topic(cl: Cluster, topic: str, group: str) -> None:
                 ),
             )
         )
+    # The broker registers a new topic on its own time; a receive looks the route up first.
+    await wait_routed(cl.namesrv_addrs, topic, 1)
 
 
 async def send(cl: Cluster, topic: str, bodies: list[str]) -> None:
