@@ -259,9 +259,16 @@ async def test_killing_the_master_elects_another_and_nothing_acknowledged_is_los
     after_kill = set(bodies[len(bodies) // 2 :])
     assert set(unreplicated) <= after_kill, unreplicated
     assert set(unreplicated.values()) <= {SendStatus.SLAVE_NOT_AVAILABLE}, unreplicated
-    assert ok == [b for b in bodies if b not in unreplicated] and ok[-1] == bodies[-1]
+    assert ok == [b for b in bodies if b not in unreplicated]
     assert recovered_s < 15, f"the failover took {recovered_s:.1f} s"
+    # The group recovers: once a slave is back in the new master's in-sync set, a send is
+    # acknowledged again (the quick sends above may all have beaten the rejoin; CI saw that).
+    dev.wait_status(
+        "a slave back in the in-sync set", lambda g: len(g["in_sync_replica_ids"]) >= 2, ISR_WAIT_S
+    )
+    ok += await _send_all(dev.namesrv, ["kill-recovered"], failed)
+    assert ok[-1] == "kill-recovered" and failed == [], failed
     down = [r for r in after["replicas"] if r["replica_id"] == old]
     assert not down or down[0]["role"] == "DOWN"
-    consumed = _consume_all(dev, 50 + len(ok))
+    consumed = _consume_all(dev, 50 + len(ok) + len(unreplicated))
     assert set(ok) <= set(consumed)  # every acknowledged send survived the failover
