@@ -42,12 +42,19 @@ from __future__ import annotations
 import ipaddress
 import struct
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from rocketq.java_hash import java_string_hash
+
+# The property names and their encoding live in rocketq.properties; codec.X keeps working.
+from rocketq.properties import NAME_VALUE_SEPARATOR as NAME_VALUE_SEPARATOR
+from rocketq.properties import PROPERTY_SEPARATOR as PROPERTY_SEPARATOR
+from rocketq.properties import Prop as Prop
+from rocketq.properties import decode_properties as decode_properties
+from rocketq.properties import encode_properties as encode_properties
 
 MESSAGE_MAGIC = 0xDAA320A7
 """0xAABBCCDD ^ (1880681586 + 8), as RocketMQ derives it (SPEC §4.5)."""
@@ -58,9 +65,6 @@ assert BLANK_MAGIC == (0xBBCCDDEE ^ (1880681586 + 8)) & 0xFFFFFFFF
 
 END_FILE_MIN_BLANK_BYTES = 8
 """A file always keeps room for a blank record's TOTALSIZE + MAGIC."""
-
-NAME_VALUE_SEPARATOR = "\x01"
-PROPERTY_SEPARATOR = "\x02"
 
 TOPIC_MAX_BYTES = 127
 """The topic length is one signed byte; RocketMQ also caps topic names at 127 characters."""
@@ -80,49 +84,6 @@ class SysFlag:
     TRANSACTION_MASK = 0xC
     BORNHOST_V6 = 0x10
     STOREHOST_V6 = 0x20
-
-
-class Prop:
-    """Names of the system properties the store and clients read (RocketMQ's spelling)."""
-
-    KEYS = "KEYS"
-    TAGS = "TAGS"
-    UNIQ_KEY = "UNIQ_KEY"
-    WAIT_STORE_MSG_OK = "WAIT"
-    DELAY_LEVEL = "DELAY"
-    REAL_TOPIC = "REAL_TOPIC"
-    REAL_QUEUE_ID = "REAL_QID"
-    TRANSACTION_PREPARED = "TRAN_MSG"
-    PRODUCER_GROUP = "PGROUP"
-    TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
-    """On a half message: how many times the broker has checked it back so far."""
-    CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-    """On a transactional message: seconds before the first check-back (else transactionTimeout)."""
-    MIN_OFFSET = "MIN_OFFSET"
-    MAX_OFFSET = "MAX_OFFSET"
-    RETRY_TOPIC = "RETRY_TOPIC"
-    ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
-    RECONSUME_TIME = "RECONSUME_TIME"
-    MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
-    SHARDING_KEY = "__SHARDINGKEY"
-    TRACE_CONTEXT = "TRACE_CONTEXT"
-    TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
-    TIMER_DELAY_MS = "TIMER_DELAY_MS"
-    TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
-    TIMER_OUT_MS = "TIMER_OUT_MS"
-    """Absolute delivery time the broker computed for a message in the timer topic."""
-    TIMER_ENQUEUE_MS = "TIMER_ENQUEUE_MS"
-    TIMER_DEQUEUE_MS = "TIMER_DEQUEUE_MS"
-    TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
-    TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
-    """On a cancel marker in the timer topic: the unique id of the timer it cancels."""
-    TIMER_SOURCE = "TIMER_SOURCE"
-    """On a timer-wheel re-put: "{commitlog offset}" of the timer-topic record it came from, so
-    the broker drops a second re-put of the same timer (after a timer-wheel crash)."""
-    # -- batch half messages (services/broker/transaction_batch.py) --
-    TRANSACTION_BATCH = "TRAN_BATCH"
-    """On a half message: its body is a batch of records (as SendRequest.records) that its
-    commit stores together; the value is how many."""
 
 
 # ---- fixed part -----------------------------------------------------------------------------
@@ -353,35 +314,6 @@ def host_text(ip: bytes, port: int) -> str:
             _HOST_TEXT.clear()
         _HOST_TEXT[key] = text
     return text
-
-
-# ---- properties -----------------------------------------------------------------------------
-def encode_properties(props: Mapping[str, str]) -> bytes:
-    """``name\\x01value\\x02`` for every property, as RocketMQ 4.x writes them."""
-    if not props:
-        return b""
-    parts = []
-    for name, value in props.items():
-        if NAME_VALUE_SEPARATOR in name or PROPERTY_SEPARATOR in name:
-            raise ValueError(f"property name {name!r} contains a separator character")
-        if NAME_VALUE_SEPARATOR in value or PROPERTY_SEPARATOR in value:
-            raise ValueError(f"property {name!r} value contains a separator character")
-        parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
-    return "".join(parts).encode()
-
-
-def decode_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
-    """Inverse of :func:`encode_properties`; tolerates a missing trailing separator."""
-    props: dict[str, str] = {}
-    if not raw:
-        return props
-    for item in bytes(raw).decode("utf-8", errors="replace").split(PROPERTY_SEPARATOR):
-        if not item:
-            continue
-        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
-        if sep:
-            props[name] = value
-    return props
 
 
 # ---- message ids ----------------------------------------------------------------------------
