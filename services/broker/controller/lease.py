@@ -141,14 +141,24 @@ class Lease:
         """etcd confirmed the lease for ``ttl_s`` from a request sent at ``sent_s``: move the
         fence, and arm the timer that reports the loss should no renewal follow."""
         self.write_lease_until = sent_s + ttl_s - FENCE_MARGIN_S
+        self.arm_timer()
+
+    def arm_timer(self) -> None:
         self.cancel_timer()
         delay_s = max(0.0, self.write_lease_until - self.clock.monotonic_s())
         self.fence_timer = asyncio.get_running_loop().call_later(delay_s, self.check)
 
     def check(self) -> None:
-        """Drop the lease if the fence has passed (timer callback, and after a failed call)."""
-        if self.lease_id is not None and not self.fence_open():
+        """Drop the lease if the fence has passed (timer callback, and after a failed call).
+        asyncio may run a timer up to its clock resolution early, when the fence is still open
+        by a hair: the timer is armed again then, or the loss would go unreported until the
+        next failed call."""
+        if self.lease_id is None:
+            return
+        if not self.fence_open():
             self.lost("the lease was not refreshed in time")
+        else:
+            self.arm_timer()
 
     def lost(self, reason: str) -> None:
         """Drop the lease (revoked once etcd answers) and tell the owner."""
