@@ -70,18 +70,51 @@ def _percentile(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
 
 
+def _server_cpu_s(driver: Driver) -> float:
+    """CPU seconds the system's server processes have used (user + system, from /proc)."""
+    total = 0
+    for sp in driver.processes:
+        try:
+            fields = Path(f"/proc/{sp.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU µs per message of this client process and of the system's servers over one phase:
+    where the time goes, and a figure a loaded machine disturbs less than throughput."""
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+        self._client_s = time.process_time()
+        self._server_s = _server_cpu_s(driver)
+
+    def line(self, messages: int) -> str:
+        if messages <= 0:
+            return ""
+        client_us = (time.process_time() - self._client_s) * 1e6 / messages
+        server_us = (_server_cpu_s(self._driver) - self._server_s) * 1e6 / messages
+        return f"; CPU per msg: client {client_us:.1f} µs, servers {server_us:.1f} µs"
+
+
 async def run_phases(driver: Driver, plan: Plan) -> Phases:
     out = Phases(driver.name)
     body = os.urandom(BODY_BYTES)
     t0 = time.monotonic()
+    cpu = CpuMeter(driver)
     out.produced = await driver.produce(body, plan.produce_s)
     out.produce_tps = out.produced / (time.monotonic() - t0)
-    print(f"  produce: {out.produced} msgs, {out.produce_tps:,.0f} msgs/s", flush=True)
+    usage = cpu.line(out.produced)
+    print(f"  produce: {out.produced} msgs, {out.produce_tps:,.0f} msgs/s{usage}", flush=True)
     clock = Clock()
+    cpu = CpuMeter(driver)
     out.consumed = await driver.drain(out.produced, plan.drain_limit_s, clock)
     seconds = clock.seconds()
     out.consume_tps = out.consumed / seconds if seconds > 0 else 0.0
-    print(f"  drain: {out.consumed} msgs, {out.consume_tps:,.0f} msgs/s", flush=True)
+    usage = cpu.line(out.consumed)
+    print(f"  drain: {out.consumed} msgs, {out.consume_tps:,.0f} msgs/s{usage}", flush=True)
     if out.consumed < out.produced:
         out.note = f"drained {out.consumed} of {out.produced} within {plan.drain_limit_s:g} s"
     for _ in range(plan.warmup_sends):
