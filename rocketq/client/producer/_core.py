@@ -56,8 +56,8 @@ from rocketq.client.producer._sender import (
     PreparedMessage,
     SendHandler,
     build_send_request,
-    check_batch,
     check_send_topic,
+    prepare_batch,
     prepare_message,
 )
 from rocketq.client.producer.config import ProducerConfig
@@ -181,9 +181,11 @@ class ProducerCore:
     def prepare_batch(self, msgs: Sequence[Message]) -> list[PreparedMessage]:
         if isinstance(msgs, Message):
             raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
-        items = [self.prepare(m) for m in msgs]
-        check_batch(items, self.config.max_message_size_bytes)
-        return items
+        return prepare_batch(
+            msgs,
+            create_topic_key=self.config.create_topic_key,
+            max_size_bytes=self.config.max_message_size_bytes,
+        )
 
     def cached_route_for_send(self, topic: str) -> TopicRoute | None:
         """The cached route when :meth:`route_for_send` would return it without awaiting
