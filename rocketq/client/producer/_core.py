@@ -337,6 +337,8 @@ class ProducerCore:
         sharding_key: object,
     ) -> MessageQueue | None:
         """The fixed queue of an ordered send, or None for a normal (round-robin) send."""
+        if queue is None and selector is None and sharding_key is None:
+            return None
         given = sum(x is not None for x in (queue, selector, sharding_key))
         if given > 1:
             raise InvalidArgumentError("give at most one of queue, selector and sharding_key")

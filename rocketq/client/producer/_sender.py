@@ -341,9 +341,7 @@ def to_results(
         if queue is None:
             queue = queues[queue_id] = MessageQueue(mq.topic, mq.broker_name, queue_id)
         out.append(
-            send_result(
-                status, r.msg_id, r.offset_msg_id, queue, r.queue_offset, r.transaction_id
-            )
+            send_result(status, r.msg_id, r.offset_msg_id, queue, r.queue_offset, r.transaction_id)
         )
     return out
 
