@@ -86,6 +86,9 @@ class ProducerCore:
         self._state = "created"
         self._topics: set[str] = set()
         self._choosers: dict[str, QueueChooser] = {}
+        #: topic -> (route, its write_queues()): a route is frozen, so its queue list is made
+        #: once rather than twice per send (a MessageQueue per queue, sorted).
+        self._write_queues: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
         self.fault = LatencyFaultTolerance() if config.send_latency_fault_enable else None
         self._rng = random.Random()
         self._handler: SendHandler | None = None
@@ -284,7 +287,7 @@ class ProducerCore:
         route cached while it had none - the nameserver is asked again at once and then every
         RETRY_POLL_MS, for up to half the time left; only then BrokerUnavailableError. (Raising
         at once left such a route in use until the 30 s poll: every send failed meanwhile.)"""
-        queues = route.write_queues()
+        queues = self.write_queues(route)
         waited_ms = 0
         while not queues:
             budget_ms = (waited_ms + _remaining_ms(deadline)) // 2
@@ -292,7 +295,7 @@ class ProducerCore:
                 self._refresh_gate.mark_stale(topic)
                 break
             route = await self._refreshed(topic, route, deadline)
-            queues = route.write_queues()
+            queues = self.write_queues(route)
             if not queues:
                 wait_ms = min(RETRY_POLL_MS, budget_ms - waited_ms)
                 await asyncio.sleep(wait_ms / 1000)
@@ -318,9 +321,17 @@ class ProducerCore:
             self._choosers[topic] = chooser
         return chooser
 
-    @staticmethod
-    def writable(route: TopicRoute) -> list[MessageQueue]:
+    def write_queues(self, route: TopicRoute) -> list[MessageQueue]:
+        """``route.write_queues()``, kept per route (callers must not change the list)."""
+        cached = self._write_queues.get(route.topic)
+        if cached is not None and cached[0] is route:
+            return cached[1]
         queues = route.write_queues()
+        self._write_queues[route.topic] = (route, queues)
+        return queues
+
+    def writable(self, route: TopicRoute) -> list[MessageQueue]:
+        queues = self.write_queues(route)
         if not queues:
             raise BrokerUnavailableError(
                 f"topic {route.topic!r} has no writable queue on a live master (brokers: "
@@ -352,7 +363,7 @@ class ProducerCore:
             return None
         check_send_topic(msg.topic, self.config.create_topic_key)
         route = await self.route_for_send(msg.topic)
-        if not route.write_queues():
+        if not self.write_queues(route):
             self._refresh_gate.mark_stale(msg.topic)  # the next send asks the nameserver
         queues = self.writable(route)
         if sharding_key is not None:

@@ -299,20 +299,23 @@ def build_send_request(
         queue_id=mq.queue_id,
         born_timestamp_ms=born_timestamp_ms or time.time_ns() // 1_000_000,
     )
-    if len(items) == 1 and 0 < compress_over_bytes < len(items[0].pb.body):
-        pb = common_pb2.Message()
-        pb.CopyFrom(items[0].pb)
-        pb.body = zlib.compress(pb.body, COMPRESS_LEVEL)
-        req.messages.append(pb)
-        req.sys_flag = codec.SysFlag.COMPRESSED
-    elif as_records and len(items) > 1:
+    if as_records and len(items) > 1:
         req.records = codec.encode_sent_batch(
             items[0].topic.encode(),
             [(m.body, m.properties, m.flag) for m in items],
             req.born_timestamp_ms,
         )
+    elif len(items) == 1 and 0 < compress_over_bytes < len(items[0].body):
+        item = items[0]
+        body = zlib.compress(item.body, COMPRESS_LEVEL)
+        req.messages.add(topic=item.topic, flag=item.flag, body=body, properties=item.props)
+        req.sys_flag = codec.SysFlag.COMPRESSED
     else:
-        req.messages.extend(item.pb for item in items)
+        # Made in the request, not as a Message copied into it: a third of the cost of a
+        # single send's request.
+        add = req.messages.add
+        for item in items:
+            add(topic=item.topic, flag=item.flag, body=item.body, properties=item.props)
     if default_topic:
         req.default_topic = default_topic
         req.default_topic_queue_nums = default_topic_queue_nums
