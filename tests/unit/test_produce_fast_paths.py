@@ -11,6 +11,8 @@ import pytest
 from rocketq import codec
 from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.client.errors import InvalidArgumentError, MessageTooLargeError, ServerError
+from rocketq.client.producer import ProducerConfig
+from rocketq.client.producer._core import ProducerCore
 from rocketq.client.producer._sender import (
     PreparedMessage,
     build_send_request,
@@ -162,3 +164,19 @@ def test_send_request_records_decode_to_the_prepared_messages() -> None:
         assert record.properties == item.props and record.born_timestamp_ms == req.born_timestamp_ms
         assert record.body_crc == zlib.crc32(item.body) & 0x7FFFFFFF
         pos += record.total_size
+
+
+def test_a_producer_checks_each_topic_once_and_every_message_always() -> None:
+    core = ProducerCore(ProducerConfig("g", ["127.0.0.1:9876"], max_message_size_bytes=100))
+    for _ in range(2):  # a refused topic is not remembered
+        with pytest.raises(InvalidArgumentError, match="characters"):
+            core.prepare(Message("bad topic!", b"x"))
+        with pytest.raises(InvalidArgumentError, match="reserved"):
+            core.prepare(Message("TBW102", b"x"))
+    first = core.prepare(Message("Topic9", b"x", tags="a"))
+    assert first.size_bytes == 6 + 1 + 20 + len(first.properties)
+    with pytest.raises(InvalidArgumentError, match="empty body"):
+        core.prepare(Message("Topic9", b""))
+    with pytest.raises(MessageTooLargeError, match="limit is 100"):
+        core.prepare(Message("Topic9", b"x" * 100))
+    assert core.prepare(Message("Topic9", b"x")).msg_id != first.msg_id

@@ -58,15 +58,18 @@ from rocketq.client.producer._sender import (
     build_send_request,
     check_send_topic,
     prepare_batch,
-    prepare_message,
+    prepare_checked_topic,
 )
 from rocketq.client.producer.config import ProducerConfig
 from rocketq.client.producer.selectors import MessageQueueSelector, SelectMessageQueueByHash
-from rocketq.message import Message, MessageQueue, SendResult, SendStatus
+from rocketq.message import Message, MessageQueue, SendResult, SendStatus, new_unique_id
 
 log = logging.getLogger(__name__)
 
 _HASH_SELECTOR = SelectMessageQueueByHash()
+
+CHECKED_TOPICS_MAX = 1024
+"""Topics a producer remembers as checked; past this the memory is simply cleared."""
 
 
 CheckHandler = Callable[[str, messaging_pb2.CheckTransactionState], object]
@@ -89,6 +92,8 @@ class ProducerCore:
         #: topic -> (route, its write_queues()): a route is frozen, so its queue list is made
         #: once rather than twice per send (a MessageQueue per queue, sorted).
         self._write_queues: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
+        #: topic -> its UTF-8 size, for topics that passed check_send_topic
+        self._checked_topics: dict[str, int] = {}
         self.fault = LatencyFaultTolerance() if config.send_latency_fault_enable else None
         self._rng = random.Random()
         self._handler: SendHandler | None = None
@@ -175,10 +180,16 @@ class ProducerCore:
     # ---- messages and routes -------------------------------------------------------------
 
     def prepare(self, msg: Message) -> PreparedMessage:
-        return prepare_message(
-            msg,
-            create_topic_key=self.config.create_topic_key,
-            max_size_bytes=self.config.max_message_size_bytes,
+        topic = msg.topic
+        topic_size = self._checked_topics.get(topic)
+        if topic_size is None:  # the topic rules, once per topic (a regex among them)
+            check_send_topic(topic, self.config.create_topic_key)
+            topic_size = len(topic.encode())
+            if len(self._checked_topics) >= CHECKED_TOPICS_MAX:
+                self._checked_topics.clear()
+            self._checked_topics[topic] = topic_size
+        return prepare_checked_topic(
+            msg, new_unique_id(), topic_size, self.config.max_message_size_bytes
         )
 
     def prepare_batch(self, msgs: Sequence[Message]) -> list[PreparedMessage]:

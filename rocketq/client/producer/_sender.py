@@ -152,7 +152,7 @@ def prepare_message(
     """Check ``msg`` and give it its UNIQ_KEY (InvalidArgumentError, MessageTooLargeError);
     ``msg_id`` is the key to give instead of a new one."""
     check_send_topic(msg.topic, create_topic_key)
-    return _prepare_checked_topic(
+    return prepare_checked_topic(
         msg, msg_id or new_unique_id(), len(msg.topic.encode()), max_size_bytes
     )
 
@@ -170,7 +170,7 @@ def prepare_batch(
         topic = msgs[0].topic
         check_send_topic(topic, create_topic_key)
         topic_size = len(topic.encode())
-        prepare = _prepare_checked_topic
+        prepare = prepare_checked_topic
         for msg, msg_id in zip(msgs, new_unique_ids(len(msgs)), strict=True):
             if msg.topic == topic:
                 items.append(prepare(msg, msg_id, topic_size, max_size_bytes))
@@ -181,7 +181,7 @@ def prepare_batch(
     return items
 
 
-def _prepare_checked_topic(
+def prepare_checked_topic(
     msg: Message, msg_id: str, topic_size_bytes: int, max_size_bytes: int
 ) -> PreparedMessage:
     """:func:`prepare_message` past the topic's checks (``topic_size_bytes``: its UTF-8 size)."""
