@@ -486,7 +486,9 @@ class ProducerCore:
         route = self.cached_route_for_send(topic) or await self._with_deadline(
             self.route_for_send(topic), deadline, topic
         )
-        route, queues = await self._writable_route(topic, route, deadline)
+        queues = self.write_queues(route)
+        if not queues:  # a coroutine only when there is something to wait for
+            route, queues = await self._writable_route(topic, route, deadline)
         chooser = self._chooser(topic)
         attempts = 1 + retries
         last_broker: str | None = None
