@@ -42,10 +42,12 @@ from __future__ import annotations
 import ipaddress
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+
+from isal import isal_zlib  # zlib's crc32 (same polynomial) with SIMD: 5x faster per KiB
 
 from rocketq.java_hash import java_string_hash
 
@@ -234,6 +236,9 @@ SENT_STAMP = struct.Struct(">" + _fixed_format(False, False)[1 + _BEFORE_QUEUEID
 sent record in place (``pack_into`` at :data:`OFFSET_QUEUEID`)."""
 assert OFFSET_QUEUEID + SENT_STAMP.size == FIXED_BYTES_V4
 _NO_HOST = b"\0\0\0\0"
+_fast_crc32 = isal_zlib.crc32
+"""zlib.crc32's results (same polynomial and initial value), SIMD-computed: what a producer
+pays per KiB of body goes from ~0.55 to ~0.1 µs."""
 
 
 def encode_sent_record(
@@ -243,10 +248,43 @@ def encode_sent_record(
     broker's zero. ``sys_flag`` may carry only SysFlag.COMPRESSED."""
     st = record_struct(False, False, len(body), len(topic_bytes), len(properties))
     return st.pack(
-        st.size, MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, sys_flag,
+        st.size, MESSAGE_MAGIC, _fast_crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, sys_flag,
         born_ms, _NO_HOST, 0, 0, _NO_HOST, 0, 0, 0,
         len(body), body, len(topic_bytes), topic_bytes, len(properties), properties,
     )  # fmt: skip
+
+
+_SENT_FIXED_AND_BODY_LEN = struct.Struct(_fixed_format(False, False) + _F_BODY_LEN)
+_TOPIC_LEN = struct.Struct(">" + _F_TOPIC_LEN)
+_PROPS_LEN = struct.Struct(">" + _F_PROPS_LEN)
+
+
+def encode_sent_batch(
+    topic_bytes: bytes, messages: Iterable[tuple[bytes, bytes, int]], born_ms: int
+) -> bytes:
+    """The records of a sent batch (SendRequest.records) of ``(body, properties, flag)``
+    messages of one topic, concatenated: the same bytes as :func:`encode_sent_record` of each
+    with SYSFLAG 0, made in one pass. Each body is copied once, by the final join (packing a
+    whole record copied it once more), and the topic's bytes are shared by every record."""
+    topic_part = _TOPIC_LEN.pack(len(topic_bytes)) + topic_bytes
+    fixed = _SENT_FIXED_AND_BODY_LEN.size + len(topic_part) + _PROPS_LEN.size
+    pack_head, pack_props_len = _SENT_FIXED_AND_BODY_LEN.pack, _PROPS_LEN.pack
+    crc32, magic, no_host = _fast_crc32, MESSAGE_MAGIC, _NO_HOST
+    parts: list[bytes] = []
+    add = parts.append
+    for body, properties, flag in messages:
+        body_len, props_len = len(body), len(properties)
+        add(
+            pack_head(
+                fixed + body_len + props_len, magic, crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, 0,
+                born_ms, no_host, 0, 0, no_host, 0, 0, 0, body_len,
+            )
+        )  # fmt: skip
+        add(body)
+        add(topic_part)
+        add(pack_props_len(props_len))
+        add(properties)
+    return b"".join(parts)
 
 
 def count_records(buf: bytes | memoryview) -> int:

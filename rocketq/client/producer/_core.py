@@ -56,17 +56,20 @@ from rocketq.client.producer._sender import (
     PreparedMessage,
     SendHandler,
     build_send_request,
-    check_batch,
     check_send_topic,
-    prepare_message,
+    prepare_batch,
+    prepare_checked_topic,
 )
 from rocketq.client.producer.config import ProducerConfig
 from rocketq.client.producer.selectors import MessageQueueSelector, SelectMessageQueueByHash
-from rocketq.message import Message, MessageQueue, SendResult, SendStatus
+from rocketq.message import Message, MessageQueue, SendResult, SendStatus, new_unique_id
 
 log = logging.getLogger(__name__)
 
 _HASH_SELECTOR = SelectMessageQueueByHash()
+
+CHECKED_TOPICS_MAX = 1024
+"""Topics a producer remembers as checked; past this the memory is simply cleared."""
 
 
 CheckHandler = Callable[[str, messaging_pb2.CheckTransactionState], object]
@@ -86,6 +89,11 @@ class ProducerCore:
         self._state = "created"
         self._topics: set[str] = set()
         self._choosers: dict[str, QueueChooser] = {}
+        #: topic -> (route, its write_queues()): a route is frozen, so its queue list is made
+        #: once rather than twice per send (a MessageQueue per queue, sorted).
+        self._write_queues: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
+        #: topic -> its UTF-8 size, for topics that passed check_send_topic
+        self._checked_topics: dict[str, int] = {}
         self.fault = LatencyFaultTolerance() if config.send_latency_fault_enable else None
         self._rng = random.Random()
         self._handler: SendHandler | None = None
@@ -172,18 +180,26 @@ class ProducerCore:
     # ---- messages and routes -------------------------------------------------------------
 
     def prepare(self, msg: Message) -> PreparedMessage:
-        return prepare_message(
-            msg,
-            create_topic_key=self.config.create_topic_key,
-            max_size_bytes=self.config.max_message_size_bytes,
+        topic = msg.topic
+        topic_size = self._checked_topics.get(topic)
+        if topic_size is None:  # the topic rules, once per topic (a regex among them)
+            check_send_topic(topic, self.config.create_topic_key)
+            topic_size = len(topic.encode())
+            if len(self._checked_topics) >= CHECKED_TOPICS_MAX:
+                self._checked_topics.clear()
+            self._checked_topics[topic] = topic_size
+        return prepare_checked_topic(
+            msg, new_unique_id(), topic_size, self.config.max_message_size_bytes
         )
 
     def prepare_batch(self, msgs: Sequence[Message]) -> list[PreparedMessage]:
         if isinstance(msgs, Message):
             raise InvalidArgumentError("send_batch takes a list of messages; use send() for one")
-        items = [self.prepare(m) for m in msgs]
-        check_batch(items, self.config.max_message_size_bytes)
-        return items
+        return prepare_batch(
+            msgs,
+            create_topic_key=self.config.create_topic_key,
+            max_size_bytes=self.config.max_message_size_bytes,
+        )
 
     def cached_route_for_send(self, topic: str) -> TopicRoute | None:
         """The cached route when :meth:`route_for_send` would return it without awaiting
@@ -282,7 +298,7 @@ class ProducerCore:
         route cached while it had none - the nameserver is asked again at once and then every
         RETRY_POLL_MS, for up to half the time left; only then BrokerUnavailableError. (Raising
         at once left such a route in use until the 30 s poll: every send failed meanwhile.)"""
-        queues = route.write_queues()
+        queues = self.write_queues(route)
         waited_ms = 0
         while not queues:
             budget_ms = (waited_ms + _remaining_ms(deadline)) // 2
@@ -290,7 +306,7 @@ class ProducerCore:
                 self._refresh_gate.mark_stale(topic)
                 break
             route = await self._refreshed(topic, route, deadline)
-            queues = route.write_queues()
+            queues = self.write_queues(route)
             if not queues:
                 wait_ms = min(RETRY_POLL_MS, budget_ms - waited_ms)
                 await asyncio.sleep(wait_ms / 1000)
@@ -316,9 +332,17 @@ class ProducerCore:
             self._choosers[topic] = chooser
         return chooser
 
-    @staticmethod
-    def writable(route: TopicRoute) -> list[MessageQueue]:
+    def write_queues(self, route: TopicRoute) -> list[MessageQueue]:
+        """``route.write_queues()``, kept per route (callers must not change the list)."""
+        cached = self._write_queues.get(route.topic)
+        if cached is not None and cached[0] is route:
+            return cached[1]
         queues = route.write_queues()
+        self._write_queues[route.topic] = (route, queues)
+        return queues
+
+    def writable(self, route: TopicRoute) -> list[MessageQueue]:
+        queues = self.write_queues(route)
         if not queues:
             raise BrokerUnavailableError(
                 f"topic {route.topic!r} has no writable queue on a live master (brokers: "
@@ -335,6 +359,8 @@ class ProducerCore:
         sharding_key: object,
     ) -> MessageQueue | None:
         """The fixed queue of an ordered send, or None for a normal (round-robin) send."""
+        if queue is None and selector is None and sharding_key is None:
+            return None
         given = sum(x is not None for x in (queue, selector, sharding_key))
         if given > 1:
             raise InvalidArgumentError("give at most one of queue, selector and sharding_key")
@@ -348,7 +374,7 @@ class ProducerCore:
             return None
         check_send_topic(msg.topic, self.config.create_topic_key)
         route = await self.route_for_send(msg.topic)
-        if not route.write_queues():
+        if not self.write_queues(route):
             self._refresh_gate.mark_stale(msg.topic)  # the next send asks the nameserver
         queues = self.writable(route)
         if sharding_key is not None:
@@ -460,7 +486,9 @@ class ProducerCore:
         route = self.cached_route_for_send(topic) or await self._with_deadline(
             self.route_for_send(topic), deadline, topic
         )
-        route, queues = await self._writable_route(topic, route, deadline)
+        queues = self.write_queues(route)
+        if not queues:  # a coroutine only when there is something to wait for
+            route, queues = await self._writable_route(topic, route, deadline)
         chooser = self._chooser(topic)
         attempts = 1 + retries
         last_broker: str | None = None
