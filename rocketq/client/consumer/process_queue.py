@@ -134,9 +134,12 @@ class _Run:
     ``size_before[i]`` the body bytes of messages 0..i-1. ``head`` is the first waiting index
     and ``left`` how many wait (a run with none left is dropped)."""
 
-    __slots__ = ("head", "left", "msgs", "offsets", "size_before", "started_ms", "waiting")
+    __slots__ = ("head", "left", "live", "msgs", "offsets", "size_before", "started_ms", "waiting")
 
     def __init__(self, msgs: list[ReceivedMessage], offsets: list[int]) -> None:
+        self.live = True
+        """False once the run left the queue (all removed, merged by a rebuild, cleared): a
+        consume service holding it then falls back to the per-message methods."""
         self.msgs = msgs
         self.offsets = offsets
         self.waiting = bytearray(b"\x01") * len(msgs)
@@ -184,6 +187,7 @@ class ProcessQueue:
         # Orderly mode: messages handed to the listener and not yet committed.
         self._consuming: dict[int, ReceivedMessage] = {}
         self._dispatching = False
+        self._last_put: _Run | None = None  # the run the last put_messages appended as given
 
         self.queue_offset_max = -1
         """Highest queue offset ever put here (-1 before the first message)."""
@@ -273,7 +277,8 @@ class ProcessQueue:
                 offsets = [m.queue_offset for m in batch]
                 if offsets[0] > self.queue_offset_max and _strictly_increasing(offsets):
                     # A pull past everything cached: nothing here can repeat one of these.
-                    self._append_run(_Run(batch, offsets))
+                    self._last_put = _Run(batch, offsets)
+                    self._append_run(self._last_put)
                 else:
                     self._insert_slow(batch)
                 last = batch[-1]
@@ -319,6 +324,8 @@ class ProcessQueue:
         self._count -= self._waiting
         self._size_bytes -= sum(len(m.body) for o, m in entries.items() if o not in fresh)
         self._waiting = 0
+        for old in self._runs:
+            old.live = False
         self._runs.clear()
         self._run_starts.clear()
         offsets = sorted(entries)
@@ -354,6 +361,7 @@ class ProcessQueue:
         self._waiting -= n
         size = run.size_before[i + n] - run.size_before[i]
         if run.left == 0:
+            run.live = False
             del self._runs[r]
             del self._run_starts[r]
         elif run.head >= i:
@@ -397,6 +405,45 @@ class ProcessQueue:
                 removed_bytes += self._unwait(r, i, 1)
                 removed += 1
         return removed, removed_bytes
+
+    # ---- slices of a pulled batch (the concurrent consume service's fast path) ----------------
+
+    def run_of(self, msgs: list[ReceivedMessage]) -> _Run | None:
+        """The run the last :meth:`put_messages` made of exactly this list (the same object),
+        or None (the put took the per-message path, or the run has gone since). With it,
+        :meth:`start_slice` and :meth:`release_slice` address messages by their index in
+        ``msgs``: no offset lookups per listener call."""
+        with self._lock:
+            run = self._last_put
+            return run if run is not None and run.msgs is msgs and run.live else None
+
+    def start_slice(self, run: _Run, i: int, n: int) -> int:
+        """:meth:`mark_consume_start` for messages ``i .. i+n-1`` of ``run``; returns the time
+        it recorded (ms), which the matching :meth:`release_slice` takes."""
+        now_ms = self._clock()
+        with self._lock:
+            if run.live:
+                if n == 1:
+                    run.started_ms[i] = now_ms
+                else:
+                    run.started_ms[i : i + n] = [now_ms] * n
+        return now_ms
+
+    def release_slice(self, run: _Run, i: int, n: int, now_ms: int) -> int | None:
+        """:meth:`remove_messages` for messages ``i .. i+n-1`` of ``run``, all still waiting;
+        ``now_ms`` (from :meth:`start_slice`) becomes :attr:`last_consume_timestamp_ms`.
+        Returns the offset to commit, or None when the slice is not in the queue as it was
+        (then call :meth:`remove_messages`)."""
+        with self._lock:
+            if not run.live or run.waiting.count(1, i, i + n) != n:
+                return None
+            self.last_consume_timestamp_ms = now_ms
+            runs = self._runs
+            r = 0 if runs[0] is run else bisect.bisect_left(self._run_starts, run.offsets[0])
+            self._size_bytes -= self._unwait(r, i, n)
+            self._count -= n
+            first = self._first_locked()
+            return first if first >= 0 else self.queue_offset_max + 1
 
     # ---- consume timeout (SPEC §6.13) -------------------------------------------------------
 
@@ -514,6 +561,8 @@ class ProcessQueue:
     def clear(self) -> None:
         """Forget every message (the queue was dropped and will be rebuilt from its offset)."""
         with self._lock:
+            for run in self._runs:
+                run.live = False
             self._runs.clear()
             self._run_starts.clear()
             self._waiting = 0
