@@ -40,6 +40,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -67,6 +68,7 @@ EXPIRED_SEND_BACK_DELAY_LEVEL = 3
 
 THREAD_GROUP_MAX = 16
 """Most listener batches one trip to the thread pool carries (plain listeners)."""
+_COROUTINE = types.CoroutineType
 _NOT_CALLED = object()
 """A batch of a thread trip skipped because its queue was dropped first."""
 
@@ -170,6 +172,7 @@ class ConsumeService:
         # Offsets to commit not yet handed to the offset store (see _done), by ProcessQueue.
         self._unstored: dict[ProcessQueue, tuple[MessageQueue, int]] = {}
         self._workers = 0  # running _work tasks
+        self._starting = False  # a worker was spawned and has not run yet (see _add_worker)
         self._executor: ThreadPoolExecutor | None = None
         if not self._async:
             self._executor = ThreadPoolExecutor(
@@ -193,10 +196,22 @@ class ConsumeService:
         reset_retry_topic(msgs, self._group)
         self._waiting.append(_Job(msgs, pq, mq, pq.run_of(msgs)))
         self._batches_waiting += -(-len(msgs) // self._batch_max)
-        # One worker per waiting batch up to the cap; running workers pick up the rest.
-        for _ in range(min(self._batches_waiting, self._workers_max - self._workers)):
-            self._workers += 1
-            self._spawn(self._work())
+        self._add_worker()
+
+    def _add_worker(self) -> None:
+        """Start one more worker if batches wait, the cap allows and no worker started before
+        is still waiting for its first turn on the loop.
+
+        Workers are added one at a time, each when the previous one has run (it calls this
+        after taking its first batch): a listener that awaits something lets the next worker
+        start, so up to ``consume_thread_max`` calls overlap as before; a listener that never
+        suspends drains the FIFO in one worker, and a pull then costs one extra task rather
+        than ``consume_thread_max`` tasks that start only to find nothing left (issue 16)."""
+        if self._starting or self._workers >= self._workers_max or not self._batches_waiting:
+            return
+        self._workers += 1
+        self._starting = True
+        self._spawn(self._work())
 
     def _take(self) -> tuple[_Job, int, int]:
         """The next listener batch: messages ``i .. j-1`` of the job at the FIFO's head."""
@@ -211,16 +226,20 @@ class ConsumeService:
     async def _work(self) -> None:
         """Take batches off the FIFO until it is empty or the service closes."""
         waiting = self._waiting
+        self._starting = False
         try:
             while waiting and not self._closed:
                 if self._executor is None:
                     job, i, j = self._take()
+                    self._add_worker()
                     if job.run is not None and not _tracing.enabled():
                         await self._consume_slice(job, i, j)
                     else:
                         await self._consume(job.msgs[i:j], job.pq, job.mq)
                 else:
-                    await self._consume_on_thread(self._take_group())
+                    group = self._take_group()
+                    self._add_worker()
+                    await self._consume_on_thread(group)
         finally:
             # Counted down here, not in a done callback: a submit running before that callback
             # would see one worker too many and could leave its batch waiting.
@@ -418,7 +437,7 @@ class ConsumeService:
         start_ms = pq.start_slice(job.run, i, j - i)  # type: ignore[arg-type]
         try:
             outcome = self._listener(job.msgs[i:j], context)
-            if (
+            if outcome.__class__ is _COROUTINE or (
                 outcome is not None
                 and not isinstance(outcome, ConsumeResult)
                 and inspect.isawaitable(outcome)

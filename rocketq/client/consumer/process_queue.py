@@ -38,12 +38,17 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 from rocketq.codec import Prop
 from rocketq.message import ReceivedMessage
+
+_QUEUE_OFFSET = operator.attrgetter("queue_offset")
+_BODY = operator.attrgetter("body")
+"""Field getters for per-message loops run in C (map) rather than in comprehensions."""
 
 #: A queue not pulled for this long is considered stuck and rebuilt by the rebalance.
 PULL_MAX_IDLE_MS = 120_000
@@ -144,7 +149,7 @@ class _Run:
         self.offsets = offsets
         self.waiting = bytearray(b"\x01") * len(msgs)
         self.started_ms = [0] * len(msgs)
-        self.size_before = [0, *itertools.accumulate(len(m.body) for m in msgs)]
+        self.size_before = [0, *itertools.accumulate(map(len, map(_BODY, msgs)))]
         self.head = 0
         self.left = len(msgs)
 
@@ -274,7 +279,7 @@ class ProcessQueue:
         batch = msgs if isinstance(msgs, list) else list(msgs)
         with self._lock:
             if batch:
-                offsets = [m.queue_offset for m in batch]
+                offsets = list(map(_QUEUE_OFFSET, batch))
                 if offsets[0] > self.queue_offset_max and _strictly_increasing(offsets):
                     # A pull past everything cached: nothing here can repeat one of these.
                     self._last_put = _Run(batch, offsets)
@@ -435,15 +440,33 @@ class ProcessQueue:
         Returns the offset to commit, or None when the slice is not in the queue as it was
         (then call :meth:`remove_messages`)."""
         with self._lock:
-            if not run.live or run.waiting.count(1, i, i + n) != n:
+            waiting = run.waiting
+            if not run.live or (
+                waiting[i] != 1 if n == 1 else waiting.count(1, i, i + n) != n
+            ):
                 return None
             self.last_consume_timestamp_ms = now_ms
-            runs = self._runs
-            r = 0 if runs[0] is run else bisect.bisect_left(self._run_starts, run.offsets[0])
-            self._size_bytes -= self._unwait(r, i, n)
+            # _unwait, written out: this runs once per listener call.
+            if n == 1:
+                waiting[i] = 0
+            else:
+                waiting[i : i + n] = bytes(n)
+            run.left -= n
+            self._waiting -= n
             self._count -= n
-            first = self._first_locked()
-            return first if first >= 0 else self.queue_offset_max + 1
+            self._size_bytes -= run.size_before[i + n] - run.size_before[i]
+            runs = self._runs
+            if run.left == 0:
+                run.live = False
+                r = 0 if runs[0] is run else bisect.bisect_left(self._run_starts, run.offsets[0])
+                del runs[r]
+                del self._run_starts[r]
+            elif run.head == i:
+                run.head = waiting.find(1, i + n)
+            if not runs:
+                return self.queue_offset_max + 1
+            first = runs[0]
+            return first.offsets[first.head]
 
     # ---- consume timeout (SPEC §6.13) -------------------------------------------------------
 
@@ -580,4 +603,4 @@ class ProcessQueue:
 
 def _strictly_increasing(offsets: list[int]) -> bool:
     """True when ``offsets`` ascend without repeats (a pull's always do; checked in C)."""
-    return len(offsets) < 2 or (offsets == sorted(offsets) and len(set(offsets)) == len(offsets))
+    return all(map(operator.lt, offsets, itertools.islice(offsets, 1, None)))
