@@ -171,6 +171,7 @@ class ConsumeService:
         self._batches_waiting = 0  # listener batches left in them
         # Offsets to commit not yet handed to the offset store (see _done), by ProcessQueue.
         self._unstored: dict[ProcessQueue, tuple[MessageQueue, int]] = {}
+        self._flush_soon = False  # a _flush_offsets_soon is scheduled
         self._workers = 0  # running _work tasks
         self._starting = False  # a worker was spawned and has not run yet (see _add_worker)
         self._executor: ThreadPoolExecutor | None = None
@@ -328,10 +329,11 @@ class ConsumeService:
     def _done(self, job: _Job, i: int, j: int, start_ms: int) -> None:
         """Batch ``i .. j-1`` of ``job`` succeeded whole: release it, move the offset.
 
-        The offset store learns the new offset when the job's last batch is done, when a worker
-        runs out of batches, or at shutdown (:meth:`_flush_offsets`), not after every batch:
-        one store update per pull instead of per message. Until then the stored offset is
-        only lower (never past a message in flight), as after any crash."""
+        The offset store learns the new offset when the job's last batch is done, as soon as
+        the loop gets a turn (a listener that awaits, a worker out of batches) and at shutdown
+        (:meth:`_flush_offsets`), not after every batch: a worker running through a pull without
+        suspending updates the store once for it. Until then the stored offset is only lower
+        (never past a message in flight), as after any crash."""
         self.consumed_ok += j - i
         pq = job.pq
         offset = None if job.run is None else pq.release_slice(job.run, i, j - i, start_ms)
@@ -341,6 +343,13 @@ class ConsumeService:
             self._unstored[pq] = (job.mq, offset)
             if j == len(job.msgs):
                 self._flush_offsets()
+            elif not self._flush_soon:
+                self._flush_soon = True
+                asyncio.get_running_loop().call_soon(self._flush_offsets_soon)
+
+    def _flush_offsets_soon(self) -> None:
+        self._flush_soon = False
+        self._flush_offsets()
 
     def _flush_offsets(self) -> None:
         """Hand the offsets :meth:`_done` kept to the offset store."""
