@@ -109,27 +109,6 @@ def test_copies_and_pickles_are_plain_messages_without_the_pulled_buffer() -> No
     assert repr(m).startswith("ReceivedMessage(topic='Orders'")
 
 
-@pytest.mark.parametrize(
-    ("damage", "says"),
-    [
-        (lambda b: b[:-1], "exceeds the"),  # truncated: TOTALSIZE beyond the buffer
-        (lambda b: b[:4] + b"\0\0\0\0" + b[8:], "magic"),
-        (lambda b: b + b"\0" * 5, "bytes left"),  # a tail too short for a record
-        (lambda b: _flip_body_byte(b), "CRC"),
-        (lambda b: _set_topic_len(b, 200), "topic length"),
-        (lambda b: _set_topic_bytes(b, b"\xff\xfe"), "UTF-8"),
-    ],
-    ids=["truncated", "magic", "short-tail", "crc", "topic-length", "topic-utf8"],
-)
-def test_a_corrupt_record_fails_loudly_at_decode_not_at_first_read(damage, says) -> None:  # type: ignore[no-untyped-def]
-    good = record(1, body=b"0123456789")
-    buf = record(0) + damage(good)
-    with pytest.raises(CorruptRecord, match=says):
-        decode_records(buf)
-    with pytest.raises(CorruptRecord, match=says):
-        eager(buf)  # the eager decode agrees
-
-
 def _body_at(rec: bytes) -> int:
     return codec.fixed_bytes(0) + 4
 
@@ -147,3 +126,24 @@ def _set_topic_len(rec: bytes, n: int) -> bytes:
 def _set_topic_bytes(rec: bytes, raw: bytes) -> bytes:
     at = _body_at(rec) + 10 + 1
     return rec[:at] + raw + rec[at + len(raw) :]
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda b: b[:-1], "exceeds the"),  # truncated: TOTALSIZE beyond the buffer
+        (lambda b: b[:4] + b"\0\0\0\0" + b[8:], "magic"),
+        (lambda b: b + b"\0" * 5, "bytes left"),  # a tail too short for a record
+        (_flip_body_byte, "CRC"),
+        (lambda b: _set_topic_len(b, 200), "topic length"),
+        (lambda b: _set_topic_bytes(b, b"\xff\xfe"), "UTF-8"),
+    ],
+    ids=["truncated", "magic", "short-tail", "crc", "topic-length", "topic-utf8"],
+)
+def test_a_corrupt_record_fails_loudly_at_decode_not_at_first_read(damage, says) -> None:  # type: ignore[no-untyped-def]
+    good = record(1, body=b"0123456789")
+    buf = record(0) + damage(good)
+    with pytest.raises(CorruptRecord, match=says):
+        decode_records(buf)
+    with pytest.raises(CorruptRecord, match=says):
+        eager(buf)  # the eager decode agrees

@@ -441,9 +441,7 @@ class ProcessQueue:
         (then call :meth:`remove_messages`)."""
         with self._lock:
             waiting = run.waiting
-            if not run.live or (
-                waiting[i] != 1 if n == 1 else waiting.count(1, i, i + n) != n
-            ):
+            if not run.live or (waiting[i] != 1 if n == 1 else waiting.count(1, i, i + n) != n):
                 return None
             self.last_consume_timestamp_ms = now_ms
             # _unwait, written out: this runs once per listener call.
