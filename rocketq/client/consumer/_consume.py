@@ -2,12 +2,17 @@
 
 Pulled messages are split into batches of ``consume_message_batch_max_size`` and each batch is
 one listener call. A plain function runs on a thread pool of ``consume_thread_max`` threads; a
-coroutine function runs on the event loop. Batches wait in one FIFO and at most
-``consume_thread_max`` worker tasks take them off it, one listener call at a time each: that
-bounds the calls in progress as RocketMQ's pool does, without a task, a future and a semaphore
-wait per batch (with the default batch of one message those were most of the consumer's CPU per
-message, issue 16). A worker ends when the FIFO is empty; :meth:`ConsumeService.submit` starts
-workers again. A worker of a plain listener hands the pool an even share of the FIFO at a time
+coroutine function runs on the event loop. Each pull waits in one FIFO as a job and at most
+``consume_thread_max`` worker tasks take its batches off it, one listener call at a time each:
+that bounds the calls in progress as RocketMQ's pool does, without a task, a future and a
+semaphore wait per batch (with the default batch of one message those were most of the
+consumer's CPU per message, issue 16). Workers start one at a time, each once the previous one
+has run, so a listener that never suspends drains the FIFO in one worker. A batch of a pull is
+addressed by its index in the ProcessQueue's run of that pull (``start_slice``,
+``release_slice``: no offset lookups per call), and the offset store is updated once per pull or
+loop turn rather than per call (``ConsumeService._done``). A worker ends when the FIFO is empty;
+:meth:`ConsumeService.submit` starts one again. A worker of a plain listener hands the pool an
+even share of the FIFO at a time
 (at most ``THREAD_GROUP_MAX`` batches, each still its own call), so a backlog costs one thread
 trip per few batches rather than per batch. The number of waiting batches is bounded by the pull
 flow control (1000 cached messages per queue), so nothing here grows without limit.

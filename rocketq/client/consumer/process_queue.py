@@ -26,7 +26,10 @@ consume start times and a running sum of body sizes — and the runs are kept in
 without overlapping. A listener batch is almost always a consecutive slice of one run, so
 removing it or marking it started is a handful of slice operations whatever its length, and the
 commit offset is the first waiting flag of the first run (runs with nothing waiting are
-dropped at once). Anything else (a message put twice, offsets below what is cached, orderly
+dropped at once). The concurrent consume service goes further: it asks for the run of the pull
+it was handed (:meth:`ProcessQueue.run_of`) and marks and releases batches by their index in it
+(:meth:`ProcessQueue.start_slice`, :meth:`ProcessQueue.release_slice`), falling back to the
+offset-based methods when that run has gone (merged by a rebuild, cleared). Anything else (a message put twice, offsets below what is cached, orderly
 messages put back after their run went) takes a per-message path, and an insert that does not
 fit after the last run rebuilds the runs as one — rare, and bounded by the flow-control limit
 of a few thousand messages. Every method takes one ``threading.Lock``: pulls run on the event
