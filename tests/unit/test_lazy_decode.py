@@ -9,6 +9,8 @@ import pickle
 import zlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rocketq import codec
 from rocketq.codec import CorruptRecord, HostAddress, Prop, SysFlag
@@ -147,3 +149,25 @@ def test_a_corrupt_record_fails_loudly_at_decode_not_at_first_read(damage, says)
         decode_records(buf)
     with pytest.raises(CorruptRecord, match=says):
         eager(buf)  # the eager decode agrees
+
+
+_CLEAN = record(0, born=V6) + record(1, body=b"0123456789") + record(2, store=V6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    at=st.integers(0, len(_CLEAN) - 1),
+    value=st.integers(0, 255),
+    cut=st.integers(1, len(_CLEAN)),
+)
+def test_any_damaged_byte_or_cut_is_refused_or_decoded_as_the_eager_decode_does(
+    at: int, value: int, cut: int
+) -> None:
+    buf = (_CLEAN[:at] + bytes([value]) + _CLEAN[at + 1 :])[:cut]
+    try:
+        want = eager(buf)
+    except CorruptRecord:
+        with pytest.raises(CorruptRecord):
+            decode_records(buf, "b")
+        return
+    assert decode_records(buf, "b") == want

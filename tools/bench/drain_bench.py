@@ -5,8 +5,9 @@ stores ``--messages`` messages of ``--body-bytes`` once, then drains them ``--ro
 each round with a new consumer group reading from the first offset. Per round it prints the
 drain rate and the CPU this process spent per message between the listener's first and last
 message: consumer start-up (routes, rebalance, offsets) is left out, so rounds of different
-sizes and code versions compare; the start-up's own CPU is printed beside it. Run it a few times, old and new code interleaved, on a
-machine that is otherwise as quiet as it gets; say the load (printed) with any figure.
+sizes and code versions compare; the start-up's own CPU is printed beside it. Run it a few
+times, old and new code interleaved, on a machine that is otherwise as quiet as it gets; say
+the load (printed) with any figure.
 
     .venv/bin/python -m tools.bench.drain_bench --messages 100000 --rounds 3
 """

@@ -29,7 +29,8 @@ commit offset is the first waiting flag of the first run (runs with nothing wait
 dropped at once). The concurrent consume service goes further: it asks for the run of the pull
 it was handed (:meth:`ProcessQueue.run_of`) and marks and releases batches by their index in it
 (:meth:`ProcessQueue.start_slice`, :meth:`ProcessQueue.release_slice`), falling back to the
-offset-based methods when that run has gone (merged by a rebuild, cleared). Anything else (a message put twice, offsets below what is cached, orderly
+offset-based methods when that run has gone (merged by a rebuild, cleared).
+Anything else (a message put twice, offsets below what is cached, orderly
 messages put back after their run went) takes a per-message path, and an insert that does not
 fit after the last run rebuilds the runs as one — rare, and bounded by the flow-control limit
 of a few thousand messages. Every method takes one ``threading.Lock``: pulls run on the event
