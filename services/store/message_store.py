@@ -221,7 +221,6 @@ class MessageStore:
         if not self._open:
             self.open()
         self.flusher.start(self.commitlog.max_offset)
-        self.commitlog.warmer.start()
         self._retention_task = asyncio.create_task(self._retention_loop(), name="retention")
 
     async def shutdown(self) -> None:
