@@ -392,9 +392,13 @@ class SendProcessor:
                 f"broker {cfg.broker_name} is not writable (brokerPermission "
                 f"{cfg.broker_permission})"
             )
-        if request.records:
-            return self._build_sent(request, peer)
         messages = request.messages
+        if not messages:
+            records = request.records  # read once: upb copies a bytes field at every read
+            if records:
+                return self._build_sent(request, records, peer)
+        elif request.records:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, "set messages or records, not both")
         count = len(messages)
         if count == 0:
             invalid(common_pb2.ILLEGAL_ARGUMENT, "the request holds no message; send at least one")
@@ -430,13 +434,10 @@ class SendProcessor:
         if request.reconsume_times < 0:
             invalid(common_pb2.ILLEGAL_ARGUMENT, "reconsume_times must not be negative")
 
-    def _build_sent(self, request: messaging_pb2.SendRequest, peer: str) -> SendPlan:
+    def _build_sent(self, request: messaging_pb2.SendRequest, buf: bytes, peer: str) -> SendPlan:
         """The plan of a batch sent as records (send_records.py): checked whole, then stored
         as it came, or, when a record needs the per-message rules, turned into messages.
         The loop over the records runs per message: columns, no object per record."""
-        if request.messages:
-            invalid(common_pb2.ILLEGAL_ARGUMENT, "set messages or records, not both")
-        buf = request.records
         try:
             cols = parse_columns(buf)
         except BadBatch as exc:
