@@ -74,10 +74,11 @@ from services.broker.send_errors import store_call
 from services.broker.send_records import (
     BadBatch,
     ParsedBatch,
-    SentColumns,
     as_messages,
     as_parsed,
+    as_sent_batch,
     parse_columns,
+    too_large_at,
 )
 from services.broker.timer_put import (
     DELAY_PROPERTIES,
@@ -451,51 +452,17 @@ class SendProcessor:
             or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
         ):
             return self._build_sent_as_messages(request, as_parsed(cols, buf), peer)
-        count = len(cols.pos)
-        # topic + bodies + properties, as _build_messages counts them (the topic in characters):
-        # each record's size less its fixed fields, length fields and topic bytes
-        total = len(buf) - count * (codec.RECORD_MIN_BYTES + len(cols.topic_bytes) - len(topic))
         limit = self.config.max_message_size_bytes
-        if total > limit:
-            self._refuse_too_large(cols, limit, topic)
-        checked = _CHECKED_PROPERTIES
-        tags_hash = codec.tags_hash
-        uniq_keys: list[str] = []
-        tags_codes: list[int] = []
-        keys: list[str] = []
-        add_uniq, add_tags, add_keys = uniq_keys.append, tags_codes.append, keys.append
-        wait = False
-        for props in cols.props:
-            uniq = props.get(Prop.UNIQ_KEY)
-            if not uniq or not checked.isdisjoint(props):
-                return self._build_sent_as_messages(request, as_parsed(cols, buf), peer)
-            add_uniq(uniq)
-            tags = props.get(Prop.TAGS)
-            add_tags(tags_hash(tags) if tags else 0)
-            add_keys(props.get(Prop.KEYS, ""))
-            if not wait and props.get(Prop.WAIT_STORE_MSG_OK) != "false":
-                wait = True
-        sent = SentBatch(
-            topic, request.queue_id, bytearray(buf), cols.pos, cols.size, cols.flag,
-            cols.sys_flag, cols.born_timestamp_ms, tags_codes, keys, uniq_keys, host,
-            request.reconsume_times,
-        )  # fmt: skip
-        return SendPlan([], uniq_keys, wait, sent=sent)
-
-    def _refuse_too_large(self, cols: SentColumns, limit: int, topic: str) -> NoReturn:
-        """MESSAGE_TOO_LARGE naming the record at which the batch passes ``limit``."""
-        count = len(cols.pos)
-        topic_len = len(topic)
-        total = 0
-        at = count - 1
-        for i, (body_at, body_end, props_at, pos, size) in enumerate(
-            zip(cols.body_at, cols.body_end, cols.props_at, cols.pos, cols.size, strict=True)
-        ):
-            total += topic_len + body_end - body_at + pos + size - props_at
-            if total > limit:
-                at = i
-                break
-        _too_large(limit, count, at, topic)
+        over_at = too_large_at(cols, limit)
+        if over_at is not None:
+            _too_large(limit, len(cols.pos), over_at, topic)
+        fast = as_sent_batch(
+            cols, buf, request.queue_id, host, request.reconsume_times, _CHECKED_PROPERTIES
+        )
+        if fast is None:
+            return self._build_sent_as_messages(request, as_parsed(cols, buf), peer)
+        sent, wait = fast
+        return SendPlan([], sent.uniq_keys, wait, sent=sent)
 
     def _build_sent_as_messages(
         self, request: messaging_pb2.SendRequest, batch: ParsedBatch, peer: str

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2
-from rocketq.codec import Prop, SysFlag
+from rocketq.codec import HostAddress, Prop, SysFlag
+from services.store.commitlog import SentBatch
 
 _HEAD = codec.SENT_HEAD
 _MIN = codec.RECORD_MIN_BYTES
@@ -204,6 +205,59 @@ def parse_columns(buf: bytes) -> SentColumns:
         raise BadBatch(f"record 0's topic {topic_bytes[:40]!r} is not UTF-8") from None
     c.topic_bytes = topic_bytes
     return c
+
+
+def too_large_at(c: SentColumns, limit: int) -> int | None:
+    """The record at which topic + bodies + properties pass ``limit`` (counted as the
+    per-message path counts them, the topic in characters); None if the batch fits."""
+    count = len(c.pos)
+    topic_len = len(c.topic)
+    # each record's size less its fixed fields, length fields and topic bytes, plus the topic
+    end = c.pos[-1] + c.size[-1] if count else 0
+    if end - count * (codec.RECORD_MIN_BYTES + len(c.topic_bytes) - topic_len) <= limit:
+        return None
+    total = 0
+    for i, (body_at, body_end, props_at, pos, size) in enumerate(
+        zip(c.body_at, c.body_end, c.props_at, c.pos, c.size, strict=True)
+    ):
+        total += topic_len + body_end - body_at + pos + size - props_at
+        if total > limit:
+            return i
+    return count - 1
+
+
+def as_sent_batch(
+    c: SentColumns,
+    buf: bytes,
+    queue_id: int,
+    born_host: HostAddress,
+    reconsume_times: int,
+    checked: frozenset[str],
+) -> tuple[SentBatch, bool] | None:
+    """The batch to store as it came, and whether its answer waits for the flush policy (a
+    record without WAIT=false); None when a record needs the per-message rules (a property in
+    ``checked``, no UNIQ_KEY). One pass over the records' properties, no object per record."""
+    tags_hash = codec.tags_hash
+    uniq_keys: list[str] = []
+    tags_codes: list[int] = []
+    keys: list[str] = []
+    add_uniq, add_tags, add_keys = uniq_keys.append, tags_codes.append, keys.append
+    wait = False
+    for props in c.props:
+        uniq = props.get(Prop.UNIQ_KEY)
+        if not uniq or not checked.isdisjoint(props):
+            return None
+        add_uniq(uniq)
+        tags = props.get(Prop.TAGS)
+        add_tags(tags_hash(tags) if tags else 0)
+        add_keys(props.get(Prop.KEYS, ""))
+        if not wait and props.get(Prop.WAIT_STORE_MSG_OK) != "false":
+            wait = True
+    sent = SentBatch(
+        c.topic, queue_id, bytearray(buf), c.pos, c.size, c.flag, c.sys_flag,
+        c.born_timestamp_ms, tags_codes, keys, uniq_keys, born_host, reconsume_times,
+    )  # fmt: skip
+    return sent, wait
 
 
 def _text(raw: bytes) -> str:
