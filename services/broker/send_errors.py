@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2
 from services.common.errors import ServiceError
-from services.store.commitlog import AppendResult
 from services.store.message_store import StoreClosedError, StoreFullError
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
-def store_call(append: Callable[[], list[AppendResult]], topic: str) -> list[AppendResult]:
+def store_call(append: Callable[[], R], topic: str) -> R:
     """A store append with store exceptions turned into ServiceError."""
     try:
         return append()

@@ -75,8 +75,10 @@ from services.broker.send_records import (
     BadBatch,
     ParsedBatch,
     as_messages,
-    needs_slow_path,
-    parse,
+    as_parsed,
+    as_sent_batch,
+    parse_columns,
+    too_large_at,
 )
 from services.broker.timer_put import (
     DELAY_PROPERTIES,
@@ -94,7 +96,7 @@ from services.broker.transaction_batch import check_batch_half
 from services.broker.transaction_half import TransactionIndex, half_message
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import ServiceError, denied, invalid, not_found
-from services.store.commitlog import AppendResult, MessageToStore, SentBatch, SentRecord
+from services.store.commitlog import AppendResult, MessageToStore, SentAppend, SentBatch
 from services.store.flush import FlushDiskType
 from services.store.message_store import MessageStore
 
@@ -278,8 +280,9 @@ class SendProcessor:
         plan = self.build(request, peer)
         to_store, sent = plan.to_store, plan.sent
         if sent is not None:
-            results = store_call(lambda: self.store.append_sent(sent), sent.topic)
-        elif to_store:
+            appended = store_call(lambda: self.store.append_sent(sent), sent.topic)
+            return await self._answer_sent(plan, appended, request.queue_id)
+        if to_store:
             results = store_call(lambda: self.store.append(to_store), to_store[0].topic)
         else:
             results = []
@@ -287,24 +290,10 @@ class SendProcessor:
             self._remember_sources(plan, results, request.queue_id)
         if plan.half and results:  # same loop step as the append: the check service sees it
             self.transactions.note_half(plan.uniq_keys[0], results[0].queue_offset)
-        status = SEND_OK
         end = plan.repeats_end_offset
         if results:
             end = max(end, results[-1].physical_offset + results[-1].size_bytes)
-        sync = self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-        waited = False
-        if end and plan.wait and sync:
-            waited = True
-            if not await self.store.flusher.wait_flushed(end):
-                status = FLUSH_DISK_TIMEOUT
-        if end and plan.wait and status == SEND_OK:
-            # SYNC_MASTER (DESIGN.md §6): SEND_OK only once an in-sync slave has the bytes.
-            replicated = await sync_master_wait(self.ha_waiter, self.config, end)
-            if replicated is not None:
-                waited = True
-                status = replicated
-        if waited and not self.config.is_master:
-            raise leadership_lost_error()  # the lease fence dropped during the wait
+        status = await self._wait_durable(plan, end)
         prefix = self._id_prefix
         qid = request.queue_id
         response = messaging_pb2.SendResponse()
@@ -323,6 +312,51 @@ class SendProcessor:
         if plan.half and results:
             response.results[0].transaction_id = plan.uniq_keys[0]
         return response
+
+    async def _answer_sent(
+        self, plan: SendPlan, appended: SentAppend, qid: int
+    ) -> messaging_pb2.SendResponse:
+        """The answer to a batch stored by ``append_sent``, once durable as the policy asks."""
+        status = await self._wait_durable(plan, appended.end_offset)
+        prefix = self._id_prefix
+        response = messaging_pb2.SendResponse()
+        add = response.results.add
+        for phys, uniq, qoff in zip(
+            appended.physical_offsets,
+            plan.uniq_keys,
+            range(appended.first_queue_offset, appended.first_queue_offset + len(plan.uniq_keys)),
+            strict=True,
+        ):
+            add(
+                status=status,
+                msg_id=uniq,
+                offset_msg_id=f"{prefix}{phys:016X}",
+                queue_id=qid,
+                queue_offset=qoff,
+            )
+        return response
+
+    async def _wait_durable(self, plan: SendPlan, end: int) -> messaging_pb2.SendStatus.ValueType:
+        """SEND_OK once the bytes below ``end`` are as durable as the policy asks: flushed under
+        SYNC_FLUSH (one group-committed fsync for every writer waiting), on an in-sync slave
+        under SYNC_MASTER; FLUSH_DISK_TIMEOUT or the replication status otherwise."""
+        status = SEND_OK
+        if not (end and plan.wait):
+            return status
+        waited = False
+        if self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            waited = True
+            if not await self.store.flusher.wait_flushed(end):
+                status = FLUSH_DISK_TIMEOUT
+        if status == SEND_OK:
+            # SYNC_MASTER (DESIGN.md §6): SEND_OK only once an in-sync slave has the bytes.
+            replicated = await sync_master_wait(self.ha_waiter, self.config, end)
+            if replicated is not None:
+                waited = True
+                status = replicated
+        if waited and not self.config.is_master:
+            raise leadership_lost_error()  # the lease fence dropped during the wait
+        return status
 
     def _remember_sources(self, plan: SendPlan, results: list[AppendResult], qid: int) -> None:
         """Record where each re-put went, so a repeat of its TIMER_SOURCE stores nothing."""
@@ -359,9 +393,13 @@ class SendProcessor:
                 f"broker {cfg.broker_name} is not writable (brokerPermission "
                 f"{cfg.broker_permission})"
             )
-        if request.records:
-            return self._build_sent(request, peer)
         messages = request.messages
+        if not messages:
+            records = request.records  # read once: upb copies a bytes field at every read
+            if records:
+                return self._build_sent(request, records, peer)
+        elif request.records:
+            invalid(common_pb2.ILLEGAL_ARGUMENT, "set messages or records, not both")
         count = len(messages)
         if count == 0:
             invalid(common_pb2.ILLEGAL_ARGUMENT, "the request holds no message; send at least one")
@@ -397,54 +435,34 @@ class SendProcessor:
         if request.reconsume_times < 0:
             invalid(common_pb2.ILLEGAL_ARGUMENT, "reconsume_times must not be negative")
 
-    def _build_sent(self, request: messaging_pb2.SendRequest, peer: str) -> SendPlan:
+    def _build_sent(self, request: messaging_pb2.SendRequest, buf: bytes, peer: str) -> SendPlan:
         """The plan of a batch sent as records (send_records.py): checked whole, then stored
-        as it came, or, when a record needs the per-message rules, turned into messages."""
-        if request.messages:
-            invalid(common_pb2.ILLEGAL_ARGUMENT, "set messages or records, not both")
+        as it came, or, when a record needs the per-message rules, turned into messages.
+        The loop over the records runs per message: columns, no object per record."""
         try:
-            batch = parse(request.records)
+            cols = parse_columns(buf)
         except BadBatch as exc:
             invalid(common_pb2.ILLEGAL_ARGUMENT, f"records: {exc}")
-        topic = batch.topic
+        topic = cols.topic
         self._check_target(request, topic)
         host = self._born_host(peer)
         if (
             host.is_v6
             or self.store.config.store_host.is_v6
             or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
-            or needs_slow_path(batch, _CHECKED_PROPERTIES)
         ):
-            return self._build_sent_as_messages(request, batch, peer)
-        records = batch.records
-        count = len(records)
+            return self._build_sent_as_messages(request, as_parsed(cols, buf), peer)
         limit = self.config.max_message_size_bytes
-        tags_hash = codec.tags_hash
-        topic_len = len(topic)
-        total = 0
-        wait = False
-        entries: list[SentRecord] = []
-        uniq_keys: list[str] = []
-        for i, r in enumerate(records):
-            props = r.props
-            total += topic_len + r.body_end - r.body_at + len(r.properties)
-            if total > limit:
-                _too_large(limit, count, i, topic)
-            if props.get(Prop.WAIT_STORE_MSG_OK) != "false":
-                wait = True
-            uniq = props[Prop.UNIQ_KEY]
-            entries.append(
-                SentRecord(
-                    r.pos, r.size, r.flag, r.sys_flag, r.born_timestamp_ms,
-                    tags_hash(props.get(Prop.TAGS, "")), props.get(Prop.KEYS, ""), uniq,
-                )
-            )  # fmt: skip
-            uniq_keys.append(uniq)
-        sent = SentBatch(
-            topic, request.queue_id, bytearray(request.records), entries, host,
-            request.reconsume_times,
-        )  # fmt: skip
-        return SendPlan([], uniq_keys, wait, sent=sent)
+        over_at = too_large_at(cols, limit)
+        if over_at is not None:
+            _too_large(limit, len(cols.pos), over_at, topic)
+        fast = as_sent_batch(
+            cols, buf, request.queue_id, host, request.reconsume_times, _CHECKED_PROPERTIES
+        )
+        if fast is None:
+            return self._build_sent_as_messages(request, as_parsed(cols, buf), peer)
+        sent, wait = fast
+        return SendPlan([], sent.uniq_keys, wait, sent=sent)
 
     def _build_sent_as_messages(
         self, request: messaging_pb2.SendRequest, batch: ParsedBatch, peer: str

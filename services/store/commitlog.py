@@ -5,6 +5,13 @@ default and named by their start offset; a record never spans two files — when
 (plus the 8 bytes a blank record needs) does not fit, the rest of the file is filled with a BLANK
 record and the record goes to the next file (SPEC §4.5).
 
+Appends go through ``pwrite`` (reads through the map, the same page cache): a page a write
+covers whole needs no zero-fill, while a store through the map first faults the page in,
+zero-filled. A thread used to pre-fault pages ahead of the writer (``madvise(POPULATE_WRITE)``)
+to keep those faults off the event loop; on measurement it spent ~5 % of the broker's CPU
+zero-filling pages that the data then overwrote, and it dirtied pages ahead of the data, which
+every SYNC_FLUSH ``fdatasync`` wrote back too. With ``pwrite`` there is nothing to pre-fault.
+
 Invariants, all kept by having exactly one writer (the event loop):
 
 * physical offsets are dense: each record starts where the previous one (or the blank) ended;
@@ -25,7 +32,6 @@ from rocketq.codec import BLANK_MAGIC, END_FILE_MIN_BLANK_BYTES, HostAddress
 from services.common import failpoints
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.store.mapped_file import DiskFullError, MappedFile, MappedFileQueue
-from services.store.page_warmer import PageWarmer
 from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
 
 DEFAULT_COMMITLOG_FILE_BYTES = 1024 * 1024 * 1024
@@ -64,28 +70,60 @@ class SentBatch:
     """A batch the producer encoded as records (DESIGN.md §12), checked by the broker: the
     store stamps its fields in place and appends the bytes as they are.
 
-    Every record is an IPv4 record of ``topic``; ``records`` is the request's buffer (copied
-    once into a bytearray by the caller), ``entries`` one :class:`SentRecord` per record."""
+    Every record is an IPv4 record of ``topic`` with no transaction bits; ``records`` is the
+    request's buffer (copied once into a bytearray by the caller). The rest are columns, one
+    value per record in order (no object per record: this is the broker's hot path)."""
 
     topic: str
     queue_id: int
     records: bytearray
-    entries: list[SentRecord]
+    pos: list[int]
+    size: list[int]
+    flag: list[int]
+    sys_flag: list[int]
+    born_timestamp_ms: list[int]
+    """0 = the store's timestamp."""
+    tags_codes: list[int]
+    keys: list[str]
+    uniq_keys: list[str]
     born_host: HostAddress
     reconsume_times: int = 0
 
 
-class SentRecord(NamedTuple):
-    """Where one record of a :class:`SentBatch` lies and what dispatch needs of it."""
+class SentAppend(NamedTuple):
+    """Where the records of a :class:`SentBatch` landed: record i at ``physical_offsets[i]``
+    with queue offset ``first_queue_offset + i``."""
 
-    pos: int
-    size: int
-    flag: int
-    sys_flag: int
-    born_timestamp_ms: int
-    tags_code: int
-    keys: str
-    uniq_key: str
+    physical_offsets: list[int]
+    first_queue_offset: int
+    store_timestamp_ms: int
+    end_offset: int
+    """Just past the last record."""
+
+    def requests(self, batch: SentBatch) -> list[DispatchRequest]:
+        """What :meth:`CommitLog.append_batch` would hand dispatch for these records."""
+        topic, qid, q0, now = (
+            batch.topic,
+            batch.queue_id,
+            self.first_queue_offset,
+            self.store_timestamp_ms,
+        )
+        return [
+            DispatchRequest(topic, qid, PhysicalOffset(phys), size, tags, now, QueueOffset(q0 + i),
+                            keys, uniq, sys_flag, 0)
+            for i, (phys, size, tags, keys, uniq, sys_flag) in enumerate(
+                zip(self.physical_offsets, batch.size, batch.tags_codes, batch.keys,
+                    batch.uniq_keys, batch.sys_flag, strict=True)
+            )
+        ]  # fmt: skip
+
+    def results(self, batch: SentBatch, store_host: HostAddress) -> list[AppendResult]:
+        """What :meth:`CommitLog.append_batch` would return for these records."""
+        q0, now = self.first_queue_offset, self.store_timestamp_ms
+        return [
+            AppendResult(PhysicalOffset(phys), size, QueueOffset(q0 + i), now, store_host)
+            for i, (phys, size) in enumerate(zip(self.physical_offsets, batch.size, strict=True))
+        ]
 
 
 class AppendResult(NamedTuple):
@@ -118,7 +156,7 @@ class CommitLog:
         store_host: HostAddress = codec.LOCALHOST,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.files = MappedFileQueue(directory, file_size_bytes)
+        self.files = MappedFileQueue(directory, file_size_bytes, write_by_syscall=True)
         self.file_size_bytes = file_size_bytes
         self.store_host = store_host
         self.clock = clock
@@ -126,8 +164,6 @@ class CommitLog:
         """Next queue offset of every (topic, queue id); rebuilt by recovery."""
         self.last_store_timestamp_ms = 0
         self._topic_bytes: dict[str, bytes] = {}
-        self.warmer = PageWarmer()
-        """Pre-faults pages ahead of the writer; the store starts it once recovery is done."""
 
     # -- append ----------------------------------------------------------------------------
     def append_batch(
@@ -221,70 +257,70 @@ class CommitLog:
         self._write_pending(mf, pending, requests)
         return requests
 
-    def append_sent(self, batch: SentBatch) -> tuple[list[AppendResult], list[DispatchRequest]]:
+    def append_sent(self, batch: SentBatch) -> SentAppend:
         """Append a producer-encoded batch: stamp queue id, offsets, hosts and times into each
         record in place and write the bytes with one copy per file they land in (a record never
-        spans two files). Same contract as :meth:`append_batch`."""
+        spans two files). Same contract as :meth:`append_batch`, but the answer is columns
+        (:class:`SentAppend`), not an object per record; dispatch it with
+        ``Dispatcher.dispatch_sent``."""
         if self.store_host.is_v6 or batch.born_host.is_v6:
             raise ValueError("sent batches are IPv4 records; the caller re-encodes for IPv6")
         limit = self.file_size_bytes - END_FILE_MIN_BLANK_BYTES
-        for e in batch.entries:
-            if e.size > limit:
-                raise MessageTooLarge(
-                    f"a {e.size}-byte record cannot fit a {self.file_size_bytes}-byte "
-                    "commitlog file"
-                )
+        if max(batch.size, default=0) > limit:
+            raise MessageTooLarge(
+                f"a {max(batch.size)}-byte record cannot fit a {self.file_size_bytes}-byte "
+                "commitlog file"
+            )
         now = max(self.clock.now_ms(), self.last_store_timestamp_ms)
         self.last_store_timestamp_ms = now
-        requests = self._stamp_and_write(batch, now)
+        key = (batch.topic, batch.queue_id)
+        first_qoff = self.queue_offsets.get(key, 0)
+        try:
+            phys = self._stamp_and_write(batch, now, first_qoff)
+        except DiskFullError:  # the offsets are given back: the batch is refused
+            if first_qoff:
+                self.queue_offsets[key] = first_qoff
+            else:
+                self.queue_offsets.pop(key, None)
+            raise
         failpoints.inject("commitlog_after_append")
-        host = self.store_host
-        results = [
-            AppendResult(r.commitlog_offset, r.msg_size, r.queue_offset, now, host)
-            for r in requests
-        ]
-        return results, requests
+        end = phys[-1] + batch.size[-1] if phys else self.max_offset
+        return SentAppend(phys, first_qoff, now, end)
 
-    def _stamp_and_write(self, batch: SentBatch, now: int) -> list[DispatchRequest]:
-        """The loop of :meth:`append_sent`: one ``pack_into`` per record, offsets dense."""
-        requests: list[DispatchRequest] = []
-        buf, topic, qid = batch.records, batch.topic, batch.queue_id
+    def _stamp_and_write(self, batch: SentBatch, now: int, qoff: int) -> list[int]:
+        """The loop of :meth:`append_sent`: one ``pack_into`` per record, offsets dense; the
+        records' physical offsets."""
+        buf, qid = batch.records, batch.queue_id
         view = memoryview(buf)
         mf = self.files.writable_file(self.files.max_offset())
-        pending: list[bytes | memoryview] = []  # one slice of buf: records are contiguous
-        first = 0
+        out: list[int] = []
+        add = out.append
+        first = 0  # where the records not yet written start in buf (they are contiguous)
         pending_bytes = 0
-        key = (topic, qid)
-        offsets = self.queue_offsets
-        qoff = offsets.get(key, 0)
+        base, free = mf.file_from_offset + mf.wrote_position, mf.free_bytes
         stamp, at = codec.SENT_STAMP.pack_into, codec.OFFSET_QUEUEID
         born_ip, born_port = batch.born_host.ip, batch.born_host.port
         store_ip, store_port = self.store_host.ip, self.store_host.port
         reconsume = batch.reconsume_times
-        for e in batch.entries:
-            pos, size = e.pos, e.size
-            if size + END_FILE_MIN_BLANK_BYTES > mf.free_bytes - pending_bytes:
-                pending[:] = [view[first:pos]] if pos > first else []
-                offsets[key] = qoff  # _roll gives offsets back from requests on a full disk
-                mf, pending_bytes, first = self._roll(mf, pending, requests), 0, pos
-            phys = PhysicalOffset(mf.file_from_offset + mf.wrote_position + pending_bytes)
+        for pos, size, flag, sys_flag, born in zip(
+            batch.pos, batch.size, batch.flag, batch.sys_flag, batch.born_timestamp_ms, strict=True
+        ):
+            if size + END_FILE_MIN_BLANK_BYTES > free - pending_bytes:
+                self._seal(mf, [view[first:pos]] if pos > first else [])
+                mf, pending_bytes, first = self.files.writable_file(), 0, pos
+                base, free = mf.file_from_offset + mf.wrote_position, mf.free_bytes
+            phys = base + pending_bytes
             stamp(
-                buf, pos + at, qid, e.flag, qoff, phys, e.sys_flag, e.born_timestamp_ms or now,
+                buf, pos + at, qid, flag, qoff, phys, sys_flag, born or now,
                 born_ip, born_port, now, store_ip, store_port, reconsume, 0,
             )  # fmt: skip
+            add(phys)
             pending_bytes += size
-            requests.append(
-                DispatchRequest(
-                    topic, qid, phys, size, e.tags_code, now, QueueOffset(qoff), e.keys,
-                    e.uniq_key, e.sys_flag, 0,
-                )
-            )  # fmt: skip
             qoff += 1
-        offsets[key] = qoff
+        self.queue_offsets[(batch.topic, qid)] = qoff
         if pending_bytes:
-            pending[:] = [view[first : first + pending_bytes]]
-        self._write_pending(mf, pending, requests)
-        return requests
+            mf.append(view[first : first + pending_bytes])
+        return out
 
     def _encode_topics(self, messages: Sequence[MessageToStore]) -> list[bytes]:
         """Every message's topic as bytes, after checking that every record fits a file
@@ -324,7 +360,6 @@ class CommitLog:
             except DiskFullError:
                 self.unassign_queue_offsets(requests)
                 raise
-        self.warmer.advise(mf)
 
     def unassign_queue_offsets(self, requests: Sequence[DispatchRequest]) -> None:
         """Give back the queue offsets ``requests`` took: their batch was refused (the volume
@@ -427,7 +462,6 @@ class CommitLog:
         self.files.truncate(physical_offset)
 
     def close(self) -> None:
-        self.warmer.stop()
         self.files.close()
 
 

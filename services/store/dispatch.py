@@ -11,17 +11,26 @@ Arrival listeners run last; the broker registers one to wake long-polled pulls (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
+
+import numpy as np
 
 from services.common import failpoints
-from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK
+from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK, SentAppend, SentBatch
 from services.store.consume_queue import CQ_UNIT
 from services.store.consume_queue_store import ConsumeQueueStore
 from services.store.index_service import IndexService
-from services.store.types import DispatchRequest, PhysicalOffset
+from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
 
 ArrivalListener = Callable[[Sequence[DispatchRequest]], None]
 """Called with every dispatched batch, after its units are readable."""
+
+_UNITS_BY_NUMPY_MIN = 16
+"""From this many records on, a sent batch's units are packed by numpy (one call, ~10 µs)
+rather than one ``pack`` per record (~0.3 µs each)."""
+_UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+assert _UNIT_DTYPE.itemsize == CQ_UNIT.size
 
 
 class Dispatcher:
@@ -47,6 +56,37 @@ class Dispatcher:
         for listener in self.listeners:
             listener(requests)
 
+    def dispatch_sent(self, batch: SentBatch, appended: SentAppend) -> None:
+        """:meth:`dispatch` for a batch appended by ``CommitLog.append_sent``: the same units,
+        index entries and listener calls, from the batch's columns. Every record is of one
+        queue, none transactional, so the units are one run."""
+        phys = appended.physical_offsets
+        if not phys:
+            return
+        failpoints.inject("dispatch_before_consume_queue")
+        n = len(phys)
+        if n >= _UNITS_BY_NUMPY_MIN:
+            arr = np.empty(n, dtype=_UNIT_DTYPE)
+            arr["offset"] = phys
+            arr["size"] = batch.size
+            arr["tags"] = batch.tags_codes
+            units = arr.tobytes()
+        else:
+            pack = CQ_UNIT.pack
+            units = b"".join(
+                [pack(p, s, t) for p, s, t in zip(phys, batch.size, batch.tags_codes, strict=True)]
+            )
+        cq = self.queues.find_or_create(batch.topic, batch.queue_id)
+        end = PhysicalOffset(appended.end_offset)
+        cq.put_many(QueueOffset(appended.first_queue_offset), units, end)
+        if self.index is not None:
+            self.index.build_index_sent(batch, appended)
+        self.dispatched_offset = max(self.dispatched_offset, end)
+        if self.listeners:
+            requests = _SentRequests(batch, appended)
+            for listener in self.listeners:
+                listener(requests)
+
     def _write_units(self, requests: Sequence[DispatchRequest]) -> None:
         """Write units, one mapped-file write per run of consecutive records of one queue."""
         if any(r.sys_flag & TRANSACTION_MASK in NOT_QUEUED for r in requests):
@@ -71,3 +111,33 @@ class Dispatcher:
             end = PhysicalOffset(last.commitlog_offset + last.msg_size)
             cq.put_many(first.queue_offset, b"".join(units), end)
             i = j
+
+
+class _SentRequests(Sequence[DispatchRequest]):
+    """The DispatchRequests of a sent batch, built only if a listener reads them (most calls
+    find no held pull and read none)."""
+
+    __slots__ = ("_appended", "_batch", "_built")
+
+    def __init__(self, batch: SentBatch, appended: SentAppend) -> None:
+        self._batch = batch
+        self._appended = appended
+        self._built: list[DispatchRequest] | None = None
+
+    def _list(self) -> list[DispatchRequest]:
+        if self._built is None:
+            self._built = self._appended.requests(self._batch)
+        return self._built
+
+    def __len__(self) -> int:
+        return len(self._appended.physical_offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> DispatchRequest: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[DispatchRequest]: ...
+    def __getitem__(self, index: int | slice) -> DispatchRequest | Sequence[DispatchRequest]:
+        return self._list()[index]
+
+    def __iter__(self) -> Iterator[DispatchRequest]:
+        return iter(self._list())

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from services.store.index_file import (
     IndexFile,
 )
 from services.store.types import DispatchRequest, PhysicalOffset
+
+if TYPE_CHECKING:
+    from services.store.commitlog import SentAppend, SentBatch
 
 _log = logging.getLogger(__name__)
 
@@ -239,6 +243,36 @@ class IndexService:
                 index_key_hashes_array(keys),
                 np.array(offsets, dtype=np.int64),
                 np.array(stamps, dtype=np.int64),
+            )
+
+    def build_index_sent(self, batch: SentBatch, appended: SentAppend) -> None:
+        """:meth:`build_index_batch` for a batch appended by ``CommitLog.append_sent``, from its
+        columns: the same keys, files and order, without a DispatchRequest per record."""
+        phys = appended.physical_offsets
+        self._ensure_loaded()
+        if len(phys) <= _SCALAR_BATCH_MAX or phys[0] < self.max_indexed_offset:
+            self.build_index_batch(appended.requests(batch))  # few records, or a re-dispatch
+            return
+        failpoints.inject("dispatch_before_index")
+        prefix = batch.topic + "#"
+        uniq_keys = batch.uniq_keys
+        offsets: list[int]
+        if all(uniq_keys) and not any(batch.keys):  # the common case: one key per record
+            keys = [prefix + u for u in uniq_keys]
+            offsets = phys
+        else:
+            keys, offsets = [], []
+            for uniq, more, offset in zip(uniq_keys, batch.keys, phys, strict=True):
+                mine = [prefix + uniq] if uniq else []
+                if more:
+                    mine.extend(prefix + k for k in more.split(" ") if k)
+                keys.extend(mine)
+                offsets.extend([offset] * len(mine))
+        if keys:
+            self._put_batch(
+                index_key_hashes_array(keys),
+                np.array(offsets, dtype=np.int64),
+                np.full(len(keys), appended.store_timestamp_ms, dtype=np.int64),
             )
 
     def _put_batch(self, hashes: np.ndarray, offsets: np.ndarray, stamps: np.ndarray) -> None:

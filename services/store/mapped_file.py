@@ -14,10 +14,13 @@ Design notes
   AllocateMappedFileService does the same from a thread; creation here costs microseconds).
 * ``fdatasync`` on the descriptor writes back pages dirtied through a shared mapping on Linux,
   so durability does not depend on ``mmap.flush`` (which holds the GIL while it syncs).
+* Appends store through the map, or through ``pwrite`` where the owner asks for it
+  (``write_by_syscall``: the commitlog, whose appends cover whole pages; see commitlog.py).
 * Disk space is reserved (``posix_fallocate``) ahead of the write position, ``RESERVE_AHEAD_BYTES``
-  at a time, before bytes are stored through the map: a store through a map into a sparse page
-  that the volume has no room for is a SIGBUS that kills the process, while a failed reservation
-  is a :class:`DiskFullError` that the store handles (nothing of the write is stored).
+  at a time, before bytes are stored: a store through
+  a map into a sparse page that the volume has no room for is a SIGBUS that kills the process,
+  while a failed reservation is a :class:`DiskFullError` that the store handles (nothing of the
+  write is stored).
 * A mapped file never knows what its bytes mean; commitlog and consume queue give them meaning.
 """
 
@@ -66,9 +69,18 @@ def _create_sized(path: Path, file_size_bytes: int) -> None:
 class MappedFile:
     """One fixed-size file, mapped read-write, with a write and a flush position."""
 
-    def __init__(self, path: Path, file_size_bytes: int, *, readonly: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        file_size_bytes: int,
+        *,
+        readonly: bool = False,
+        write_by_syscall: bool = False,
+    ) -> None:
         self.path = path
         self.file_size_bytes = file_size_bytes
+        self.write_by_syscall = write_by_syscall
+        """Appends go through ``pwrite`` instead of the map (see :meth:`append`)."""
         self.file_from_offset = FileStartOffset(int(path.name))
         self.readonly = readonly
         existed = path.exists()
@@ -116,7 +128,10 @@ class MappedFile:
             raise ValueError(f"{self.path.name}: {len(data)} bytes do not fit at {pos}")
         if end > self.reserved_position:
             self.reserve(end)
-        self._map[pos:end] = data
+        if self.write_by_syscall:
+            _pwrite_all(self._fd, data, pos)
+        else:
+            self._map[pos:end] = data
         self.wrote_position = end
         return pos
 
@@ -205,6 +220,20 @@ class MappedFile:
         return f"MappedFile({self.path.name}, wrote={self.wrote_position})"
 
 
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, pos: int) -> None:
+    """Write all of ``data`` at ``pos`` (a regular file's pwrite may, rarely, write less)."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.pwrite(fd, view, pos)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(exc.errno, f"{exc.strerror}: writing at {pos}") from exc
+            raise
+        view = view[n:]
+        pos += n
+
+
 class MappedFileQueue:
     """The ordered files of one directory; offsets are global across them."""
 
@@ -215,10 +244,12 @@ class MappedFileQueue:
         *,
         create_ahead: bool = True,
         readonly: bool = False,
+        write_by_syscall: bool = False,
     ) -> None:
         if file_size_bytes <= 0:
             raise ValueError("file_size_bytes must be positive")
         self.readonly = readonly
+        self.write_by_syscall = write_by_syscall
         self.directory = directory
         self.file_size_bytes = file_size_bytes
         self.create_ahead = create_ahead
@@ -256,7 +287,12 @@ class MappedFileQueue:
                     f"{self.directory / name}: {size} bytes, expected {self.file_size_bytes}"
                 )
                 break
-            mf = MappedFile(self.directory / name, self.file_size_bytes, readonly=self.readonly)
+            mf = MappedFile(
+                self.directory / name,
+                self.file_size_bytes,
+                readonly=self.readonly,
+                write_by_syscall=self.write_by_syscall,
+            )
             # Until recovery says otherwise, a loaded file counts as full and flushed.
             mf.wrote_position = mf.flushed_position = self.file_size_bytes
             self.files.append(mf)
@@ -321,7 +357,11 @@ class MappedFileQueue:
             if mf.file_from_offset == start:
                 return mf
         self.directory.mkdir(parents=True, exist_ok=True)
-        mf = MappedFile(self.directory / file_name(start), self.file_size_bytes)
+        mf = MappedFile(
+            self.directory / file_name(start),
+            self.file_size_bytes,
+            write_by_syscall=self.write_by_syscall,
+        )
         self.files.append(mf)
         return mf
 

@@ -23,7 +23,13 @@ from rocketq import codec
 from services.common.atomic_write import fsync_dir
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.store.checkpoint import Checkpoint
-from services.store.commitlog import AppendResult, CommitLog, MessageToStore, SentBatch
+from services.store.commitlog import (
+    AppendResult,
+    CommitLog,
+    MessageToStore,
+    SentAppend,
+    SentBatch,
+)
 from services.store.config import StoreConfig
 from services.store.consume_queue import CQ_UNIT, CQ_UNIT_BYTES, PRE_BLANK_SIZE
 from services.store.consume_queue_store import ConsumeQueueStore
@@ -215,7 +221,6 @@ class MessageStore:
         if not self._open:
             self.open()
         self.flusher.start(self.commitlog.max_offset)
-        self.commitlog.warmer.start()
         self._retention_task = asyncio.create_task(self._retention_loop(), name="retention")
 
     async def shutdown(self) -> None:
@@ -278,15 +283,24 @@ class MessageStore:
         """Append and dispatch; durable per the flush policy only after :meth:`put`'s wait."""
         return self._append(lambda: self.commitlog.append_batch(messages), len(messages))
 
-    def append_sent(self, batch: SentBatch) -> list[AppendResult]:
-        """:meth:`append` for a producer-encoded batch (stamped in place, DESIGN.md §12)."""
-        return self._append(lambda: self.commitlog.append_sent(batch), len(batch.entries))
+    def append_sent(self, batch: SentBatch) -> SentAppend:
+        """:meth:`append` for a producer-encoded batch (stamped in place, DESIGN.md §12); the
+        answer is columns (see :class:`SentAppend`), not an AppendResult per record."""
+        self._check_writable()
+        start = self.commitlog.max_offset
+        appended: SentAppend | None = None
+        try:
+            appended = self.commitlog.append_sent(batch)  # undoes its own offsets
+            self.dispatcher.dispatch_sent(batch, appended)
+        except DiskFullError as exc:
+            self.replica.truncate(start, self.queues)  # bytes, units and index entries
+            if appended is not None:  # refused by dispatch: give the offsets back
+                self.commitlog.unassign_queue_offsets(appended.requests(batch)[:1])
+            raise self._full(exc, f"{len(batch.pos)} message(s) not stored") from exc
+        self._disk_has_room()
+        return appended
 
-    def _append(
-        self,
-        append: Callable[[], tuple[list[AppendResult], list[DispatchRequest]]],
-        count: int,
-    ) -> list[AppendResult]:
+    def _check_writable(self) -> None:
         if not self._open:
             raise StoreClosedError("the store is not open; the broker is starting or stopping")
         if not self.retention.writable:
@@ -295,6 +309,13 @@ class MessageStore:
                 f"{self.config.store_dir}; writes are refused until retention frees space "
                 "(lower fileReservedTime or add disk)"
             )
+
+    def _append(
+        self,
+        append: Callable[[], tuple[list[AppendResult], list[DispatchRequest]]],
+        count: int,
+    ) -> list[AppendResult]:
+        self._check_writable()
         start = self.commitlog.max_offset
         requests: list[DispatchRequest] = []
         try:

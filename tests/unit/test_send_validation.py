@@ -147,6 +147,34 @@ async def test_size_limit_counts_topic_bodies_and_properties(tmp_path: Path) -> 
         parts.close()
 
 
+async def test_size_limit_of_a_batch_sent_as_records_is_the_messages_one(tmp_path: Path) -> None:
+    """The same batch, as messages and as encoded records: refused at the same message with
+    the same answer, and a batch just under the limit is stored either way."""
+    parts = BrokerParts(tmp_path, max_message_size_bytes=4096)
+    parts.create_topic("T")
+
+    def as_records(req: messaging_pb2.SendRequest) -> messaging_pb2.SendRequest:
+        records = b"".join(
+            codec.encode_sent_record(
+                m.topic.encode(), m.body, codec.encode_properties(dict(m.properties)), 0, 0, 1
+            )
+            for m in req.messages
+        )
+        return messaging_pb2.SendRequest(producer_group="pg", records=records)
+
+    try:
+        props = {"UNIQ_KEY": "0" * 32}  # 41 bytes encoded; + topic 1 + body 1000 per message
+        over = send_request("T", [b"x" * 1000] * 5, properties=props)
+        refusals = [await _refused(parts, r) for r in (over, as_records(over))]
+        assert refusals[0].reason == refusals[1].reason == common_pb2.MESSAGE_TOO_LARGE
+        assert refusals[0].message == refusals[1].message
+        assert "at message 3" in refusals[1].message
+        under = send_request("T", [b"x" * 1000] * 3, properties=props)
+        assert len((await _send(parts, as_records(under))).results) == 3
+    finally:
+        parts.close()
+
+
 async def test_oversized_properties(b: BrokerParts) -> None:
     err = await _refused(b, send_request("T", properties={"big": "v" * 40_000}))
     assert err.reason == common_pb2.MESSAGE_TOO_LARGE

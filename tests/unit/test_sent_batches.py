@@ -14,9 +14,17 @@ import pytest
 
 from rocketq import codec
 from rocketq.codec import HostAddress
-from services.broker.send_records import BadBatch, as_messages, needs_slow_path, parse
+from services.broker.send_records import (
+    BadBatch,
+    as_messages,
+    needs_slow_path,
+    parse,
+    parse_columns,
+)
 from services.common.clock import ManualClock
-from services.store.commitlog import CommitLog, MessageToStore, SentBatch, SentRecord
+from services.store.commitlog import CommitLog, MessageToStore, SentBatch
+from services.store.config import StoreConfig
+from services.store.message_store import MessageStore
 
 pytestmark = pytest.mark.unit
 
@@ -29,10 +37,11 @@ def _props(i: int) -> dict[str, str]:
     return {"UNIQ_KEY": f"{i:032X}", "TAGS": "tagA", "KEYS": f"k{i}"}
 
 
-def _sent(n: int, topic: str = "T") -> bytes:
+def _sent(n: int, topic: str = "T", *, keys: bool = True) -> bytes:
     return b"".join(
         codec.encode_sent_record(
-            topic.encode(), bytes([65 + i]) * (150 + i), codec.encode_properties(_props(i)),
+            topic.encode(), bytes([65 + i]) * (150 + i),
+            codec.encode_properties(_props(i) if keys else {"UNIQ_KEY": f"{i:032X}"}),
             i, 0, 1000 + i,
         )
         for i in range(n)
@@ -70,13 +79,17 @@ def test_parse_reads_every_record_and_refuses_what_does_not_add_up() -> None:
 def test_append_sent_writes_what_append_batch_writes_across_files(tmp_path: Path) -> None:
     raw = _sent(40)  # ~12 KiB: several 4 KiB files
     batch = parse(raw)
-    entries = [
-        SentRecord(r.pos, r.size, r.flag, r.sys_flag, r.born_timestamp_ms, 7, r.props["KEYS"],
-                   r.props["UNIQ_KEY"])
-        for r in batch.records
-    ]  # fmt: skip
+    recs = batch.records
+    sent_batch = SentBatch(
+        "T", 2, bytearray(raw), [r.pos for r in recs], [r.size for r in recs],
+        [r.flag for r in recs], [r.sys_flag for r in recs], [r.born_timestamp_ms for r in recs],
+        [7] * len(recs), [r.props["KEYS"] for r in recs], [r.props["UNIQ_KEY"] for r in recs],
+        BORN, 3,
+    )  # fmt: skip
     sent = _open(tmp_path / "sent")
-    results, requests = sent.append_sent(SentBatch("T", 2, bytearray(raw), entries, BORN, 3))
+    appended = sent.append_sent(sent_batch)
+    results = appended.results(sent_batch, STORE_HOST)
+    requests = appended.requests(sent_batch)
     plain = _open(tmp_path / "plain")
     expected, _ = plain.append_batch(
         [
@@ -95,3 +108,82 @@ def test_append_sent_writes_what_append_batch_writes_across_files(tmp_path: Path
         )
     assert [q.uniq_key for q in requests] == [f"{i:032X}" for i in range(40)]
     assert sent.queue_offsets[("T", 2)] == 40
+
+
+def _sent_batch(raw: bytes, queue_id: int, born: HostAddress = BORN) -> SentBatch:
+    cols = parse_columns(raw)
+    props = cols.props
+    return SentBatch(
+        cols.topic, queue_id, bytearray(raw), cols.pos, cols.size, cols.flag, cols.sys_flag,
+        cols.born_timestamp_ms, [codec.tags_hash(p.get("TAGS", "")) for p in props],
+        [p.get("KEYS", "") for p in props], [p["UNIQ_KEY"] for p in props], born, 0,
+    )  # fmt: skip
+
+
+def _plain_messages(raw: bytes, queue_id: int) -> list[MessageToStore]:
+    return [
+        MessageToStore("T", queue_id, raw[r.body_at : r.body_end], r.properties,
+                       codec.tags_hash(r.props.get("TAGS", "")), r.props.get("KEYS", ""),
+                       r.props["UNIQ_KEY"], r.flag, 0, r.born_timestamp_ms, BORN, 0)
+        for r in parse(raw).records
+    ]  # fmt: skip
+
+
+def _store(root: Path) -> MessageStore:
+    config = StoreConfig(
+        store_dir=root, commitlog_file_bytes=16384, consume_queue_units_per_file=32,
+        index_slot_num=64, index_num=512, store_host=STORE_HOST,
+    )  # fmt: skip
+    store = MessageStore(config, clock=ManualClock(), disk_usage=lambda _p: 0.1)
+    store.open()
+    return store
+
+
+@pytest.mark.parametrize(
+    ("count", "keys"), [(3, True), (40, True), (40, False)]
+)  # the per-record and the batch (numpy) paths; with KEYS and with unique ids alone
+def test_append_sent_dispatches_what_append_dispatches(
+    tmp_path: Path, count: int, keys: bool
+) -> None:
+    """Consume-queue units, index entries and what arrival listeners see are those of the
+    same records appended one object each, across commitlog files and a second batch."""
+    raw = _sent(count, keys=keys)
+    sent, plain = _store(tmp_path / "sent"), _store(tmp_path / "plain")
+    seen: dict[str, list[object]] = {"sent": [], "plain": []}
+    sent.dispatcher.listeners.append(seen["sent"].extend)
+    plain.dispatcher.listeners.append(seen["plain"].extend)
+    try:
+        for _ in range(2):
+            appended = sent.append_sent(_sent_batch(raw, 1))
+            results = plain.append(_plain_messages(raw, 1))
+            assert appended.physical_offsets == [r.physical_offset for r in results]
+            assert appended.first_queue_offset == results[0].queue_offset
+            assert appended.end_offset == results[-1].physical_offset + results[-1].size_bytes
+        assert seen["sent"] == seen["plain"] and len(seen["sent"]) == 2 * count
+        assert sent.max_offset("T", 1) == plain.max_offset("T", 1) == 2 * count
+        cq_sent, cq_plain = sent.queues.find_or_create("T", 1), plain.queues.find_or_create("T", 1)
+        assert [cq_sent.unit(q) for q in range(2 * count)] == [
+            cq_plain.unit(q) for q in range(2 * count)
+        ]
+        assert sent.dispatcher.dispatched_offset == plain.dispatcher.dispatched_offset
+        for key in (f"{count - 1:032X}", "00000000000000000000000000000000") + (
+            (f"k{count - 1}", "k0") if keys else ()
+        ):
+            found = [r.physical_offset for r in sent.query_by_key("T", key, 10, 0, 1 << 62)]
+            expected = [r.physical_offset for r in plain.query_by_key("T", key, 10, 0, 1 << 62)]
+            assert found == expected and len(found) == 2
+    finally:
+        sent.close_files()
+        plain.close_files()
+
+
+def test_parse_columns_holds_what_parse_holds() -> None:
+    raw = _sent(5)
+    cols, batch = parse_columns(raw), parse(raw)
+    assert (cols.topic, cols.topic_bytes) == (batch.topic, batch.topic_bytes)
+    for i, r in enumerate(batch.records):
+        assert (r.pos, r.size, r.flag, r.sys_flag, r.born_timestamp_ms, r.body_at, r.body_end) == (
+            cols.pos[i], cols.size[i], cols.flag[i], cols.sys_flag[i], cols.born_timestamp_ms[i],
+            cols.body_at[i], cols.body_end[i],
+        )  # fmt: skip
+        assert r.properties == raw[cols.props_at[i] : r.pos + r.size] and r.props == cols.props[i]
