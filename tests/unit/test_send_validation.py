@@ -12,7 +12,7 @@ import pytest
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.message import decode_records
-from services.broker.send_processor import UniqueIds, parse_peer
+from services.broker.send_ids import UniqueIds, parse_peer
 from services.common.errors import ServiceError
 from tests.unit._broker_parts import PEER, BrokerParts, send_request
 
