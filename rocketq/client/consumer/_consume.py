@@ -379,30 +379,22 @@ class ConsumeService:
             except Exception as exc:
                 error = exc
         if error is not None:
-            self._listener_raised(len(msgs), mq, error)
+            log.error(
+                "group %s: listener raised on %d message(s) of %s; they will be retried",
+                self._group,
+                len(msgs),
+                mq,
+                exc_info=error,
+            )
             return None
-        return self._as_result(outcome)
-
-    def _listener_raised(self, count: int, mq: MessageQueue, error: BaseException) -> None:
-        log.error(
-            "group %s: listener raised on %d message(s) of %s; they will be retried",
-            self._group,
-            count,
-            mq,
-            exc_info=error,
-        )
-
-    def _as_result(self, outcome: object) -> ConsumeResult | None:
-        """What a listener returned, as a result: anything but a ConsumeResult (or None) is
-        RECONSUME_LATER, i.e. None, with a warning."""
-        if outcome is None or isinstance(outcome, ConsumeResult):
-            return outcome
-        log.warning(
-            "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
-            self._group,
-            outcome,
-        )
-        return None
+        if outcome is not None and not isinstance(outcome, ConsumeResult):
+            log.warning(
+                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
+                self._group,
+                outcome,
+            )
+            return None
+        return outcome
 
     def submit_later(
         self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue, delay_s: float
@@ -467,10 +459,21 @@ class ConsumeService:
                 outcome = await outcome
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            self._listener_raised(j - i, mq, exc)
+        except Exception:
+            log.exception(
+                "group %s: listener raised on %d message(s) of %s; they will be retried",
+                self._group,
+                j - i,
+                mq,
+            )
             outcome = None
-        outcome = self._as_result(outcome)
+        if outcome is not None and not isinstance(outcome, ConsumeResult):
+            log.warning(
+                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
+                self._group,
+                outcome,
+            )
+            outcome = None
         if pq.dropped:
             self._log_dropped(mq, job.msgs[i:j])
         elif outcome is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
@@ -504,10 +507,22 @@ class ConsumeService:
                 outcome = await invoke_listener(self._listener, self._executor, msgs, context)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            self._listener_raised(len(msgs), mq, exc)
+        except Exception:
+            log.exception(
+                "group %s: listener raised on %d message(s) of %s; they will be retried",
+                self._group,
+                len(msgs),
+                mq,
+            )
             return None
-        return self._as_result(outcome)
+        if outcome is not None and not isinstance(outcome, ConsumeResult):
+            log.warning(
+                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
+                self._group,
+                outcome,
+            )
+            return None
+        return outcome
 
     # ---- results ----------------------------------------------------------------------------
 
