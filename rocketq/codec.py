@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from isal.isal_zlib import crc32 as _crc32  # zlib's CRC32 (same polynomial), SIMD: ~5x faster
+from isal import isal_zlib  # zlib's crc32 (same polynomial) with SIMD: 5x faster per KiB
 
 from rocketq.java_hash import java_string_hash
 
@@ -235,6 +236,9 @@ SENT_STAMP = struct.Struct(">" + _fixed_format(False, False)[1 + _BEFORE_QUEUEID
 sent record in place (``pack_into`` at :data:`OFFSET_QUEUEID`)."""
 assert OFFSET_QUEUEID + SENT_STAMP.size == FIXED_BYTES_V4
 _NO_HOST = b"\0\0\0\0"
+_fast_crc32 = isal_zlib.crc32
+"""zlib.crc32's results (same polynomial and initial value), SIMD-computed: what a producer
+pays per KiB of body goes from ~0.55 to ~0.1 µs."""
 
 
 def encode_sent_record(
@@ -244,7 +248,7 @@ def encode_sent_record(
     broker's zero. ``sys_flag`` may carry only SysFlag.COMPRESSED."""
     st = record_struct(False, False, len(body), len(topic_bytes), len(properties))
     return st.pack(
-        st.size, MESSAGE_MAGIC, _crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, sys_flag,
+        st.size, MESSAGE_MAGIC, _fast_crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, sys_flag,
         born_ms, _NO_HOST, 0, 0, _NO_HOST, 0, 0, 0,
         len(body), body, len(topic_bytes), topic_bytes, len(properties), properties,
     )  # fmt: skip
@@ -265,7 +269,7 @@ def encode_sent_batch(
     topic_part = _TOPIC_LEN.pack(len(topic_bytes)) + topic_bytes
     fixed = _SENT_FIXED_AND_BODY_LEN.size + len(topic_part) + _PROPS_LEN.size
     pack_head, pack_props_len = _SENT_FIXED_AND_BODY_LEN.pack, _PROPS_LEN.pack
-    crc32, magic, no_host = _crc32, MESSAGE_MAGIC, _NO_HOST
+    crc32, magic, no_host = _fast_crc32, MESSAGE_MAGIC, _NO_HOST
     parts: list[bytes] = []
     add = parts.append
     for body, properties, flag in messages:
@@ -300,7 +304,7 @@ def count_records(buf: bytes | memoryview) -> int:
 
 def body_crc(body: bytes) -> int:
     """CRC32 of the body, masked to a non-negative Java int as RocketMQ stores it."""
-    return _crc32(body) & 0x7FFFFFFF
+    return zlib.crc32(body) & 0x7FFFFFFF
 
 
 # ---- hosts ----------------------------------------------------------------------------------
@@ -657,7 +661,7 @@ def decode_record(
     fixed = _FIXED[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
     f = fixed.unpack_from(buf, pos)  # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, …: the table's order
     body = bytes(buf[body_at:body_end])
-    if check_crc and _crc32(body) & 0x7FFFFFFF != f[2]:
+    if check_crc and zlib.crc32(body) & 0x7FFFFFFF != f[2]:
         raise CorruptRecord(
             f"at {pos}: body CRC mismatch (stored {f[2]}, computed {body_crc(body)})"
         )
@@ -724,65 +728,38 @@ def iter_records(buf: bytes | memoryview, *, check_crc: bool = True) -> Iterator
         yield rec
 
 
-def iter_record_heads(
-    buf: bytes, *, check_crc: bool = True
-) -> Iterator[tuple[int, tuple[int, ...], bytes, str]]:
-    """The consumer's hot loop (issue 16): per record of a Pull response, its position, the
-    fields every record has at the same place (:data:`RECORD_HEAD`: TOTALSIZE, MAGIC, BODYCRC,
-    QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG), its body and its topic.
-
-    Every check of :func:`decode_record` is made here, before the record is yielded (magic,
-    TOTALSIZE, each length against TOTALSIZE, body CRC, UTF-8 topic), so what a caller decodes
-    later from the other fields (hosts, timestamps, properties) cannot fail. The CRC is isal's
-    (zlib's polynomial, SIMD: 0.2 µs per KiB instead of 1). A topic is decoded once per distinct
-    value (a pull holds one queue's records)."""
+def iter_record_parts(
+    buf: bytes | memoryview, *, check_crc: bool = True
+) -> Iterator[tuple[tuple[Any, ...], bytes, str, dict[str, str], int]]:
+    """Like :func:`iter_records`, without building a :class:`Record`: per record the fixed
+    fields as unpacked (TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET,
+    SYSFLAG, BORNTIMESTAMP, born ip, born port, STORETIMESTAMP, store ip, store port,
+    RECONSUMETIMES, PREPARED TRANSACTION OFFSET), body, topic, properties and TOTALSIZE. The
+    same checks as :func:`decode_record`; for a consumer's hot loop."""
     pos = 0
     end = len(buf)
-    head_size = RECORD_HEAD.size
-    unpack_head = RECORD_HEAD.unpack_from
-    topics: dict[bytes, str] = {}
+    fixed = _FIXED
     while pos < end:
-        if end - pos < head_size:
-            _check_head(buf, pos)  # raises: too few bytes for any record
-        f = unpack_head(buf, pos)
-        total = f[0]
-        if f[1] != MESSAGE_MAGIC or total > end - pos or total < RECORD_MIN_BYTES:
-            _check_head(buf, pos)  # raises with what is wrong
+        total, sys_flag = _check_head(buf, pos)
         try:
-            body_at, body_end, topic_at, topic_end, _ = record_spans(buf, pos, total, f[7])
+            body_at, body_end, topic_at, topic_end, props_at = record_spans(
+                buf, pos, total, sys_flag
+            )
         except CorruptRecord as exc:
             raise CorruptRecord(f"at {pos}: {exc}") from None
-        body = buf[body_at:body_end]
-        if check_crc and _crc32(body) & 0x7FFFFFFF != f[2]:
+        f = fixed[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
+        fields = f.unpack_from(buf, pos)
+        body = bytes(buf[body_at:body_end])
+        if check_crc and zlib.crc32(body) & 0x7FFFFFFF != fields[2]:
             raise CorruptRecord(
-                f"at {pos}: body CRC mismatch (stored {f[2]}, computed {body_crc(body)})"
+                f"at {pos}: body CRC mismatch (stored {fields[2]}, computed {body_crc(body)})"
             )
-        raw_topic = buf[topic_at:topic_end]
-        topic = topics.get(raw_topic)
-        if topic is None:
-            try:
-                topic = topics[raw_topic] = raw_topic.decode()
-            except UnicodeDecodeError:
-                raise CorruptRecord(f"at {pos}: topic is not UTF-8") from None
-        yield pos, f, body, topic
+        try:
+            topic = bytes(buf[topic_at:topic_end]).decode()
+        except UnicodeDecodeError:
+            raise CorruptRecord(f"at {pos}: topic is not UTF-8") from None
+        yield fields, body, topic, decode_properties(buf[props_at : pos + total]), total
         pos += total
-
-
-_TAIL_FIELDS: dict[tuple[bool, bool], struct.Struct] = {
-    (b, s): struct.Struct(">" + _F_BORNTIMESTAMP + _fixed_format(b, s)[1 + len(_HEAD) :])
-    for b in (False, True)
-    for s in (False, True)
-}
-"""BORNTIMESTAMP through PREPARED TRANSACTION OFFSET, from :data:`OFFSET_BORNHOST` - 8."""
-_TAIL_FIELDS_AT = OFFSET_BORNHOST - _size(_F_BORNTIMESTAMP)
-
-
-def record_host_fields(buf: bytes | memoryview, pos: int, sys_flag: int) -> tuple[Any, ...]:
-    """BORNTIMESTAMP, born ip, born port, STORETIMESTAMP, store ip, store port, RECONSUMETIMES,
-    PREPARED TRANSACTION OFFSET of a record already checked by :func:`iter_record_heads` (what
-    a lazily decoded message reads when first asked for one of them)."""
-    st = _TAIL_FIELDS[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
-    return st.unpack_from(buf, pos + _TAIL_FIELDS_AT)
 
 
 def tags_hash(tags: str) -> int:
