@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from isal import isal_zlib  # zlib's crc32 (same polynomial) with SIMD: 5x faster per KiB
+from isal import isal_zlib
 
 from rocketq.java_hash import java_string_hash
 
@@ -57,6 +56,11 @@ from rocketq.properties import PROPERTY_SEPARATOR as PROPERTY_SEPARATOR
 from rocketq.properties import Prop as Prop
 from rocketq.properties import decode_properties as decode_properties
 from rocketq.properties import encode_properties as encode_properties
+
+crc32 = isal_zlib.crc32
+"""zlib.crc32's results (same polynomial and initial value), SIMD-computed: ~0.1 µs per KiB
+against zlib's ~0.55. Every body CRC of the project goes through it: the producer's encode, the
+broker's and the slave's checks, the consumer's decode."""
 
 MESSAGE_MAGIC = 0xDAA320A7
 """0xAABBCCDD ^ (1880681586 + 8), as RocketMQ derives it (SPEC §4.5)."""
@@ -236,9 +240,6 @@ SENT_STAMP = struct.Struct(">" + _fixed_format(False, False)[1 + _BEFORE_QUEUEID
 sent record in place (``pack_into`` at :data:`OFFSET_QUEUEID`)."""
 assert OFFSET_QUEUEID + SENT_STAMP.size == FIXED_BYTES_V4
 _NO_HOST = b"\0\0\0\0"
-_fast_crc32 = isal_zlib.crc32
-"""zlib.crc32's results (same polynomial and initial value), SIMD-computed: what a producer
-pays per KiB of body goes from ~0.55 to ~0.1 µs."""
 
 
 def encode_sent_record(
@@ -248,7 +249,7 @@ def encode_sent_record(
     broker's zero. ``sys_flag`` may carry only SysFlag.COMPRESSED."""
     st = record_struct(False, False, len(body), len(topic_bytes), len(properties))
     return st.pack(
-        st.size, MESSAGE_MAGIC, _fast_crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, sys_flag,
+        st.size, MESSAGE_MAGIC, crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, sys_flag,
         born_ms, _NO_HOST, 0, 0, _NO_HOST, 0, 0, 0,
         len(body), body, len(topic_bytes), topic_bytes, len(properties), properties,
     )  # fmt: skip
@@ -269,14 +270,14 @@ def encode_sent_batch(
     topic_part = _TOPIC_LEN.pack(len(topic_bytes)) + topic_bytes
     fixed = _SENT_FIXED_AND_BODY_LEN.size + len(topic_part) + _PROPS_LEN.size
     pack_head, pack_props_len = _SENT_FIXED_AND_BODY_LEN.pack, _PROPS_LEN.pack
-    crc32, magic, no_host = _fast_crc32, MESSAGE_MAGIC, _NO_HOST
+    crc, magic, no_host = crc32, MESSAGE_MAGIC, _NO_HOST
     parts: list[bytes] = []
     add = parts.append
     for body, properties, flag in messages:
         body_len, props_len = len(body), len(properties)
         add(
             pack_head(
-                fixed + body_len + props_len, magic, crc32(body) & 0x7FFFFFFF, 0, flag, 0, 0, 0,
+                fixed + body_len + props_len, magic, crc(body) & 0x7FFFFFFF, 0, flag, 0, 0, 0,
                 born_ms, no_host, 0, 0, no_host, 0, 0, 0, body_len,
             )
         )  # fmt: skip
@@ -304,7 +305,7 @@ def count_records(buf: bytes | memoryview) -> int:
 
 def body_crc(body: bytes) -> int:
     """CRC32 of the body, masked to a non-negative Java int as RocketMQ stores it."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 # ---- hosts ----------------------------------------------------------------------------------
@@ -661,7 +662,7 @@ def decode_record(
     fixed = _FIXED[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
     f = fixed.unpack_from(buf, pos)  # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, …: the table's order
     body = bytes(buf[body_at:body_end])
-    if check_crc and zlib.crc32(body) & 0x7FFFFFFF != f[2]:
+    if check_crc and crc32(body) & 0x7FFFFFFF != f[2]:
         raise CorruptRecord(
             f"at {pos}: body CRC mismatch (stored {f[2]}, computed {body_crc(body)})"
         )
@@ -750,7 +751,7 @@ def iter_record_parts(
         f = fixed[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
         fields = f.unpack_from(buf, pos)
         body = bytes(buf[body_at:body_end])
-        if check_crc and zlib.crc32(body) & 0x7FFFFFFF != fields[2]:
+        if check_crc and crc32(body) & 0x7FFFFFFF != fields[2]:
             raise CorruptRecord(
                 f"at {pos}: body CRC mismatch (stored {fields[2]}, computed {body_crc(body)})"
             )

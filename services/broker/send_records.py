@@ -25,7 +25,6 @@ send_processor applies to them unchanged.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 
 from rocketq import codec
@@ -116,7 +115,7 @@ def parse_columns(buf: bytes) -> SentColumns:
     pos = 0
     topic_bytes = b""
     topic_len = -1
-    unpack, crc32, spans = _HEAD.unpack_from, zlib.crc32, codec.record_spans
+    unpack, crc32, spans = _HEAD.unpack_from, codec.crc32, codec.record_spans
     view = memoryview(buf)
     c = SentColumns("", b"", [], [], [], [], [], [], [], [], [])
     add_pos, add_size, add_flag, add_sys = (

@@ -34,7 +34,6 @@ invariant recovery restores after a torn tail.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterable
 
 from rocketq import codec
@@ -114,7 +113,7 @@ def _variable_part(
         )
     except codec.CorruptRecord as exc:
         return str(exc)
-    if zlib.crc32(mv[body_at:body_end]) & 0x7FFFFFFF != crc:
+    if codec.crc32(mv[body_at:body_end]) & 0x7FFFFFFF != crc:
         return "body CRC mismatch"
     topic_raw = buf[topic_at:topic_end]
     topic = topics.get(topic_raw)
