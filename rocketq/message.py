@@ -7,6 +7,7 @@ delay are stored as record properties — TAGS, KEYS, DELAY — exactly as Rocke
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import os
@@ -15,8 +16,9 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from rocketq import codec
 from rocketq.codec import Prop
@@ -89,9 +91,17 @@ class Message:
         return props
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class ReceivedMessage:
-    """A stored message as a consumer or a query returns it (RocketMQ's ``MessageExt``)."""
+    """A stored message as a consumer or a query returns it (RocketMQ's ``MessageExt``).
+
+    Pulled messages are decoded lazily (issue 16): :func:`decode_records` checks every record
+    and fills the fields a consumer needs per message (topic, body, queue and offsets, flags,
+    CRC, size); the properties, message ids, hosts, timestamps, reconsume count and prepared
+    transaction offset are read from the pulled buffer the first time one is asked for. The
+    message is the same either way: same type, same fields, same values, equal (``==``) to the
+    eager decode, and every field can be assigned.
+    """
 
     topic: str
     body: bytes
@@ -125,6 +135,16 @@ class ReceivedMessage:
     def message_queue(self) -> MessageQueue:
         return MessageQueue(self.topic, self.broker_name, self.queue_id)
 
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in _RECEIVED_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReceivedMessage):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value: unhashable
+
     @classmethod
     def from_record(cls, record: codec.Record, broker_name: str = "") -> ReceivedMessage:
         body = record.body
@@ -154,26 +174,133 @@ class ReceivedMessage:
         )
 
 
-def decode_records(buf: bytes, broker_name: str = "") -> list[ReceivedMessage]:
-    """Decode a Pull response's concatenated records (CRC-checked): one object per message,
-    built positionally (the consumer's hot loop; :meth:`ReceivedMessage.from_record` is the
-    readable equivalent)."""
+_RECEIVED_FIELDS = tuple(f.name for f in dataclasses.fields(ReceivedMessage))
+_SLOT = {name: ReceivedMessage.__dict__[name] for name in _RECEIVED_FIELDS}
+"""The slot descriptor of each field: a lazy message's property reads and writes through it."""
+
+
+class _PulledMessage(ReceivedMessage):
+    """A :class:`ReceivedMessage` from :func:`decode_records` whose rarely used fields stay in
+    the pulled buffer until first read (then they live in the field's own slot, as in an eager
+    message: a value assigned before the first read is simply kept)."""
+
+    __slots__ = ("_buf", "_extra", "_pos")
+    _buf: bytes
+    _pos: int
+    _extra: dict[str, str] | None
+
+    def __repr__(self) -> str:
+        return "ReceivedMessage" + ReceivedMessage.__repr__(self).removeprefix("_PulledMessage")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Copied or pickled as the plain message it is, without the pulled buffer.
+        return (ReceivedMessage, self._values())
+
+    def _fill_fixed(self) -> None:
+        born_ms, born_ip, born_port, store_ms, store_ip, store_port, reconsume, prepared = (
+            codec.record_host_fields(self._buf, self._pos, self.sys_flag)
+        )
+        for name, value in (
+            ("born_timestamp_ms", born_ms),
+            ("store_timestamp_ms", store_ms),
+            ("born_host", codec.host_text(born_ip, born_port)),
+            ("store_host", codec.host_text(store_ip, store_port)),
+            ("reconsume_times", reconsume),
+            ("prepared_transaction_offset", prepared),
+            ("offset_msg_id", codec.offset_msg_id_of(store_ip, store_port, self.commitlog_offset)),
+        ):
+            _fill_unset(self, name, value)
+
+    def _fill_properties(self) -> None:
+        _, _, _, _, props_at = codec.record_spans(
+            self._buf, self._pos, self.store_size_bytes, self.sys_flag
+        )
+        props = codec.decode_properties(self._buf[props_at : self._pos + self.store_size_bytes])
+        if self._extra:
+            props.update(self._extra)
+        _fill_unset(self, "properties", props)
+
+    def _fill_msg_id(self) -> None:
+        uniq = self.properties.get(Prop.UNIQ_KEY)
+        _fill_unset(self, "msg_id", uniq if uniq is not None else self.offset_msg_id)
+
+
+def _fill_unset(msg: ReceivedMessage, name: str, value: object) -> None:
+    slot = _SLOT[name]
+    try:
+        slot.__get__(msg, None)  # set already (assigned before its first read): keep it
+    except AttributeError:
+        slot.__set__(msg, value)
+
+
+def _lazy_field(name: str, fill: Callable[[_PulledMessage], None]) -> property:
+    get, put = _SLOT[name].__get__, _SLOT[name].__set__
+
+    def read(self: _PulledMessage) -> Any:
+        try:
+            return get(self, None)
+        except AttributeError:
+            fill(self)
+            return get(self, None)
+
+    def write(self: _PulledMessage, value: Any) -> None:
+        put(self, value)
+
+    return property(read, write, doc=f"``{name}``, read from the pulled record when first asked")
+
+
+for _name in (
+    "born_timestamp_ms",
+    "store_timestamp_ms",
+    "born_host",
+    "store_host",
+    "reconsume_times",
+    "prepared_transaction_offset",
+    "offset_msg_id",
+):
+    setattr(_PulledMessage, _name, _lazy_field(_name, _PulledMessage._fill_fixed))
+_PulledMessage.properties = _lazy_field("properties", _PulledMessage._fill_properties)  # type: ignore[assignment]
+_PulledMessage.msg_id = _lazy_field("msg_id", _PulledMessage._fill_msg_id)  # type: ignore[assignment]
+del _name
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview,
+    broker_name: str = "",
+    extra_properties: dict[str, str] | None = None,
+) -> list[ReceivedMessage]:
+    """Decode a Pull response's concatenated records: one message per record.
+
+    Every record is checked here, all of it (magic, sizes, CRC, topic; a problem raises
+    :class:`~rocketq.codec.CorruptRecord`), but only the fields a consumer needs per message are
+    built; the rest are read from ``buf`` when first asked for (see :class:`ReceivedMessage`).
+    ``extra_properties`` (shared, not copied: do not change it afterwards) are added to each
+    message's properties, as a push consumer stamps MIN_OFFSET and MAX_OFFSET.
+    """
+    if not isinstance(buf, bytes):
+        buf = bytes(buf)
     out: list[ReceivedMessage] = []
-    host_text, offset_msg_id_of = codec.host_text, codec.offset_msg_id_of
-    compressed, uniq_key = codec.SysFlag.COMPRESSED, Prop.UNIQ_KEY
-    for f, stored, topic, props, total in codec.iter_record_parts(buf):
-        # f: TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORN
-        #    born-ip born-port STORE store-ip store-port RECONSUMETIMES PREPARED-TX-OFFSET
-        sys_flag = f[7]
-        body = zlib.decompress(stored) if sys_flag & compressed else stored
-        offset_msg_id = offset_msg_id_of(f[12], f[13], f[6])
-        out.append(
-            ReceivedMessage(
-                topic, body, props, f[3], f[5], f[6], props.get(uniq_key, offset_msg_id),
-                offset_msg_id, f[8], f[11], host_text(f[9], f[10]), host_text(f[12], f[13]),
-                f[14], sys_flag, f[4], total, f[2], f[15], broker_name,
-            )
-        )  # fmt: skip
+    append = out.append
+    new = _PulledMessage.__new__
+    cls = _PulledMessage
+    compressed = codec.SysFlag.COMPRESSED
+    for pos, f, body, topic in codec.iter_record_heads(buf):
+        # f: TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG
+        m = new(cls)
+        m._buf = buf
+        m._pos = pos
+        m._extra = extra_properties
+        m.topic = topic
+        m.body = zlib.decompress(body) if f[7] & compressed else body
+        m.queue_id = f[3]
+        m.queue_offset = f[5]
+        m.commitlog_offset = f[6]
+        m.sys_flag = f[7]
+        m.flag = f[4]
+        m.store_size_bytes = f[0]
+        m.body_crc = f[2]
+        m.broker_name = broker_name
+        append(m)
     return out
 
 

@@ -781,3 +781,68 @@ async def test_member_not_yet_known_to_the_broker_takes_nothing() -> None:
     rb, dispatched, _ = rebalancer(MessageModel.CLUSTERING, {"T": qs(4)}, ["c1", "c2"], "c3")
     await rb.do_rebalance()
     assert rb.owned() == [] and dispatched == []
+
+
+# ---- issue 16: batches addressed by index in the pulled run; offsets stored per pull ----------
+
+
+async def test_a_stuck_call_does_not_hold_back_the_stored_offset_of_the_calls_before_it() -> None:
+    """One worker (consume_thread_max 1) runs a pull of five; the call on offset 3 hangs. The
+    offset store already holds 3 (the calls on 0..2 are done), not the offset before the pull:
+    the kept offset is handed over as soon as the loop gets a turn, not only at the pull's end."""
+    offsets = MemoryOffsets()
+    gate = asyncio.Event()
+    calls: list[int] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        calls.append(msgs[0].queue_offset)
+        if msgs[0].queue_offset == 3:
+            await gate.wait()
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    svc._workers_max = 1
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(5)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 3, "offset 3 stored while 3 is in a call")
+    assert calls == [0, 1, 2, 3] and pq.msg_count == 2
+    gate.set()
+    await until(lambda: offsets.table.get(MQ) == 5, "offset 5 stored")
+    await svc.shutdown(0)
+
+
+async def test_a_pull_that_overlaps_the_cache_is_consumed_message_by_message() -> None:
+    """A pull repeating an offset still cached takes the ProcessQueue's per-message path (no
+    run of its own): each message is consumed once, the offset ends past the last."""
+    offsets = MemoryOffsets()
+    seen: list[int] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        seen.extend(m.queue_offset for m in msgs)
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener, batch=2)
+    pq = ProcessQueue()
+    first = [msg(i) for i in range(3)]
+    pq.put_messages(first)
+    again = [msg(i) for i in range(2, 6)]  # offset 2 again, then 3..5
+    pq.put_messages(again)
+    assert pq.run_of(first) is not None and pq.run_of(again) is None  # 3..5 cached apart
+    svc.submit(first, pq, MQ, True)
+    svc.submit(again[1:], pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 6, "offset 6 committed")
+    assert sorted(seen) == list(range(6)) and pq.msg_count == 0
+    await svc.shutdown(0)
+
+
+async def test_offsets_kept_for_the_store_are_handed_over_at_shutdown() -> None:
+    offsets = MemoryOffsets()
+    svc, _ = service(MessageModel.CLUSTERING, offsets)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(4)]
+    pq.put_messages(pulled)
+    svc._unstored[pq] = (MQ, 2)  # as _done leaves it between two loop turns
+    await svc.shutdown(0)
+    assert offsets.table[MQ] == 2

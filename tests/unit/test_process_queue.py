@@ -396,3 +396,43 @@ def test_a_listener_batch_is_removed_as_one_slice_of_its_pull() -> None:
     assert pq.remove_messages(pulled[16:]) == 42  # the first pull is gone; the second's head
     assert pq.remove_messages(pulled[16:]) == 42  # removing twice changes nothing
     assert pq.msg_count == 8
+
+
+# ---- slices of a pulled run (issue 16: the concurrent consume service's fast path) -----------
+
+
+def test_slices_released_out_of_order_keep_the_offset_at_the_oldest_like_remove_messages() -> None:
+    clock = FakeClock()
+    pq = ProcessQueue(clock)
+    pulled = [msg(o, body=b"x" * (o - 99)) for o in range(100, 106)]  # bodies of 1..6 bytes
+    pq.put_messages(pulled)
+    run = pq.run_of(pulled)
+    assert run is not None and pq.run_of(list(pulled)) is None  # this very list only
+    assert pq.start_slice(run, 3, 2) == clock.now_ms
+    assert pq.release_slice(run, 3, 2, clock.now_ms) == 100  # 103, 104 out of the middle
+    assert (pq.msg_count, pq.msg_size_bytes) == (4, 1 + 2 + 3 + 6)
+    assert pq.release_slice(run, 0, 1, clock.now_ms) == 101
+    assert pq.release_slice(run, 1, 2, clock.now_ms) == 105  # skips the released 103, 104
+    assert pq.release_slice(run, 3, 1, clock.now_ms) is None  # already released
+    assert pq.release_slice(run, 5, 1, clock.now_ms) == 106  # empty: offset max + 1
+    assert (pq.msg_count, pq.msg_size_bytes) == (0, 0) and not run.live
+
+
+def test_a_started_slice_expires_and_a_slice_of_a_rebuilt_queue_falls_back() -> None:
+    clock = FakeClock()
+    pq = ProcessQueue(clock)
+    pulled = [msg(o) for o in (10, 11, 12)]
+    pq.put_messages(pulled)
+    run = pq.run_of(pulled)
+    assert run is not None
+    pq.start_slice(run, 0, 1)
+    clock.now_ms += CONSUME_TIMEOUT_MS + 1
+    assert pq.expired_messages(clock.now_ms) == [pulled[0]]
+    pq.put_messages([msg(5)])  # below what is cached: the runs are rebuilt as one
+    assert not run.live and pq.run_of(pulled) is None
+    assert pq.release_slice(run, 1, 1, clock.now_ms) is None  # caller uses remove_messages
+    assert pq.expired_messages(clock.now_ms) == []  # 5 never started, so the scan stops
+    assert pq.remove_messages([msg(5)]) == 10
+    assert pq.expired_messages(clock.now_ms) == [pulled[0]]  # its start time survived
+    pq.clear()
+    assert pq.msg_count == 0

@@ -2,12 +2,17 @@
 
 Pulled messages are split into batches of ``consume_message_batch_max_size`` and each batch is
 one listener call. A plain function runs on a thread pool of ``consume_thread_max`` threads; a
-coroutine function runs on the event loop. Batches wait in one FIFO and at most
-``consume_thread_max`` worker tasks take them off it, one listener call at a time each: that
-bounds the calls in progress as RocketMQ's pool does, without a task, a future and a semaphore
-wait per batch (with the default batch of one message those were most of the consumer's CPU per
-message, issue 16). A worker ends when the FIFO is empty; :meth:`ConsumeService.submit` starts
-workers again. A worker of a plain listener hands the pool an even share of the FIFO at a time
+coroutine function runs on the event loop. Each pull waits in one FIFO as a job and at most
+``consume_thread_max`` worker tasks take its batches off it, one listener call at a time each:
+that bounds the calls in progress as RocketMQ's pool does, without a task, a future and a
+semaphore wait per batch (with the default batch of one message those were most of the
+consumer's CPU per message, issue 16). Workers start one at a time, each once the previous one
+has run, so a listener that never suspends drains the FIFO in one worker. A batch of a pull is
+addressed by its index in the ProcessQueue's run of that pull (``start_slice``,
+``release_slice``: no offset lookups per call), and the offset store is updated once per pull or
+loop turn rather than per call (``ConsumeService._done``). A worker ends when the FIFO is empty;
+:meth:`ConsumeService.submit` starts one again. A worker of a plain listener hands the pool an
+even share of the FIFO at a time
 (at most ``THREAD_GROUP_MAX`` batches, each still its own call), so a backlog costs one thread
 trip per few batches rather than per batch. The number of waiting batches is bounded by the pull
 flow control (1000 cached messages per queue), so nothing here grows without limit.
@@ -40,6 +45,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +59,7 @@ from rocketq.client.consumer.config import (
     MessageModel,
 )
 from rocketq.client.consumer.offset_store import OffsetStore
-from rocketq.client.consumer.process_queue import ProcessQueue, wall_clock_ms
+from rocketq.client.consumer.process_queue import ProcessQueue, _Run, wall_clock_ms
 from rocketq.codec import Prop
 from rocketq.message import MessageQueue, ReceivedMessage
 from rocketq.validation import retry_topic
@@ -67,6 +73,7 @@ EXPIRED_SEND_BACK_DELAY_LEVEL = 3
 
 THREAD_GROUP_MAX = 16
 """Most listener batches one trip to the thread pool carries (plain listeners)."""
+_COROUTINE = types.CoroutineType
 _NOT_CALLED = object()
 """A batch of a thread trip skipped because its queue was dropped first."""
 
@@ -120,6 +127,24 @@ def reset_retry_topic(msgs: list[ReceivedMessage], group: str) -> None:
             msg.topic = original
 
 
+class _Job:
+    """Messages submitted together (usually one pull's), consumed batch by batch: ``next`` is
+    the index of the first one no worker has taken yet. ``run`` is the ProcessQueue's run made
+    of this very list (:meth:`ProcessQueue.run_of`), or None (a local retry, an expired
+    message, a pull that overlapped what was cached): then the per-message methods are used."""
+
+    __slots__ = ("mq", "msgs", "next", "pq", "run")
+
+    def __init__(
+        self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue, run: _Run | None
+    ) -> None:
+        self.msgs = msgs
+        self.pq = pq
+        self.mq = mq
+        self.run = run
+        self.next = 0
+
+
 class ConsumeService:
     """Runs the listener over pulled batches and turns results into offsets (one consumer)."""
 
@@ -146,9 +171,14 @@ class ConsumeService:
         self.consume_timeout_ms = consume_timeout_ms
         self._local_retry_delay_s = local_retry_delay_s
         self._workers_max = thread_max
-        # Batches waiting for a worker: (messages, their ProcessQueue, their queue).
-        self._waiting: deque[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue]] = deque()
+        # Submitted messages with batches not yet taken by a worker, in order.
+        self._waiting: deque[_Job] = deque()
+        self._batches_waiting = 0  # listener batches left in them
+        # Offsets to commit not yet handed to the offset store (see _done), by ProcessQueue.
+        self._unstored: dict[ProcessQueue, tuple[MessageQueue, int]] = {}
+        self._flush_soon = False  # a _flush_offsets_soon is scheduled
         self._workers = 0  # running _work tasks
+        self._starting = False  # a worker was spawned and has not run yet (see _add_worker)
         self._executor: ThreadPoolExecutor | None = None
         if not self._async:
             self._executor = ThreadPoolExecutor(
@@ -166,46 +196,77 @@ class ConsumeService:
         self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue, dispatch: bool
     ) -> None:
         """Consume ``msgs`` in batches (``dispatch`` is for orderly consumers; unused here)."""
-        if self._closed:
+        if self._closed or not msgs:
             return
-        batch_max = self._batch_max
-        if len(msgs) <= batch_max:
-            self._waiting.append((msgs, pq, mq))
-        else:
-            for start in range(0, len(msgs), batch_max):
-                self._waiting.append((msgs[start : start + batch_max], pq, mq))
-        # One worker per waiting batch up to the cap; running workers pick up the rest.
-        for _ in range(min(len(self._waiting), self._workers_max - self._workers)):
-            self._workers += 1
-            self._spawn(self._work())
+        # Before any call of the pull: the listener sees redelivered messages under their topic.
+        reset_retry_topic(msgs, self._group)
+        self._waiting.append(_Job(msgs, pq, mq, pq.run_of(msgs)))
+        self._batches_waiting += -(-len(msgs) // self._batch_max)
+        self._add_worker()
+
+    def _add_worker(self) -> None:
+        """Start one more worker if batches wait, the cap allows and no worker started before
+        is still waiting for its first turn on the loop.
+
+        Workers are added one at a time, each when the previous one has run (it calls this
+        after taking its first batch): a listener that awaits something lets the next worker
+        start, so up to ``consume_thread_max`` calls overlap as before; a listener that never
+        suspends drains the FIFO in one worker, and a pull then costs one extra task rather
+        than ``consume_thread_max`` tasks that start only to find nothing left (issue 16)."""
+        if self._starting or self._workers >= self._workers_max or not self._batches_waiting:
+            return
+        self._workers += 1
+        self._starting = True
+        self._spawn(self._work())
+
+    def _take(self) -> tuple[_Job, int, int]:
+        """The next listener batch: messages ``i .. j-1`` of the job at the FIFO's head."""
+        job = self._waiting[0]
+        i = job.next
+        j = job.next = min(i + self._batch_max, len(job.msgs))
+        if j == len(job.msgs):
+            self._waiting.popleft()
+        self._batches_waiting -= 1
+        return job, i, j
 
     async def _work(self) -> None:
         """Take batches off the FIFO until it is empty or the service closes."""
         waiting = self._waiting
+        self._starting = False
         try:
             while waiting and not self._closed:
                 if self._executor is None:
-                    msgs, pq, mq = waiting.popleft()
-                    await self._consume(msgs, pq, mq)
+                    job, i, j = self._take()
+                    self._add_worker()
+                    if job.run is not None and not _tracing.enabled():
+                        await self._consume_slice(job, i, j)
+                    else:
+                        await self._consume(job.msgs[i:j], job.pq, job.mq)
                 else:
-                    await self._consume_on_thread(self._take_group())
+                    group = self._take_group()
+                    self._add_worker()
+                    await self._consume_on_thread(group)
         finally:
             # Counted down here, not in a done callback: a submit running before that callback
             # would see one worker too many and could leave its batch waiting.
             self._workers -= 1
+            self._flush_offsets()
 
-    def _take_group(self) -> list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue]]:
+    def _take_group(self) -> list[tuple[_Job, int, int]]:
         """Plain listeners: the next batches for one thread hand-off — an even share of the
         FIFO per worker (at most THREAD_GROUP_MAX), so every thread stays busy while a backlog
         lasts and a lone batch still goes alone. The price: batches sharing a trip with a call
         that hangs wait behind it (at most THREAD_GROUP_MAX - 1 of them, and only under a
         backlog of more than one batch per thread)."""
-        share = -(-len(self._waiting) // self._workers_max)
-        return [self._waiting.popleft() for _ in range(max(1, min(share, THREAD_GROUP_MAX)))]
+        share = -(-self._batches_waiting // self._workers_max)
+        group = []
+        for _ in range(max(1, min(share, THREAD_GROUP_MAX))):
+            if not self._waiting:
+                break
+            group.append(self._take())
+        return group
 
-    async def _consume_on_thread(
-        self, group: list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue]]
-    ) -> None:
+    async def _consume_on_thread(self, group: list[tuple[_Job, int, int]]) -> None:
         """Call a plain listener on each batch of ``group`` in one trip to the thread pool.
 
         One trip per batch (a future, a thread wake-up and a loop wake-up) cost a plain listener
@@ -214,49 +275,93 @@ class ConsumeService:
         results are handled here in order, as :meth:`_consume` would.
         """
         items = []
-        for msgs, pq, mq in group:
-            if not pq.dropped:  # not consumed: the committed offset stays below them
-                reset_retry_topic(msgs, self._group)
-                items.append((msgs, pq, mq, ConsumeContext(mq)))
+        for job, i, j in group:
+            if not job.pq.dropped:  # not consumed: the committed offset stays below them
+                items.append((job, i, j, ConsumeContext(job.mq)))
         if not items:
             return
         loop = asyncio.get_running_loop()
         call = functools.partial(contextvars.copy_context().run, self._call_group, items)
         outcomes = await loop.run_in_executor(self._executor, call)
         # Fewer outcomes than items: the group stopped at shutdown.
-        for (msgs, pq, mq, context), (outcome, error) in zip(items, outcomes, strict=False):
+        for (job, i, j, context), (outcome, error, start_ms) in zip(items, outcomes, strict=False):
             if outcome is _NOT_CALLED:
                 continue  # dropped before its call: the committed offset stays below it
-            result = await self._checked(outcome, error, msgs, mq)
+            pq, mq = job.pq, job.mq
+            result = await self._checked(outcome, error, job.msgs[i:j], mq)
             if pq.dropped:
-                self._log_dropped(mq, msgs)
+                self._log_dropped(mq, job.msgs[i:j])
             elif result is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
-                self.consumed_ok += len(msgs)
-                self._release(msgs, pq, mq)
+                self._done(job, i, j, start_ms)
             else:
-                await self.process_consume_result(result, context, msgs, pq, mq)
+                await self.process_consume_result(result, context, job.msgs[i:j], pq, mq)
 
     def _call_group(
-        self, items: list[tuple[list[ReceivedMessage], ProcessQueue, MessageQueue, ConsumeContext]]
-    ) -> list[tuple[object, BaseException | None]]:
-        """On a pool thread: the listener on each batch; (what it returned, what it raised)."""
-        outcomes: list[tuple[object, BaseException | None]] = []
-        for msgs, pq, mq, context in items:
+        self, items: list[tuple[_Job, int, int, ConsumeContext]]
+    ) -> list[tuple[object, BaseException | None, int]]:
+        """On a pool thread: the listener on each batch; (what it returned, what it raised,
+        when it started)."""
+        outcomes: list[tuple[object, BaseException | None, int]] = []
+        for job, i, j, context in items:
             if self._closed:
                 break
+            pq = job.pq
             if pq.dropped:  # only this queue's batch: the others of the group still run
-                outcomes.append((_NOT_CALLED, None))
+                outcomes.append((_NOT_CALLED, None, 0))
                 continue
-            pq.mark_consume_start(msgs)
+            msgs = job.msgs[i:j]  # the listener's own list
+            start_ms = self._start(job, i, j)
             try:
                 if _tracing.enabled():
-                    with _tracing.process_span(self._group, mq, msgs):
-                        outcomes.append((self._listener(list(msgs), context), None))
+                    with _tracing.process_span(self._group, job.mq, msgs):
+                        outcomes.append((self._listener(msgs, context), None, start_ms))
                 else:
-                    outcomes.append((self._listener(list(msgs), context), None))
+                    outcomes.append((self._listener(msgs, context), None, start_ms))
             except Exception as exc:
-                outcomes.append((None, exc))
+                outcomes.append((None, exc, start_ms))
         return outcomes
+
+    @staticmethod
+    def _start(job: _Job, i: int, j: int) -> int:
+        """Mark batch ``i .. j-1`` of ``job`` started; the time (ms)."""
+        if job.run is not None:
+            return job.pq.start_slice(job.run, i, j - i)
+        msgs = job.msgs[i:j]
+        now_ms = wall_clock_ms()
+        job.pq.mark_consume_start(msgs, now_ms)
+        return now_ms
+
+    def _done(self, job: _Job, i: int, j: int, start_ms: int) -> None:
+        """Batch ``i .. j-1`` of ``job`` succeeded whole: release it, move the offset.
+
+        The offset store learns the new offset when the job's last batch is done, as soon as
+        the loop gets a turn (a listener that awaits, a worker out of batches) and at shutdown
+        (:meth:`_flush_offsets`), not after every batch: a worker running through a pull without
+        suspending updates the store once for it. Until then the stored offset is only lower
+        (never past a message in flight), as after any crash."""
+        self.consumed_ok += j - i
+        pq = job.pq
+        offset = None if job.run is None else pq.release_slice(job.run, i, j - i, start_ms)
+        if offset is None:
+            self._release(job.msgs[i:j], pq, job.mq)
+        elif offset >= 0:
+            self._unstored[pq] = (job.mq, offset)
+            if j == len(job.msgs):
+                self._flush_offsets()
+            elif not self._flush_soon:
+                self._flush_soon = True
+                asyncio.get_running_loop().call_soon(self._flush_offsets_soon)
+
+    def _flush_offsets_soon(self) -> None:
+        self._flush_soon = False
+        self._flush_offsets()
+
+    def _flush_offsets(self) -> None:
+        """Hand the offsets :meth:`_done` kept to the offset store."""
+        unstored, self._unstored = self._unstored, {}
+        for pq, (mq, offset) in unstored.items():
+            if not pq.dropped:
+                self._offsets.update_offset(mq, offset, increase_only=True)
 
     async def _checked(
         self,
@@ -323,7 +428,6 @@ class ConsumeService:
             # Not consumed: the committed offset stays below these messages.
             return
         context = ConsumeContext(mq)
-        reset_retry_topic(msgs, self._group)
         pq.mark_consume_start(msgs)
         result = await self._call_listener(list(msgs), context, mq)
         if pq.dropped:
@@ -335,6 +439,47 @@ class ConsumeService:
             self._release(msgs, pq, mq)
             return
         await self.process_consume_result(result, context, msgs, pq, mq)
+
+    async def _consume_slice(self, job: _Job, i: int, j: int) -> None:
+        """:meth:`_consume` of batch ``i .. j-1`` of a pulled job whose run the ProcessQueue
+        knows, without tracing: the same steps, addressed by index (issue 16: this is the path
+        of nearly every listener call, so it is kept to a few calls)."""
+        pq, mq = job.pq, job.mq
+        if pq.dropped:
+            return  # not consumed: the committed offset stays below these messages
+        context = ConsumeContext(mq)
+        start_ms = pq.start_slice(job.run, i, j - i)  # type: ignore[arg-type]
+        try:
+            outcome = self._listener(job.msgs[i:j], context)
+            if outcome.__class__ is _COROUTINE or (
+                outcome is not None
+                and not isinstance(outcome, ConsumeResult)
+                and inspect.isawaitable(outcome)
+            ):
+                outcome = await outcome
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "group %s: listener raised on %d message(s) of %s; they will be retried",
+                self._group,
+                j - i,
+                mq,
+            )
+            outcome = None
+        if outcome is not None and not isinstance(outcome, ConsumeResult):
+            log.warning(
+                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
+                self._group,
+                outcome,
+            )
+            outcome = None
+        if pq.dropped:
+            self._log_dropped(mq, job.msgs[i:j])
+        elif outcome is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
+            self._done(job, i, j, start_ms)
+        else:
+            await self.process_consume_result(outcome, context, job.msgs[i:j], pq, mq)
 
     def _log_dropped(self, mq: MessageQueue, msgs: list[ReceivedMessage]) -> None:
         log.warning(
@@ -451,7 +596,8 @@ class ConsumeService:
     async def shutdown(self, await_termination_ms: int) -> None:
         """Stop taking work; wait up to ``await_termination_ms`` for calls in progress."""
         self._closed = True
-        self._waiting.clear()  # not consumed: the committed offsets stay below them
+        self._waiting.clear()
+        self._batches_waiting = 0  # not consumed: the committed offsets stay below them
         for task in list(self._delayed):
             task.cancel()
         tasks = list(self._tasks)
@@ -462,6 +608,7 @@ class ConsumeService:
             if pending:
                 with contextlib.suppress(Exception):
                     await asyncio.wait(pending, timeout=1.0)
+        self._flush_offsets()  # before the consumer persists them
         if self._executor is not None:
             # Threads still in a listener cannot be interrupted; do not wait for them.
             self._executor.shutdown(wait=False, cancel_futures=True)

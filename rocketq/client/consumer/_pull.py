@@ -183,14 +183,12 @@ class Puller:
         msgs: list[ReceivedMessage] = []
         first_offset = -1
         if resp.status == FOUND and resp.records:
-            decoded = decode_records(resp.records, mq.broker_name)
+            # RocketMQ stamps the queue bounds on each message (lag, ProcessQueue stats); one
+            # dict for the pull, merged when a message's properties are first read.
+            bounds = {Prop.MIN_OFFSET: str(resp.min_offset), Prop.MAX_OFFSET: str(resp.max_offset)}
+            decoded = decode_records(resp.records, mq.broker_name, bounds)
             if decoded:
                 first_offset = decoded[0].queue_offset
-            min_text, max_text = str(resp.min_offset), str(resp.max_offset)
-            for msg in decoded:
-                # RocketMQ stamps the queue bounds on each message (lag, ProcessQueue stats).
-                msg.properties[Prop.MIN_OFFSET] = min_text
-                msg.properties[Prop.MAX_OFFSET] = max_text
             msgs = filter_by_tags(decoded, sub)
         return PullResult(
             int(resp.status),

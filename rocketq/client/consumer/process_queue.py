@@ -26,7 +26,11 @@ consume start times and a running sum of body sizes — and the runs are kept in
 without overlapping. A listener batch is almost always a consecutive slice of one run, so
 removing it or marking it started is a handful of slice operations whatever its length, and the
 commit offset is the first waiting flag of the first run (runs with nothing waiting are
-dropped at once). Anything else (a message put twice, offsets below what is cached, orderly
+dropped at once). The concurrent consume service goes further: it asks for the run of the pull
+it was handed (:meth:`ProcessQueue.run_of`) and marks and releases batches by their index in it
+(:meth:`ProcessQueue.start_slice`, :meth:`ProcessQueue.release_slice`), falling back to the
+offset-based methods when that run has gone (merged by a rebuild, cleared).
+Anything else (a message put twice, offsets below what is cached, orderly
 messages put back after their run went) takes a per-message path, and an insert that does not
 fit after the last run rebuilds the runs as one — rare, and bounded by the flow-control limit
 of a few thousand messages. Every method takes one ``threading.Lock``: pulls run on the event
@@ -38,12 +42,17 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 from rocketq.codec import Prop
 from rocketq.message import ReceivedMessage
+
+_QUEUE_OFFSET = operator.attrgetter("queue_offset")
+_BODY = operator.attrgetter("body")
+"""Field getters for per-message loops run in C (map) rather than in comprehensions."""
 
 #: A queue not pulled for this long is considered stuck and rebuilt by the rebalance.
 PULL_MAX_IDLE_MS = 120_000
@@ -134,14 +143,17 @@ class _Run:
     ``size_before[i]`` the body bytes of messages 0..i-1. ``head`` is the first waiting index
     and ``left`` how many wait (a run with none left is dropped)."""
 
-    __slots__ = ("head", "left", "msgs", "offsets", "size_before", "started_ms", "waiting")
+    __slots__ = ("head", "left", "live", "msgs", "offsets", "size_before", "started_ms", "waiting")
 
     def __init__(self, msgs: list[ReceivedMessage], offsets: list[int]) -> None:
+        self.live = True
+        """False once the run left the queue (all removed, merged by a rebuild, cleared): a
+        consume service holding it then falls back to the per-message methods."""
         self.msgs = msgs
         self.offsets = offsets
         self.waiting = bytearray(b"\x01") * len(msgs)
         self.started_ms = [0] * len(msgs)
-        self.size_before = [0, *itertools.accumulate(len(m.body) for m in msgs)]
+        self.size_before = [0, *itertools.accumulate(map(len, map(_BODY, msgs)))]
         self.head = 0
         self.left = len(msgs)
 
@@ -184,6 +196,7 @@ class ProcessQueue:
         # Orderly mode: messages handed to the listener and not yet committed.
         self._consuming: dict[int, ReceivedMessage] = {}
         self._dispatching = False
+        self._last_put: _Run | None = None  # the run the last put_messages appended as given
 
         self.queue_offset_max = -1
         """Highest queue offset ever put here (-1 before the first message)."""
@@ -270,10 +283,11 @@ class ProcessQueue:
         batch = msgs if isinstance(msgs, list) else list(msgs)
         with self._lock:
             if batch:
-                offsets = [m.queue_offset for m in batch]
+                offsets = list(map(_QUEUE_OFFSET, batch))
                 if offsets[0] > self.queue_offset_max and _strictly_increasing(offsets):
                     # A pull past everything cached: nothing here can repeat one of these.
-                    self._append_run(_Run(batch, offsets))
+                    self._last_put = _Run(batch, offsets)
+                    self._append_run(self._last_put)
                 else:
                     self._insert_slow(batch)
                 last = batch[-1]
@@ -319,6 +333,8 @@ class ProcessQueue:
         self._count -= self._waiting
         self._size_bytes -= sum(len(m.body) for o, m in entries.items() if o not in fresh)
         self._waiting = 0
+        for old in self._runs:
+            old.live = False
         self._runs.clear()
         self._run_starts.clear()
         offsets = sorted(entries)
@@ -354,6 +370,7 @@ class ProcessQueue:
         self._waiting -= n
         size = run.size_before[i + n] - run.size_before[i]
         if run.left == 0:
+            run.live = False
             del self._runs[r]
             del self._run_starts[r]
         elif run.head >= i:
@@ -397,6 +414,61 @@ class ProcessQueue:
                 removed_bytes += self._unwait(r, i, 1)
                 removed += 1
         return removed, removed_bytes
+
+    # ---- slices of a pulled batch (the concurrent consume service's fast path) ----------------
+
+    def run_of(self, msgs: list[ReceivedMessage]) -> _Run | None:
+        """The run the last :meth:`put_messages` made of exactly this list (the same object),
+        or None (the put took the per-message path, or the run has gone since). With it,
+        :meth:`start_slice` and :meth:`release_slice` address messages by their index in
+        ``msgs``: no offset lookups per listener call."""
+        with self._lock:
+            run = self._last_put
+            return run if run is not None and run.msgs is msgs and run.live else None
+
+    def start_slice(self, run: _Run, i: int, n: int) -> int:
+        """:meth:`mark_consume_start` for messages ``i .. i+n-1`` of ``run``; returns the time
+        it recorded (ms), which the matching :meth:`release_slice` takes."""
+        now_ms = self._clock()
+        with self._lock:
+            if run.live:
+                if n == 1:
+                    run.started_ms[i] = now_ms
+                else:
+                    run.started_ms[i : i + n] = [now_ms] * n
+        return now_ms
+
+    def release_slice(self, run: _Run, i: int, n: int, now_ms: int) -> int | None:
+        """:meth:`remove_messages` for messages ``i .. i+n-1`` of ``run``, all still waiting;
+        ``now_ms`` (from :meth:`start_slice`) becomes :attr:`last_consume_timestamp_ms`.
+        Returns the offset to commit, or None when the slice is not in the queue as it was
+        (then call :meth:`remove_messages`)."""
+        with self._lock:
+            waiting = run.waiting
+            if not run.live or (waiting[i] != 1 if n == 1 else waiting.count(1, i, i + n) != n):
+                return None
+            self.last_consume_timestamp_ms = now_ms
+            # _unwait, written out: this runs once per listener call.
+            if n == 1:
+                waiting[i] = 0
+            else:
+                waiting[i : i + n] = bytes(n)
+            run.left -= n
+            self._waiting -= n
+            self._count -= n
+            self._size_bytes -= run.size_before[i + n] - run.size_before[i]
+            runs = self._runs
+            if run.left == 0:
+                run.live = False
+                r = 0 if runs[0] is run else bisect.bisect_left(self._run_starts, run.offsets[0])
+                del runs[r]
+                del self._run_starts[r]
+            elif run.head == i:
+                run.head = waiting.find(1, i + n)
+            if not runs:
+                return self.queue_offset_max + 1
+            first = runs[0]
+            return first.offsets[first.head]
 
     # ---- consume timeout (SPEC §6.13) -------------------------------------------------------
 
@@ -514,6 +586,8 @@ class ProcessQueue:
     def clear(self) -> None:
         """Forget every message (the queue was dropped and will be rebuilt from its offset)."""
         with self._lock:
+            for run in self._runs:
+                run.live = False
             self._runs.clear()
             self._run_starts.clear()
             self._waiting = 0
@@ -531,4 +605,4 @@ class ProcessQueue:
 
 def _strictly_increasing(offsets: list[int]) -> bool:
     """True when ``offsets`` ascend without repeats (a pull's always do; checked in C)."""
-    return len(offsets) < 2 or (offsets == sorted(offsets) and len(set(offsets)) == len(offsets))
+    return all(map(operator.lt, offsets, itertools.islice(offsets, 1, None)))
