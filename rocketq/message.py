@@ -149,7 +149,7 @@ class ReceivedMessage:
     def from_record(cls, record: codec.Record, broker_name: str = "") -> ReceivedMessage:
         body = record.body
         if record.sys_flag & codec.SysFlag.COMPRESSED:
-            body = zlib.decompress(body)
+            body = inflate(body, record.physical_offset)
         offset_msg_id = record.offset_msg_id
         return cls(
             topic=record.topic,
@@ -172,6 +172,17 @@ class ReceivedMessage:
             prepared_transaction_offset=record.prepared_transaction_offset,
             broker_name=broker_name,
         )
+
+
+def inflate(body: bytes, at: int) -> bytes:
+    """The body of a record flagged COMPRESSED; a body that does not inflate is a corrupt
+    record (``at``: where it is, for the message), as a CRC mismatch is."""
+    try:
+        return zlib.decompress(body)
+    except zlib.error as exc:
+        raise codec.CorruptRecord(
+            f"at {at}: body flagged compressed does not inflate: {exc}"
+        ) from None
 
 
 _RECEIVED_FIELDS = tuple(f.name for f in dataclasses.fields(ReceivedMessage))
@@ -291,7 +302,7 @@ def decode_records(
         m._pos = pos
         m._extra = extra_properties
         m.topic = topic
-        m.body = zlib.decompress(body) if f[7] & compressed else body
+        m.body = inflate(body, pos) if f[7] & compressed else body
         m.queue_id = f[3]
         m.queue_offset = f[5]
         m.commitlog_offset = f[6]
