@@ -8,13 +8,14 @@ during the fsync are covered by the next one. RocketMQ swaps two request lists e
 here the next fsync starts once the loop has released the previous group, which gives the same
 batching without a fixed tick.
 
-Per group the loop does three things: wakes the flusher (a set Event costs no turn while a
-flush runs), hands the fsync to the thread, takes its answer and releases the group. Measured
-under the peers benchmark's SYNC_FLUSH load, an earlier shape (a ``wait_for`` task per group and
-``asyncio.wait`` around each fsync, for the deadlines) made a writer wait ~4 fsync durations;
-this one ~2.5. A dedicated flusher thread that restarts the fsync without the loop cut the wait
-to ~2, but ran twice the fsyncs for smaller groups and cost more CPU per message on this
-CPU-bound 2-core machine: with the loop in the cycle, a busy broker gets larger groups.
+Per group the loop wakes the flusher (a set Event costs no turn while a flush runs), lets
+runnable Send handlers append once more, hands the fsync to the thread and releases the group
+when it answers. Measured under the peers benchmark's SYNC_FLUSH load (tools/bench/peers.py), an
+earlier shape (a ``wait_for`` task per group and ``asyncio.wait`` around each fsync, for the
+deadlines) made a writer wait ~4 fsync durations; this one ~3. A dedicated flusher thread that
+restarts the fsync without the loop cut the wait to ~2, but ran twice the fsyncs for smaller
+groups and cost more CPU per message on this CPU-bound 2-core machine: with the loop in the
+cycle, a busy broker gets larger groups.
 
 A writer not released within ``sync_flush_timeout_ms`` gets ``False`` (→ FLUSH_DISK_TIMEOUT):
 its message is stored and will be flushed, but the broker could not promise it in time. One
@@ -203,6 +204,10 @@ class FlushService:
             else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), self.flush_interval_commitlog_ms / 1000)
+            if sync:
+                # One loop turn before the fsync reads the write position: Send handlers already
+                # runnable append first and ride in this group instead of the next one.
+                await asyncio.sleep(0)
             wakeup.clear()
             if sync and not self._waiters:
                 continue
