@@ -10,12 +10,12 @@ batching without a fixed tick.
 
 Per group the loop wakes the flusher (a set Event costs no turn while a flush runs), lets
 runnable Send handlers append once more, hands the fsync to the thread and releases the group
-when it answers. Measured under the peers benchmark's SYNC_FLUSH load (tools/bench/peers.py), an
+when it answers. Under the peers benchmark's SYNC_FLUSH produce load on a loaded 2-core VM, an
 earlier shape (a ``wait_for`` task per group and ``asyncio.wait`` around each fsync, for the
-deadlines) made a writer wait ~4 fsync durations; this one ~3. A dedicated flusher thread that
-restarts the fsync without the loop cut the wait to ~2, but ran twice the fsyncs for smaller
-groups and cost more CPU per message on this CPU-bound 2-core machine: with the loop in the
-cycle, a busy broker gets larger groups.
+deadlines) kept a writer waiting 4.5-9.8 ms for fsyncs of 1.1-2.6 ms; this one 2.9-4.5 ms for
+fsyncs of 0.9-1.3 ms, at the same CPU per message. A dedicated flusher thread that restarts the
+fsync without the loop ran twice the fsyncs for smaller groups and cost more CPU per message:
+on a CPU-bound machine, with the loop in the cycle, a busy broker gets larger groups.
 
 A writer not released within ``sync_flush_timeout_ms`` gets ``False`` (→ FLUSH_DISK_TIMEOUT):
 its message is stored and will be flushed, but the broker could not promise it in time. One
