@@ -313,7 +313,8 @@ def cpu_s(pid: int) -> float:
 
 
 def client_cpu_s() -> float:
-    """User + system CPU seconds of this process and its joined sender processes."""
+    """User + system CPU seconds of this process and its joined sender processes (with
+    ``--clients`` > 1 that includes their interpreter start-up: about a second of CPU each)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 
