@@ -117,6 +117,40 @@ def test_chunk_size_is_a_batch_and_never_beyond_the_in_flight_window() -> None:
     assert link.chunk_bytes(256, 1024) == 256
 
 
+def test_an_append_wakes_a_sender_only_when_it_may_ship_the_bytes() -> None:
+    """haSmallChunksInFlightMax=1: with a chunk unacked, a small append waits for the ack, so
+    it does not wake the sender; an append that fills a chunk does, and so does the ack."""
+    m = Master(ha_small_chunks_in_flight_max=1, ha_transfer_batch_size=4096)
+    link = m.connect()
+    link.wake.clear()
+    m.append(100)
+    assert link.wake.is_set()  # nothing in flight: ship at once
+    link.wake.clear()
+    m.stream(link)
+    link.chunk_ends.append(link.sent_offset)  # what the sender loop records per chunk
+    m.append(100)
+    assert not link.wake.is_set()  # a small tail behind an unacked chunk: held
+    m.append(4096)
+    assert link.wake.is_set()  # a full chunk waits: ship it
+    link.wake.clear()
+    m.ack(link, 100)
+    assert link.wake.is_set()  # the ack releases the held tail
+
+
+def test_an_append_does_not_wake_a_sender_whose_window_is_full() -> None:
+    m = Master(
+        ha_small_chunks_in_flight_max=0, ha_transfer_batch_size=4096, ha_max_in_flight_bytes=8192
+    )
+    link = m.connect()
+    m.append(8192)
+    m.stream(link)
+    link.wake.clear()
+    m.append(100)
+    assert not link.wake.is_set()  # 8192 bytes unacked: nothing may go before an ack
+    m.ack(link, 4096)
+    assert link.wake.is_set()
+
+
 # -- in-sync set and confirm offset ----------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from services.store.message_store import (
     PutStatus,
     StoreError,
 )
+from tests.support.until import until
 
 pytestmark = pytest.mark.unit
 
@@ -536,6 +537,41 @@ async def test_sync_flush_timeout_is_reported_while_a_slow_fsync_is_still_runnin
         res = await store.put([_msg(body=b"slow disk")])
         assert res.status is PutStatus.FLUSH_DISK_TIMEOUT
         assert loop.time() - started < 0.5  # answered at its deadline, not after the fsync
+    finally:
+        failpoints.reload("")
+        await store.shutdown()
+
+
+async def test_sync_flush_writers_behind_a_stuck_fsync_time_out_then_the_next_is_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """Two writers wait behind one stuck fsync: each is answered FLUSH_DISK_TIMEOUT at its
+    deadline (not before, not when the fsync ends), their messages stay stored and the fsync
+    makes them durable when it ends; a writer after that is acknowledged by the next fsync."""
+    config = _config(tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout_ms=100)
+
+    store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
+    await store.start()
+    failpoints.reload("commitlog_before_flush=sleep(700)")
+    try:
+        loop = asyncio.get_running_loop()
+
+        async def timed_put(body: bytes) -> tuple[PutStatus, float]:
+            started = loop.time()
+            res = await store.put([_msg(body=body)])
+            return res.status, loop.time() - started
+
+        answers = await asyncio.gather(timed_put(b"first"), timed_put(b"second"))
+        for status, waited_s in answers:
+            assert status is PutStatus.FLUSH_DISK_TIMEOUT
+            assert 0.09 <= waited_s < 0.5  # at the 100 ms deadline, long before the 700 ms fsync
+        failpoints.reload("")
+        stored_end = store.commitlog.max_offset  # timed out, yet stored: the fsync covers them
+        await until(lambda: store.flusher.flushed_offset >= stored_end, "the stuck fsync ended")
+        res = await store.put([_msg(body=b"after the disk answered")])
+        assert res.status is PutStatus.PUT_OK
+        last = res.results[-1]
+        assert store.flusher.flushed_offset >= last.physical_offset + last.size_bytes
     finally:
         failpoints.reload("")
         await store.shutdown()

@@ -26,6 +26,10 @@ for the same cores and the ratios say more than the absolute rates. Prints, neve
 ``--quick`` (3 s per load, 8 s of lag sampling) finishes in about a minute. Each line also gives
 the master's and the slave's CPU per acknowledged message (/proc), which a loaded machine
 disturbs far less than throughput; ``--rounds`` interleaves the setups and reports medians.
+The client's CPU (this process and its sender processes) is counted too, and the total: when
+client, master and slave share a small machine, throughput follows the total CPU per message,
+so the no-slave total over a setup's total ("CPU ratio") is the throughput ratio a CPU-bound
+run can reach.
 """
 
 from __future__ import annotations
@@ -308,15 +312,26 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def client_cpu_s() -> float:
+    """User + system CPU seconds of this process and its joined sender processes (with
+    ``--clients`` > 1 that includes their interpreter start-up: about a second of CPU each)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def _line(label: str, r: LoadResult, base: LoadResult | None) -> str:
     ratio = f"{r.rate / base.rate:5.2f}x" if base and base.rate else "  1.00x"
     extra = ""
     if r.not_ok or r.errors:
         extra = f"  ({r.not_ok} not SEND_OK, {r.errors} failed calls)"
+    total = sum(r.cpu_us_per_msg.values())
+    base_total = sum(base.cpu_us_per_msg.values()) if base else 0.0
+    ceiling = f", CPU ratio {base_total / total:.2f}x" if base_total and total else ""
     return (
         f"  {label:<12} {r.rate:>10,.0f} msgs/s  {ratio} of no-slave   "
         f"p50 {r.pct_ms(0.5):6.2f} ms  p99 {r.pct_ms(0.99):7.2f} ms  cpu/msg "
         + " ".join(f"{who} {us:.1f} us" for who, us in r.cpu_us_per_msg.items())
+        + f" (total {total:.1f} us{ceiling})"
         + extra
     )
 
@@ -378,7 +393,9 @@ def run(
             for name, batch, in_flight in loads:
                 servers = {p.name: p.pid for p in setup.procs[1:]}
                 cpu0 = {who: cpu_s(pid) for who, pid in servers.items()}
+                client0 = client_cpu_s()
                 r = run_load(setup.master, batch, in_flight, duration_s, clients)
+                r.cpu_us_per_msg["client"] = (client_cpu_s() - client0) * 1e6 / max(1, r.messages)
                 for who, pid in servers.items():
                     used_s = cpu_s(pid) - cpu0[who]
                     r.cpu_us_per_msg[who] = used_s * 1e6 / max(1, r.messages)
