@@ -413,7 +413,9 @@ class ProducerCore:
         req.sys_flag |= sys_flag
         started_ms = _now_ms()
         try:
-            results = await self._send_handler().send(addr, mq, req, timeout_ms)
+            results = await self._send_handler().send(
+                addr, mq, req, timeout_ms, [item.msg_id for item in items]
+            )
         except RocketQError as exc:
             if self.fault is not None and exc.retriable:
                 self.fault.update(mq.broker_name, _now_ms() - started_ms, isolation=True)

@@ -300,6 +300,7 @@ def build_send_request(
         born_timestamp_ms=born_timestamp_ms or time.time_ns() // 1_000_000,
     )
     if as_records and len(items) > 1:
+        req.compact_response = True  # we know the ids: SendResponse.batch (batch_results)
         req.records = codec.encode_sent_batch(
             items[0].topic.encode(),
             [(m.body, m.properties, m.flag) for m in items],
@@ -349,6 +350,34 @@ def to_results(
     return out
 
 
+def batch_results(
+    batch: messaging_pb2.SendBatchResult, mq: MessageQueue, msg_ids: Sequence[str], target: str
+) -> list[SendResult]:
+    """The SendResults of a compact answer (SendRequest.compact_response): message i has the
+    i-th of ``msg_ids`` (the UNIQ_KEYs the request carried), ``first_queue_offset + i`` and an
+    offset message id made of the store host prefix and its physical offset. Equal to the
+    results :func:`to_results` makes of the same answer sent per message."""
+    offsets = list(batch.physical_offsets)
+    if len(offsets) != len(msg_ids):
+        raise ServerError(
+            f"broker answered {len(offsets)} results for {len(msg_ids)} messages", target=target
+        )
+    status = _STATUS.get(batch.status)
+    if status is None:
+        raise ServerError(f"broker sent an unknown send status {batch.status}", target=target)
+    queue_id = batch.queue_id
+    queue = mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id)
+    prefix = batch.offset_msg_id_prefix
+    first = batch.first_queue_offset
+    new = send_result
+    return [
+        new(status, msg_id, f"{prefix}{phys:016X}", queue, queue_offset)
+        for msg_id, phys, queue_offset in zip(
+            msg_ids, offsets, range(first, first + len(offsets)), strict=True
+        )
+    ]
+
+
 class SendHandler:
     """Sends one SendRequest to one broker and turns the answer into SendResults or an error."""
 
@@ -356,13 +385,28 @@ class SendHandler:
         self._stub_of = stub_of
 
     async def send(
-        self, addr: str, mq: MessageQueue, req: messaging_pb2.SendRequest, timeout_ms: int
+        self,
+        addr: str,
+        mq: MessageQueue,
+        req: messaging_pb2.SendRequest,
+        timeout_ms: int,
+        msg_ids: Sequence[str] | None = None,
     ) -> list[SendResult]:
+        """``msg_ids``: the UNIQ_KEYs of the request's messages, in order (needed to read a
+        compact answer; a request without them is answered per message)."""
         try:
             resp = await self._stub_of(addr).Send(req, timeout=max(timeout_ms, 1) / 1000)
         except grpc.RpcError as err:
             raise from_rpc_error(err, addr) from None
-        count = len(req.messages) or codec.count_records(req.records)
+        if not resp.results and resp.HasField("batch"):
+            if msg_ids is None:
+                raise ServerError("broker answered compactly to a request without ids", target=addr)
+            return batch_results(resp.batch, mq, msg_ids, addr)
+        count = (
+            len(msg_ids)
+            if msg_ids is not None
+            else len(req.messages) or codec.count_records(req.records)
+        )
         return to_results(resp, mq, count, addr)
 
     def send_oneway(
