@@ -44,6 +44,7 @@ from rocketq.client.errors import (
     from_rpc_error,
 )
 from rocketq.client.producer._accumulator import ProducerBatch, RecordAccumulator
+from rocketq.client.producer._send_stream import SendStreams, StreamUnsupported
 from rocketq.codec import Prop
 from rocketq.message import (
     DELAY_LEVEL_MAX,
@@ -428,8 +429,14 @@ def batch_results(
 class SendHandler:
     """Sends one SendRequest to one broker and turns the answer into SendResults or an error."""
 
-    def __init__(self, stub_of: Callable[[str], messaging_pb2_grpc.MessagingAsyncStub]) -> None:
+    def __init__(
+        self,
+        stub_of: Callable[[str], messaging_pb2_grpc.MessagingAsyncStub],
+        streams: SendStreams | None = None,
+    ) -> None:
         self._stub_of = stub_of
+        self._streams = streams
+        """Send down a SendStream per broker (_send_stream.py); None = a unary call each."""
 
     async def send(
         self,
@@ -441,10 +448,17 @@ class SendHandler:
     ) -> list[SendResult]:
         """``msg_ids``: the UNIQ_KEYs of the request's messages, in order (needed to read a
         compact answer; a request without them is answered per message)."""
-        try:
-            resp = await self._stub_of(addr).Send(req, timeout=max(timeout_ms, 1) / 1000)
-        except grpc.RpcError as err:
-            raise from_rpc_error(err, addr) from None
+        timeout_s = max(timeout_ms, 1) / 1000
+        streams = self._streams
+        resp: messaging_pb2.SendResponse | None = None
+        if streams is not None and streams.usable(addr):
+            with contextlib.suppress(StreamUnsupported):  # an older broker: unary from now on
+                resp = await streams.send(addr, req, timeout_s)
+        if resp is None:
+            try:
+                resp = await self._stub_of(addr).Send(req, timeout=timeout_s)
+            except grpc.RpcError as err:
+                raise from_rpc_error(err, addr) from None
         if not resp.results and resp.HasField("batch"):
             if msg_ids is None:
                 raise ServerError("broker answered compactly to a request without ids", target=addr)
@@ -455,6 +469,11 @@ class SendHandler:
             else len(req.messages) or codec.count_records(req.records)
         )
         return to_results(resp, mq, count, addr)
+
+    async def close(self) -> None:
+        """End the send streams (after the sends in flight are answered)."""
+        if self._streams is not None:
+            await self._streams.close()
 
     def send_oneway(
         self, addr: str, req: messaging_pb2.SendRequest, timeout_ms: int

@@ -1937,3 +1937,93 @@ class SendBatchResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SendBatchResult: _TypeAlias = SendBatchResult  # noqa: Y015
+
+@_typing.final
+class SendStreamRequest(_message.Message):
+    """One request on a SendStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the client, echoed in the answer; unique among the stream's unanswered requests."""
+    @_builtins.property
+    def request(self) -> Global___SendRequest:
+        """Handled as Messaging.Send handles it."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        request: Global___SendRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamRequest: _TypeAlias = SendStreamRequest  # noqa: Y015
+
+@_typing.final
+class SendStreamResponse(_message.Message):
+    """The answer to one SendStreamRequest: its response, or its error."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The request's id."""
+    @_builtins.property
+    def response(self) -> Global___SendResponse:
+        """What Send would have returned."""
+
+    @_builtins.property
+    def error(self) -> Global___SendStreamError:
+        """Set instead of response when Send would have ended with an error status."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        response: Global___SendResponse | None = ...,
+        error: Global___SendStreamError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "id", b"id", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamResponse: _TypeAlias = SendStreamResponse  # noqa: Y015
+
+@_typing.final
+class SendStreamError(_message.Message):
+    """The status a refused Send would have ended with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code, as a number (3 = INVALID_ARGUMENT, 14 = UNAVAILABLE, ...)."""
+    @_builtins.property
+    def detail(self) -> _common_pb2.ErrorDetail:
+        """The reason and message a Send's status details would carry."""
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        detail: _common_pb2.ErrorDetail | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "detail", b"detail"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamError: _TypeAlias = SendStreamError  # noqa: Y015
