@@ -15,25 +15,32 @@ Each request is handled exactly as ``Messaging.Send`` handles it (``telemetry.se
 order requests arrive and a Send appends before its first await, so requests are stored in
 stream order; their waits for flush or slaves overlap, as concurrent unary Sends do. A refused
 request is answered with the status Send would have ended with (code + ErrorDetail) and the
-stream goes on. At most :data:`SEND_STREAM_IN_FLIGHT_MAX` requests of a stream are handled at
-once; the stream's reads wait for a free slot (flow control back to the client).
+stream goes on. With metrics on, each request is counted and timed in the gRPC call metrics
+as a Send (``rpc_method="Send"``), the stream itself as SendStream. At most
+:data:`SEND_STREAM_IN_FLIGHT_MAX` requests of a stream are handled at once; the stream's reads
+wait for a free slot (flow control back to the client).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from services.common.errors import ServiceError
+from services.common.telemetry import state as telemetry_state
+from services.common.telemetry.grpc_metrics import record_call
 
 log = logging.getLogger(__name__)
 
 SEND_STREAM_IN_FLIGHT_MAX = 64
 """Requests of one stream handled at once (a producer keeps 8 batches in flight by default)."""
+
+SEND_METHOD = "/rocketq.v1.Messaging/Send"
 
 SendFn = Callable[[messaging_pb2.SendRequest, str], Awaitable[messaging_pb2.SendResponse]]
 
@@ -69,15 +76,21 @@ async def serve_send_stream(
 
     async def one(item: messaging_pb2.SendStreamRequest) -> None:
         answer = messaging_pb2.SendStreamResponse(id=item.id)
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
         try:
             answer.response.CopyFrom(await send(item.request, peer))
         except ServiceError as exc:
             answer.error.CopyFrom(_error(exc))
+            code = exc.code
         except Exception as exc:  # a bug: logged, answered INTERNAL, the stream goes on
             log.exception("unexpected error in SendStream's Send")
             answer.error.CopyFrom(_internal(exc))
+            code = grpc.StatusCode.INTERNAL
         finally:
             slots.release()
+        if telemetry_state.METRICS:  # counted and timed as the Send it stands for
+            record_call(SEND_METHOD, code, start)
         answers.put_nowait(answer)
 
     async def writer() -> None:
