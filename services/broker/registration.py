@@ -16,13 +16,13 @@ drop the broker at once instead of after the 120 s expiry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 import grpc
 
 from rocketq._api.rocketq.v1 import nameserver_pb2, nameserver_pb2_grpc
+from rocketq.aio import wait_event
 from rocketq.client.security import security_channel
 from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
 
@@ -105,9 +105,9 @@ class BrokerRegistrar:
 
     # -- internals -------------------------------------------------------------------------------
     async def _cancel_task(self) -> None:
-        """Cancel the heartbeat loop until it has ended: on Python 3.11 ``asyncio.wait_for``
-        swallows a cancellation that arrives just as what it waits for is done (a trigger
-        right before a stop), and the loop would sleep a whole period before the next one."""
+        """Cancel the heartbeat loop until it has ended. Its own wait keeps a cancellation
+        (:func:`rocketq.aio.wait_event`), but a round's awaits may lose one on Python 3.11 (a
+        ``wait_for`` in grpc or below), and the loop must not run a period more."""
         task, self._task = self._task, None
         while task is not None and not task.done():
             task.cancel()
@@ -115,8 +115,7 @@ class BrokerRegistrar:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):  # the period elapsed: a plain heartbeat
-                await asyncio.wait_for(self._wake.wait(), self._period_s)
+            await wait_event(self._wake, self._period_s)  # or the period elapsed: a heartbeat
             self._wake.clear()
             try:
                 await self._register_all()

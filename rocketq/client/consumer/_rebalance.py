@@ -57,6 +57,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from rocketq.aio import wait_event
 from rocketq.client.consumer.allocate import AllocateStrategy
 from rocketq.client.consumer.config import ConsumeFromWhere, MessageModel
 from rocketq.client.consumer.process_queue import ProcessQueue, wall_clock_ms
@@ -496,8 +497,7 @@ class RebalanceService:
                 balanced = await self._rebalance()
             except Exception:  # keep the loop alive; the next tick retries
                 log.exception("rebalance of %s failed", self._name)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), self.next_wait_s(balanced))
+            await wait_event(self._event, self.next_wait_s(balanced))
 
     def next_wait_s(self, balanced: bool | None) -> float:
         """The pause after a rebalance that answered ``balanced`` (None: it had no answer)."""

@@ -381,7 +381,9 @@ class LitePullConsumer:
                 if remaining <= 0:
                     batch = self._buffer.get_nowait()
                 else:
-                    batch = await asyncio.wait_for(self._buffer.get(), remaining)
+                    # not wait_for: on 3.11 it can swallow a cancellation (rocketq.aio)
+                    async with asyncio.timeout(remaining):
+                        batch = await self._buffer.get()
             except (TimeoutError, asyncio.QueueEmpty):
                 return []
             st = self._queues.get(batch.mq)

@@ -25,7 +25,6 @@ not wait). Errors come back as SDK errors through ``from_rpc_error``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import zlib
@@ -35,6 +34,7 @@ import grpc
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq.aio import wait_event
 from rocketq.client.errors import (
     ClientStateError,
     InvalidArgumentError,
@@ -528,8 +528,7 @@ class BatchSender:
             if wait_s == 0:
                 await asyncio.sleep(0)
                 continue
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._acc.wakeup.wait(), wait_s)
+            await wait_event(self._acc.wakeup, wait_s)
 
     async def _ship(self, batch: ProducerBatch[PreparedMessage]) -> None:
         try:

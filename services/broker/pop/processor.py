@@ -23,7 +23,6 @@ tries again until the time is up.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -33,6 +32,7 @@ import grpc
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq.aio import wait_event
 from rocketq.validation import (
     PERM_READ,
     PERM_WRITE,
@@ -404,9 +404,7 @@ class PopProcessor:
         expiry = self.state.fifo_next_expiry_ms(group, now_ms)
         wait_ms = left_ms if expiry is None else min(left_ms, expiry - now_ms + 1)
         event = self._fifo_released.setdefault(group, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(event.wait(), max(wait_ms, 1) / 1000)
-        return False
+        return await wait_event(event, max(wait_ms, 1) / 1000)
 
     def _fifo_wake(self, ck: Checkpoint) -> None:
         if ck.fifo and (event := self._fifo_released.pop(ck.group, None)) is not None:
