@@ -25,6 +25,7 @@ not wait). Errors come back as SDK errors through ``from_rpc_error``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import zlib
