@@ -94,8 +94,11 @@ async def serve_send_stream(
         answers.put_nowait(answer)
 
     async def writer() -> None:
-        while (answer := await answers.get()) is not None:
-            await write(answer)
+        try:
+            while (answer := await answers.get()) is not None:
+                await write(answer)
+        except Exception as exc:  # the call ended under us (client gone): nobody to answer
+            log.debug("SendStream from %s ended while answering: %r", peer, exc)
 
     writing = asyncio.create_task(writer())
     try:

@@ -151,3 +151,21 @@ async def test_a_server_without_send_stream_is_sent_unary_calls(one: Cluster) ->
         assert err.value.code == "UNIMPLEMENTED"
         assert not streams.usable(one.nameserver.addr)
         await handler.close()
+
+
+async def test_a_client_that_walks_away_mid_stream_leaves_the_broker_serving(one: Cluster) -> None:
+    async with RawClient(one.broker.addr) as raw:
+        call = raw.messaging.SendStream()
+        for rid in range(1, 21):
+            req = messaging_pb2.SendRequest(queue_id=0, records=_records(TOPIC, 50))
+            await call.write(messaging_pb2.SendStreamRequest(id=rid, request=req))
+        call.cancel()
+    cfg = ProducerConfig("pg_after_walkaway", one.namesrv_addrs)
+    async with Producer(cfg) as p:
+        result = await p.send(
+            Message(TOPIC, b"still serving"), queue=MessageQueue(TOPIC, "broker-a", 0)
+        )
+    stored = await pull_queue(one.broker.addr, TOPIC, 0)
+    assert stored[-1].body == b"still serving" and stored[-1].queue_offset == result.queue_offset
+    assert len(stored) % 50 == 1, "a request of the walked-away stream was half stored"
+    one.check_logs()
