@@ -13,7 +13,13 @@ import pytest
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
-from rocketq.client.errors import RequestTimeoutError, ServerError, detail_of
+from rocketq.client.errors import (
+    MessageTooLargeError,
+    RequestTimeoutError,
+    RocketQError,
+    ServerError,
+    detail_of,
+)
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.client.producer._send_stream import SendStreams
 from rocketq.client.producer._sender import SendHandler, build_send_request, prepare_batch
@@ -169,3 +175,27 @@ async def test_a_client_that_walks_away_mid_stream_leaves_the_broker_serving(one
     assert stored[-1].body == b"still serving" and stored[-1].queue_offset == result.queue_offset
     assert len(stored) % 50 == 1, "a request of the walked-away stream was half stored"
     one.check_logs()
+
+
+async def test_a_refusal_raises_the_same_error_down_the_stream_as_unary(one: Cluster) -> None:
+    """The broker refuses what the producer let through (its maxMessageSize is lowered at
+    run time): both producers raise the same SDK error, class, text and reason."""
+    cfg = ProducerConfig("pg_refused", one.namesrv_addrs, retry_times_when_send_failed=0)
+    q = MessageQueue(TOPIC, "broker-a", 0)
+    raised: list[RocketQError] = []
+    async with RawClient(one.broker.addr) as raw:
+        await raw.set_config("maxMessageSize", "2048")
+        try:
+            for stream in (True, False):
+                async with Producer(dataclasses.replace(cfg, send_stream=stream)) as p:
+                    with pytest.raises(MessageTooLargeError) as err:
+                        await p.send_batch([Message(TOPIC, b"x" * 1000)] * 3, queue=q)
+                    raised.append(err.value)
+        finally:
+            await raw.set_config("maxMessageSize", str(4 * 1024 * 1024))
+    down_stream, unary = raised
+    assert unary.code == "INVALID_ARGUMENT", "refused by the broker, not the producer"
+    assert str(down_stream) == str(unary) and "maxMessageSize" in str(unary)
+    assert (down_stream.code, down_stream.reason, down_stream.metadata) == (
+        unary.code, unary.reason, unary.metadata,
+    )  # fmt: skip
