@@ -37,8 +37,9 @@ from services.common.telemetry.grpc_metrics import record_call
 
 log = logging.getLogger(__name__)
 
-SEND_STREAM_IN_FLIGHT_MAX = 64
-"""Requests of one stream handled at once (a producer keeps 8 batches in flight by default)."""
+SEND_STREAM_IN_FLIGHT_MAX = 512
+"""Requests of one stream handled at once: enough that many concurrent lone sends still share a
+SYNC_FLUSH group commit as their unary calls did; the reads of the stream wait beyond it."""
 
 SEND_METHOD = "/rocketq.v1.Messaging/Send"
 

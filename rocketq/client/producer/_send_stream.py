@@ -35,8 +35,9 @@ from rocketq.client.errors import (
     status_code,
 )
 
-STREAM_PENDING_MAX = 10_000
-"""Requests waiting on one stream; the producer's own in-flight limits bound it first."""
+STREAM_PENDING_MAX = 100_000
+"""Requests waiting on one stream, a safety bound: the producer's own in-flight limits (e.g.
+``async_in_flight_max``) bound it first."""
 
 
 class StreamUnsupported(Exception):
