@@ -433,7 +433,9 @@ class ProducerCore:
     def _send_handler(self) -> SendHandler:
         if self._handler is None:
             streams = None
-            security = self.config.security or default_security()
+            security = self.config.security
+            if security is None:
+                security = default_security()
             if self.config.send_stream and not security.signs:
                 streams = SendStreams(self.instance.messaging)
             self._handler = SendHandler(self.instance.messaging, streams)

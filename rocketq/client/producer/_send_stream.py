@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -86,8 +87,11 @@ class _Stream:
                 await self._call.write(await self._outbox.get())
 
     async def _read(self) -> None:
-        error: BaseException = BrokerUnavailableError(
-            f"the send stream to {self.addr} failed", code="UNAVAILABLE", target=self.addr
+        addr = self.addr
+        # What the requests still waiting get when the stream ends: one error object each.
+        unavailable = functools.partial(BrokerUnavailableError, code="UNAVAILABLE", target=addr)
+        error: Callable[[], BaseException] = functools.partial(
+            unavailable, f"the send stream to {addr} failed"
         )
         try:
             async for answer in self._call:
@@ -99,26 +103,26 @@ class _Stream:
                     detail = e.detail if e.HasField("detail") else None
                     code = status_code(e.code)
                     text = detail.message if detail is not None and detail.message else code.name
-                    fut.set_exception(from_status(code, text, detail, self.addr))
+                    fut.set_exception(from_status(code, text, detail, addr))
                 else:
                     fut.set_result(answer.response)
-            error = BrokerUnavailableError(
-                f"{self.addr} ended the send stream", code="UNAVAILABLE", target=self.addr
-            )
+            error = functools.partial(unavailable, f"{addr} ended the send stream")
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                error = StreamUnsupported(self.addr)
+                error = functools.partial(StreamUnsupported, addr)
             else:
-                error = from_rpc_error(err, self.addr)
+                error = functools.partial(from_rpc_error, err, addr)
         except asyncio.CancelledError:
-            error = ClientStateError("the producer closed before the broker answered")
+            error = functools.partial(
+                ClientStateError, "the producer closed before the broker answered"
+            )
             raise
         finally:
             self.broken = True
             self._writer.cancel()
             for fut in self._pending.values():
                 if not fut.done():
-                    fut.set_exception(error)
+                    fut.set_exception(error())
             self._pending.clear()
 
     async def close(self) -> None:
