@@ -102,18 +102,24 @@ async def serve_send_stream(
             log.debug("SendStream from %s ended while answering: %r", peer, exc)
 
     writing = asyncio.create_task(writer())
+    ended: ServiceError | None = None
     try:
-        async for item in requests:
-            await slots.acquire()
-            if writing.done():  # the client went away: what it sent cannot be answered
-                break
-            task = asyncio.create_task(one(item))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+        try:
+            async for item in requests:
+                await slots.acquire()
+                if writing.done():  # the client went away: what it sent cannot be answered
+                    break
+                task = asyncio.create_task(one(item))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        except ServiceError as exc:  # a bad frame ends the stream, after the good ones' answers
+            ended = exc
         if tasks:
             await asyncio.wait(list(tasks))
         answers.put_nowait(None)
         await writing
+        if ended is not None:
+            raise ended
     finally:
         writing.cancel()
         for task in list(tasks):

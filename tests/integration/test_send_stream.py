@@ -200,3 +200,23 @@ async def test_a_refusal_raises_the_same_error_down_the_stream_as_unary(one: Clu
     assert (down_stream.code, down_stream.reason, down_stream.metadata) == (
         unary.code, unary.reason, unary.metadata,
     )  # fmt: skip
+
+
+async def test_a_corrupt_frame_ends_the_stream_after_the_answers_before_it(one: Cluster) -> None:
+    good = messaging_pb2.SendStreamRequest(
+        id=7, request=messaging_pb2.SendRequest(queue_id=0, records=_records(TOPIC, 4))
+    )
+    async with RawClient(one.broker.addr) as raw:
+        call = raw.channel.stream_stream(
+            "/rocketq.v1.Messaging/SendStream",
+            request_serializer=lambda frame: frame,
+            response_deserializer=messaging_pb2.SendStreamResponse.FromString,
+        )(iter([good.SerializeToString(), b"\x00"]))
+        answers = []
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for answer in call:
+                answers.append(answer)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid protobuf message" in (err.value.details() or "")
+    assert [a.id for a in answers] == [7] and len(answers[0].response.results) == 4
+    one.check_logs()
