@@ -37,11 +37,11 @@ _MIN = codec.RECORD_MIN_BYTES
 _MAGIC = codec.MESSAGE_MAGIC
 _COMPRESSED = SysFlag.COMPRESSED
 _BODY_AT = codec.FIXED_BYTES_V4 + 4
+"""Where an IPv4 record's body starts: the fixed fields, then BODYLENGTH (4 bytes); after the
+body come TOPICLENGTH (1 byte), the topic, PROPERTIESLENGTH (2 bytes), the properties."""
 _HEAD_AND_BODY_LEN = struct.Struct(_HEAD.format + f"{codec.FIXED_BYTES_V4 - _HEAD.size}xi")
 """SENT_HEAD's fields, then BODYLENGTH (the host and store fields between are skipped): one
 unpack per record instead of two."""
-"""Where an IPv4 record's body starts: the fixed fields, then BODYLENGTH (4 bytes); after the
-body come TOPICLENGTH (1 byte), the topic, PROPERTIESLENGTH (2 bytes), the properties."""
 SENT_RECORDS_MAX = 65_536
 """Records one request may hold (gRPC's message size limit bounds it first in practice)."""
 
