@@ -168,8 +168,25 @@ def detail_of(err: grpc.RpcError) -> common_pb2.ErrorDetail | None:
 def from_rpc_error(err: grpc.RpcError, target: str = "") -> RocketQError:
     """Translate a failed gRPC call into the matching SDK error."""
     code: grpc.StatusCode = err.code()
-    text: str = err.details() or code.name
-    detail = detail_of(err)
+    return from_status(code, err.details() or code.name, detail_of(err), target)
+
+
+_CODE_OF_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def status_code(number: int) -> grpc.StatusCode:
+    """The gRPC status code of its number on the wire (UNKNOWN for a number it is not)."""
+    return _CODE_OF_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
+
+
+def from_status(
+    code: grpc.StatusCode,
+    text: str,
+    detail: common_pb2.ErrorDetail | None,
+    target: str = "",
+) -> RocketQError:
+    """:func:`from_rpc_error` of a status known by its parts (code, message, the packed
+    ErrorDetail): a status carried in a response rather than ending a call (SendStream)."""
     reason = ""
     metadata: dict[str, str] = {}
     cls = _BY_CODE.get(code, ServerError)

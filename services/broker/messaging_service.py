@@ -64,6 +64,7 @@ from services.broker.query_processor import QueryProcessor
 from services.broker.rebalance_lock import QUEUES_PER_REQUEST_MAX, QueueKey, RebalanceLockManager
 from services.broker.send_back import SendBackProcessor
 from services.broker.send_processor import SendProcessor
+from services.broker.send_stream import serve_send_stream
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
 from services.broker.transaction_end import EndTransactionProcessor
@@ -181,6 +182,18 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         self, request: messaging_pb2.SendRequest, context: Context
     ) -> messaging_pb2.SendResponse:
         return await telemetry.send(self.sender.send, request, context.peer())
+
+    @rpc  # a coroutine writing through the context (grpc.aio's reader/writer streaming API)
+    async def SendStream(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[messaging_pb2.SendStreamRequest], context: Context
+    ) -> None:
+        """Send over one stream (services.broker.send_stream): each request as Send above."""
+        sender = self.sender
+
+        def send(request: messaging_pb2.SendRequest, peer: str) -> Any:
+            return telemetry.send(sender.send, request, peer)
+
+        await serve_send_stream(send, request_iterator, context.write, context.peer())
 
     @rpc
     async def Pull(

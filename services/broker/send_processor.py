@@ -218,7 +218,9 @@ class SendProcessor:
         to_store, sent = plan.to_store, plan.sent
         if sent is not None:
             appended = store_call(lambda: self.store.append_sent(sent), sent.topic)
-            return await self._answer_sent(plan, appended, request.queue_id)
+            return await self._answer_sent(
+                plan, appended, request.queue_id, request.compact_response
+            )
         if to_store:
             results = store_call(lambda: self.store.append(to_store), to_store[0].topic)
         else:
@@ -251,12 +253,24 @@ class SendProcessor:
         return response
 
     async def _answer_sent(
-        self, plan: SendPlan, appended: SentAppend, qid: int
+        self, plan: SendPlan, appended: SentAppend, qid: int, compact: bool
     ) -> messaging_pb2.SendResponse:
-        """The answer to a batch stored by ``append_sent``, once durable as the policy asks."""
+        """The answer to a batch stored by ``append_sent``, once durable as the policy asks:
+        one SendBatchResult when the sender asked for it (``compact``; it knows its ids), else
+        a SendResult per message."""
         status = await self._wait_durable(plan, appended.end_offset)
         prefix = self._id_prefix
         response = messaging_pb2.SendResponse()
+        if compact:
+            # The whole answer in five fields: building 128 results and their offset ids cost
+            # the broker ~0.8 µs per message, and the client as much again to read them.
+            batch = response.batch
+            batch.status = status
+            batch.queue_id = qid
+            batch.first_queue_offset = appended.first_queue_offset
+            batch.offset_msg_id_prefix = prefix
+            batch.physical_offsets.extend(appended.physical_offsets)
+            return response
         add = response.results.add
         for phys, uniq, qoff in zip(
             appended.physical_offsets,

@@ -36,10 +36,12 @@ _HEAD = codec.SENT_HEAD
 _MIN = codec.RECORD_MIN_BYTES
 _MAGIC = codec.MESSAGE_MAGIC
 _COMPRESSED = SysFlag.COMPRESSED
-_INT = struct.Struct(">i")
 _BODY_AT = codec.FIXED_BYTES_V4 + 4
 """Where an IPv4 record's body starts: the fixed fields, then BODYLENGTH (4 bytes); after the
 body come TOPICLENGTH (1 byte), the topic, PROPERTIESLENGTH (2 bytes), the properties."""
+_HEAD_AND_BODY_LEN = struct.Struct(_HEAD.format + f"{codec.FIXED_BYTES_V4 - _HEAD.size}xi")
+"""SENT_HEAD's fields, then BODYLENGTH (the host and store fields between are skipped): one
+unpack per record instead of two."""
 SENT_RECORDS_MAX = 65_536
 """Records one request may hold (gRPC's message size limit bounds it first in practice)."""
 
@@ -115,7 +117,7 @@ def parse_columns(buf: bytes) -> SentColumns:
     pos = 0
     topic_bytes = b""
     topic_len = -1
-    unpack, crc32, spans = _HEAD.unpack_from, codec.crc32, codec.record_spans
+    unpack, crc32, spans = _HEAD_AND_BODY_LEN.unpack_from, codec.crc32, codec.record_spans
     view = memoryview(buf)
     c = SentColumns("", b"", [], [], [], [], [], [], [], [], [])
     add_pos, add_size, add_flag, add_sys = (
@@ -140,7 +142,7 @@ def parse_columns(buf: bytes) -> SentColumns:
                 f"record {i} at byte {pos} is truncated: {avail} bytes left, a record needs at "
                 f"least {_MIN}"
             )
-        total, magic, crc, _qid, flag, _qoff, _phys, sys_flag, born = unpack(buf, pos)
+        total, magic, crc, _qid, flag, _qoff, _phys, sys_flag, born, body_len = unpack(buf, pos)
         if total > avail:
             raise BadBatch(
                 f"record {i} at byte {pos} claims TOTALSIZE {total}, beyond the {avail} bytes "
@@ -157,7 +159,6 @@ def parse_columns(buf: bytes) -> SentColumns:
         # record_spans, inlined for the IPv4 layout (sys_flag has no host bits here)
         rec_end = pos + total
         body_at = pos + _BODY_AT
-        (body_len,) = _INT.unpack_from(buf, body_at - 4)
         body_end = body_at + body_len
         topic_end = props_at = -1
         if body_len >= 0 and body_end + 3 <= rec_end:
@@ -187,7 +188,21 @@ def parse_columns(buf: bytes) -> SentColumns:
                 f"record {i} has topic {_text(buf[body_end + 1 : topic_end])!r} but record 0 has "
                 f"{_text(topic_bytes)!r}; a batch must hold one topic"
             )
-        add_props(_properties(buf[props_at:rec_end], i) if props_at < rec_end else {})
+        # _properties, inlined (a call per record costs a tenth of the record's parse)
+        props: dict[str, str] = {}
+        if props_at < rec_end:
+            try:
+                items = buf[props_at:rec_end].decode().split("\x02")
+                if items.pop():
+                    raise ValueError("no \\x02 at the end")
+                for item in items:
+                    name, value = item.split("\x01")
+                    props[name] = value
+            except ValueError:  # UnicodeDecodeError is one
+                props = _properties(buf[props_at:rec_end], i)
+            if "" in props:
+                props = _properties(buf[props_at:rec_end], i)
+        add_props(props)
         add_pos(pos)
         add_size(total)
         add_flag(flag)
@@ -264,7 +279,8 @@ def _text(raw: bytes) -> str:
 
 
 def _properties(raw: bytes, index: int) -> dict[str, str]:
-    """``name\\x01value\\x02`` pairs, strictly: exactly one of each separator per pair."""
+    """``name\\x01value\\x02`` pairs, strictly: exactly one of each separator per pair; raises
+    :class:`BadBatch` naming the first fault (parse_columns has the fast way in its loop)."""
     if not raw:
         return {}
     try:

@@ -179,7 +179,9 @@ class FakeSendHandler:
         self.failing = failing
         self.sent_to: list[str] = []
 
-    async def send(self, addr: str, mq: MessageQueue, req: Any, timeout_ms: int) -> list[Any]:
+    async def send(
+        self, addr: str, mq: MessageQueue, req: Any, timeout_ms: int, msg_ids: Any = None
+    ) -> list[Any]:
         self.sent_to.append(addr)
         if addr in self.failing:
             raise self.failing[addr]

@@ -103,6 +103,37 @@ def test_a_batchs_errors_are_those_of_its_first_bad_message() -> None:
         _batch([Message("A", b"x" * 300), Message("A", b"x" * 300)], max_size_bytes=500)
 
 
+def test_a_batch_prepares_each_message_as_it_is_prepared_alone() -> None:
+    """The batch's inline way for tag-only messages and the per-message way for the rest give
+    the same item, message by message, in one batch mixing both."""
+    msgs = [
+        Message("A", b"x", tags="t"), Message("A", b"yy"),
+        Message("A", b"z", tags="\u00e9t\u00e9", flag=3), Message("A", b"k", keys=["k1"]),
+        Message("A", bytearray(b"ba"), tags="t"),  # type: ignore[arg-type]
+        Message("A", b"w", tags="t", wait_store_msg_ok=False),
+        Message("A", b"p", properties={"a": "b"}),
+    ]  # fmt: skip
+    items = _batch(msgs)
+    for msg, item in zip(msgs, items, strict=True):
+        alone = prepare_message(
+            msg, create_topic_key="TBW102", max_size_bytes=4 * MiB, msg_id=item.msg_id
+        )
+        assert (item.topic, item.flag, item.body, item.props, item.properties) == (
+            alone.topic, alone.flag, alone.body, alone.props, alone.properties,
+        ), msg  # fmt: skip
+        assert (item.size_bytes, item.delayed) == (alone.size_bytes, alone.delayed)
+        assert type(item.body) is bytes
+
+
+def test_a_tag_the_batch_cannot_carry_is_refused_as_alone() -> None:
+    with pytest.raises(MessageTooLargeError, match="properties of a message to 'A' take"):
+        _batch([Message("A", b"x", tags="t"), Message("A", b"x", tags="t" * 40_000)])
+    with pytest.raises(MessageTooLargeError, match="is 542 bytes"):
+        _batch([Message("A", b"x" * 470, tags="tag")], max_size_bytes=530)
+    with pytest.raises(InvalidArgumentError, match="U\\+0002"):
+        _batch([Message("A", b"x", tags="t"), Message("A", b"x", tags="t\x02")] * 2)
+
+
 def test_batch_ids_are_distinct_and_bodies_become_bytes() -> None:
     items = _batch(Message("A", bytearray(b"xy")) for _ in range(300))  # type: ignore[arg-type]
     ids = [i.msg_id for i in items] + [_one(Message("A", b"x")).msg_id]

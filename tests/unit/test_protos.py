@@ -56,6 +56,7 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
             "Pop",
             "Ack",
             "ChangeInvisibleTime",
+            "SendStream",
         },
     ),
     "admin": (
@@ -88,7 +89,11 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
     "replication": ("Replication", "replication_pb2", {"Stream", "SyncConfig"}),
     "timer": ("TimerAdmin", "timer_pb2", {"GetTimerStats", "CancelTimer"}),
 }
-BIDI_METHODS = {("Messaging", "ClientStream"), ("Replication", "Stream")}
+BIDI_METHODS = {
+    ("Messaging", "ClientStream"),
+    ("Messaging", "SendStream"),
+    ("Replication", "Stream"),
+}
 
 
 def _generated_modules() -> list[ModuleType]:

@@ -187,3 +187,41 @@ def test_parse_columns_holds_what_parse_holds() -> None:
             cols.body_at[i], cols.body_end[i],
         )  # fmt: skip
         assert r.properties == raw[cols.props_at[i] : r.pos + r.size] and r.props == cols.props[i]
+
+
+def _with_properties(raw_properties: bytes) -> bytes:
+    """A good record 0, then record 1 with ``raw_properties`` as its PROPERTIES bytes."""
+    good = codec.encode_properties(_props(0))
+    return b"".join(
+        codec.encode_sent_record(b"T", b"body", props, 0, 0, 1) for props in (good, raw_properties)
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "refusal"),
+    [
+        (b"TAGS\x01\xff\xfe\x02", "record 1: its properties are not UTF-8"),
+        (b"TAGS\x01a\x02UNIQ_KEY\x01b", "record 1: its properties do not end with \\\\x02"),
+        (b"TAGS\x01a\x02NOSEP\x02", "record 1: property 'NOSEP' is not name\\\\x01value"),
+        (b"TAGS\x01a\x01b\x02", "record 1: property 'TAGS\\\\x01a\\\\x01b' is not name"),
+        (b"\x01a\x02", "record 1: property '\\\\x01a' is not name\\\\x01value"),
+    ],
+    ids=["not utf-8", "no end", "no separator", "two separators", "empty name"],
+)
+def test_properties_a_record_may_not_have_are_refused_naming_the_record(
+    raw: bytes, refusal: str
+) -> None:
+    with pytest.raises(BadBatch, match=refusal):
+        parse_columns(_with_properties(raw))
+
+
+def test_properties_are_read_as_the_codec_reads_them() -> None:
+    """Empty values, a repeated name (the last one counts), non-ASCII text, no properties."""
+    for raw in (
+        b"KEYS\x01\x02UNIQ_KEY\x01u\x02",
+        b"TAGS\x01a\x02TAGS\x01b\x02",
+        "TAGS\x01\u00e9t\u00e9\x02k\u00f6\x01\u4e2d\x02".encode(),
+        b"",
+    ):
+        cols = parse_columns(_with_properties(raw))
+        assert cols.props[1] == codec.decode_properties(raw), raw

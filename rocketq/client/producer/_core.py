@@ -52,6 +52,7 @@ from rocketq.client.producer._failover import (
     wait_before_retry_ms,
 )
 from rocketq.client.producer._fault import LatencyFaultTolerance, QueueChooser
+from rocketq.client.producer._send_stream import SendStreams
 from rocketq.client.producer._sender import (
     PreparedMessage,
     SendHandler,
@@ -62,6 +63,7 @@ from rocketq.client.producer._sender import (
 )
 from rocketq.client.producer.config import ProducerConfig
 from rocketq.client.producer.selectors import MessageQueueSelector, SelectMessageQueueByHash
+from rocketq.client.security import default_security
 from rocketq.message import Message, MessageQueue, SendResult, SendStatus, new_unique_id
 
 log = logging.getLogger(__name__)
@@ -174,6 +176,8 @@ class ProducerCore:
             self._state = "closed"
             return
         self._state = "closed"
+        if self._handler is not None:
+            await self._handler.close()
         self._instance.unregister_producer(self.config.group)
         await self._instance.close()
 
@@ -413,7 +417,9 @@ class ProducerCore:
         req.sys_flag |= sys_flag
         started_ms = _now_ms()
         try:
-            results = await self._send_handler().send(addr, mq, req, timeout_ms)
+            results = await self._send_handler().send(
+                addr, mq, req, timeout_ms, [item.msg_id for item in items]
+            )
         except RocketQError as exc:
             if self.fault is not None and exc.retriable:
                 self.fault.update(mq.broker_name, _now_ms() - started_ms, isolation=True)
@@ -426,7 +432,13 @@ class ProducerCore:
 
     def _send_handler(self) -> SendHandler:
         if self._handler is None:
-            self._handler = SendHandler(self.instance.messaging)
+            streams = None
+            security = self.config.security
+            if security is None:
+                security = default_security()
+            if self.config.send_stream and not security.signs:
+                streams = SendStreams(self.instance.messaging)
+            self._handler = SendHandler(self.instance.messaging, streams)
         return self._handler
 
     @traced_send  # a send span; the messages carry its trace context

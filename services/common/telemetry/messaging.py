@@ -110,7 +110,8 @@ async def send(fn: Callable[[Any, str], Awaitable[R]], request: Any, peer: str) 
     else:
         response = await fn(request, peer)
     if state.METRICS:
-        counters().sent.add((topic,), len(response.results), request.ByteSize())
+        stored = len(response.results) or len(response.batch.physical_offsets)
+        counters().sent.add((topic,), stored, request.ByteSize())
     return response  # type: ignore[no-any-return]
 
 

@@ -230,6 +230,7 @@ class SendRequest(_message.Message):
     DEFAULT_TOPIC_FIELD_NUMBER: _builtins.int
     DEFAULT_TOPIC_QUEUE_NUMS_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
+    COMPACT_RESPONSE_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     """Producer group of the sender."""
     queue_id: _builtins.int
@@ -265,6 +266,13 @@ class SendRequest(_message.Message):
     record and what was wrong, and nothing of the batch is stored. Setting both messages and
     records is INVALID_ARGUMENT.
     """
+    compact_response: _builtins.bool
+    """The sender knows the unique ids it gave its messages (UNIQ_KEY) and asks for the compact
+    answer: a broker that honours it answers a batch stored as one run with
+    SendResponse.batch instead of one SendResult per message. It may still answer with
+    results (e.g. a timer re-put, a transactional half message), so a sender reads both.
+    Brokers that predate it ignore it and answer with results.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
         """The messages, in the order they will be stored. All must have the same topic. A batch of
@@ -284,10 +292,11 @@ class SendRequest(_message.Message):
         default_topic: _builtins.str = ...,
         default_topic_queue_nums: _builtins.int | None = ...,
         records: _builtins.bytes = ...,
+        compact_response: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_default_topic_queue_nums", b"_default_topic_queue_nums", "_max_reconsume_times", b"_max_reconsume_times", "default_topic_queue_nums", b"default_topic_queue_nums", "max_reconsume_times", b"max_reconsume_times"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_default_topic_queue_nums", b"_default_topic_queue_nums", "_max_reconsume_times", b"_max_reconsume_times", "born_timestamp_ms", b"born_timestamp_ms", "default_topic", b"default_topic", "default_topic_queue_nums", b"default_topic_queue_nums", "max_reconsume_times", b"max_reconsume_times", "messages", b"messages", "producer_group", b"producer_group", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "records", b"records", "sys_flag", b"sys_flag"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_default_topic_queue_nums", b"_default_topic_queue_nums", "_max_reconsume_times", b"_max_reconsume_times", "born_timestamp_ms", b"born_timestamp_ms", "compact_response", b"compact_response", "default_topic", b"default_topic", "default_topic_queue_nums", b"default_topic_queue_nums", "max_reconsume_times", b"max_reconsume_times", "messages", b"messages", "producer_group", b"producer_group", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "records", b"records", "sys_flag", b"sys_flag"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__default_topic_queue_nums: _TypeAlias = _typing.Literal["default_topic_queue_nums"]  # noqa: Y015
     _WhichOneofArgType__default_topic_queue_nums: _TypeAlias = _typing.Literal["_default_topic_queue_nums", b"_default_topic_queue_nums"]  # noqa: Y015
@@ -353,6 +362,7 @@ class SendResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULTS_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendResult]:
         """One result per request message, in request order. A batch is flushed and replicated as a
@@ -360,14 +370,21 @@ class SendResponse(_message.Message):
         consecutive.
         """
 
+    @_builtins.property
+    def batch(self) -> Global___SendBatchResult:
+        """Set instead of results when the request asked for compact_response and the broker could
+        answer that way: the whole batch in one message (results is then empty).
+        """
+
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___SendResult] | None = ...,
+        batch: Global___SendBatchResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1874,3 +1891,139 @@ class ChangeInvisibleTimeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChangeInvisibleTimeResponse: _TypeAlias = ChangeInvisibleTimeResponse  # noqa: Y015
+
+@_typing.final
+class SendBatchResult(_message.Message):
+    """The compact answer to a Send (SendRequest.compact_response): where a batch of N messages was
+    stored, without repeating what the sender knows (the unique ids of its messages). Message i
+    of the request (0-based) has status ``status``, queue ``queue_id``, queue offset
+    ``first_queue_offset + i`` and offset message id ``offset_msg_id_prefix`` followed by
+    ``physical_offsets[i]`` as 16 upper-case hex digits (the same text SendResult.offset_msg_id
+    holds). N = len(physical_offsets); a sender checks it against the messages it sent.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    FIRST_QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
+    OFFSET_MSG_ID_PREFIX_FIELD_NUMBER: _builtins.int
+    PHYSICAL_OFFSETS_FIELD_NUMBER: _builtins.int
+    status: Global___SendStatus.ValueType
+    """Storage outcome of every message of the batch (a batch is flushed and replicated as a unit)."""
+    queue_id: _builtins.int
+    """Queue the batch went to."""
+    first_queue_offset: _builtins.int
+    """Queue offset of the first message; the others follow densely."""
+    offset_msg_id_prefix: _builtins.str
+    """Store host (IP and port) as 24 upper-case hex digits: the head of every offset message id."""
+    @_builtins.property
+    def physical_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Commitlog offset of each message, in request order."""
+
+    def __init__(
+        self,
+        *,
+        status: Global___SendStatus.ValueType = ...,
+        queue_id: _builtins.int = ...,
+        first_queue_offset: _builtins.int = ...,
+        offset_msg_id_prefix: _builtins.str = ...,
+        physical_offsets: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_queue_offset", b"first_queue_offset", "offset_msg_id_prefix", b"offset_msg_id_prefix", "physical_offsets", b"physical_offsets", "queue_id", b"queue_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendBatchResult: _TypeAlias = SendBatchResult  # noqa: Y015
+
+@_typing.final
+class SendStreamRequest(_message.Message):
+    """One request on a SendStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the client, echoed in the answer; unique among the stream's unanswered requests."""
+    @_builtins.property
+    def request(self) -> Global___SendRequest:
+        """Handled as Messaging.Send handles it."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        request: Global___SendRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamRequest: _TypeAlias = SendStreamRequest  # noqa: Y015
+
+@_typing.final
+class SendStreamResponse(_message.Message):
+    """The answer to one SendStreamRequest: its response, or its error."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The request's id."""
+    @_builtins.property
+    def response(self) -> Global___SendResponse:
+        """What Send would have returned."""
+
+    @_builtins.property
+    def error(self) -> Global___SendStreamError:
+        """Set instead of response when Send would have ended with an error status."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        response: Global___SendResponse | None = ...,
+        error: Global___SendStreamError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "id", b"id", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamResponse: _TypeAlias = SendStreamResponse  # noqa: Y015
+
+@_typing.final
+class SendStreamError(_message.Message):
+    """The status a refused Send would have ended with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code, as a number (3 = INVALID_ARGUMENT, 14 = UNAVAILABLE, ...)."""
+    @_builtins.property
+    def detail(self) -> _common_pb2.ErrorDetail:
+        """The reason and message a Send's status details would carry."""
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        detail: _common_pb2.ErrorDetail | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "detail", b"detail"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamError: _TypeAlias = SendStreamError  # noqa: Y015

@@ -1,0 +1,171 @@
+"""A producer's SendStream per broker (proto ``Messaging.SendStream``, issue 16).
+
+A unary Send costs grpc.aio on both sides far more CPU than a message on an open stream, so a
+producer sends its requests down one stream per broker address, opened on first use:
+
+- each request gets an id and a future; the reader task resolves the future with the answer
+  of that id (a response, or the error Send would have raised, built by ``from_status``);
+- a request not answered within its timeout raises what a unary Send past its deadline raises
+  (RequestTimeoutError, DEADLINE_EXCEEDED) and its late answer is dropped;
+- when the stream breaks (broker gone, connection lost, server stopping) every request waiting
+  on it fails with the error the unary call would have failed with (``from_rpc_error``), and
+  the next send opens a new stream; a broker that does not serve SendStream (UNIMPLEMENTED, an
+  older broker) is sent unary calls from then on (:class:`StreamUnsupported`).
+
+Signed clients (an access key) never use it: the ACL checks each Send's topic permissions, and a
+stream needs the admin role (rules.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from rocketq._api.rocketq.v1 import messaging_pb2, messaging_pb2_grpc
+from rocketq.client.errors import (
+    BrokerUnavailableError,
+    ClientStateError,
+    from_rpc_error,
+    from_status,
+    status_code,
+)
+
+STREAM_PENDING_MAX = 100_000
+"""Requests waiting on one stream, a safety bound: the producer's own in-flight limits (e.g.
+``async_in_flight_max``) bound it first."""
+
+
+class StreamUnsupported(Exception):
+    """The broker does not serve SendStream: send this request (and the next ones) unary."""
+
+
+class _Stream:
+    """One open SendStream call and the requests waiting on it.
+
+    Requests are written by one writer task, so a caller cancelled or timed out mid-write
+    never cancels the call under the other callers (grpc.aio cancels a call whose write is
+    cancelled) and writes never overlap (one at a time per call)."""
+
+    def __init__(self, call: Any, addr: str) -> None:
+        self.addr = addr
+        self._call = call
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[messaging_pb2.SendResponse]] = {}
+        self._outbox: asyncio.Queue[messaging_pb2.SendStreamRequest] = asyncio.Queue()
+        self.broken = False
+        self._reader = asyncio.create_task(self._read())
+        self._writer = asyncio.create_task(self._write())
+
+    async def send(
+        self, request: messaging_pb2.SendRequest, timeout_s: float
+    ) -> messaging_pb2.SendResponse:
+        if len(self._pending) >= STREAM_PENDING_MAX:
+            raise ClientStateError(f"{STREAM_PENDING_MAX} sends already wait on {self.addr}")
+        rid = next(self._ids)
+        fut: asyncio.Future[messaging_pb2.SendResponse] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        self._outbox.put_nowait(messaging_pb2.SendStreamRequest(id=rid, request=request))
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await fut
+        except TimeoutError:
+            raise from_status(
+                grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", None, self.addr
+            ) from None
+        finally:
+            self._pending.pop(rid, None)
+
+    async def _write(self) -> None:
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+            while True:  # a failed write ends the call: the reader then fails what waits
+                await self._call.write(await self._outbox.get())
+
+    async def _read(self) -> None:
+        addr = self.addr
+        # What the requests still waiting get when the stream ends: one error object each.
+        unavailable = functools.partial(BrokerUnavailableError, code="UNAVAILABLE", target=addr)
+        error: Callable[[], BaseException] = functools.partial(
+            unavailable, f"the send stream to {addr} failed"
+        )
+        try:
+            async for answer in self._call:
+                fut = self._pending.pop(answer.id, None)
+                if fut is None or fut.done():
+                    continue  # given up on (timeout): its answer comes too late
+                if answer.HasField("error"):
+                    e = answer.error
+                    detail = e.detail if e.HasField("detail") else None
+                    code = status_code(e.code)
+                    text = detail.message if detail is not None and detail.message else code.name
+                    fut.set_exception(from_status(code, text, detail, addr))
+                else:
+                    fut.set_result(answer.response)
+            error = functools.partial(unavailable, f"{addr} ended the send stream")
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                error = functools.partial(StreamUnsupported, addr)
+            else:
+                error = functools.partial(from_rpc_error, err, addr)
+        except asyncio.CancelledError:
+            error = functools.partial(
+                ClientStateError, "the producer closed before the broker answered"
+            )
+            raise
+        finally:
+            self.broken = True
+            self._writer.cancel()
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(error())
+            self._pending.clear()
+
+    async def close(self) -> None:
+        self.broken = True
+        self._call.cancel()
+        for task in (self._reader, self._writer):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class SendStreams:
+    """The SendStream of each broker address this producer sends to."""
+
+    def __init__(self, stub_of: Callable[[str], messaging_pb2_grpc.MessagingAsyncStub]) -> None:
+        self._stub_of = stub_of
+        self._streams: dict[str, _Stream] = {}
+        self._unsupported: set[str] = set()
+        self._closed = False
+
+    def usable(self, addr: str) -> bool:
+        return not self._closed and addr not in self._unsupported
+
+    def open_addrs(self) -> list[str]:
+        """Brokers with a send stream open now."""
+        return sorted(addr for addr, stream in self._streams.items() if not stream.broken)
+
+    async def send(
+        self, addr: str, request: messaging_pb2.SendRequest, timeout_s: float
+    ) -> messaging_pb2.SendResponse:
+        """The broker's answer to ``request``; raises what a unary Send would raise, or
+        :class:`StreamUnsupported`."""
+        stream = self._streams.get(addr)
+        if stream is None or stream.broken:
+            stream = self._streams[addr] = _Stream(self._stub_of(addr).SendStream(), addr)
+        try:
+            return await stream.send(request, timeout_s)
+        except StreamUnsupported:
+            self._unsupported.add(addr)
+            raise
+
+    async def close(self) -> None:
+        self._closed = True
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            await stream.close()
