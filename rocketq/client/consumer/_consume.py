@@ -379,22 +379,30 @@ class ConsumeService:
             except Exception as exc:
                 error = exc
         if error is not None:
-            log.error(
-                "group %s: listener raised on %d message(s) of %s; they will be retried",
-                self._group,
-                len(msgs),
-                mq,
-                exc_info=error,
-            )
+            self._listener_raised(len(msgs), mq, error)
             return None
-        if outcome is not None and not isinstance(outcome, ConsumeResult):
-            log.warning(
-                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
-                self._group,
-                outcome,
-            )
-            return None
-        return outcome
+        return self._as_result(outcome)
+
+    def _listener_raised(self, count: int, mq: MessageQueue, error: BaseException) -> None:
+        log.error(
+            "group %s: listener raised on %d message(s) of %s; they will be retried",
+            self._group,
+            count,
+            mq,
+            exc_info=error,
+        )
+
+    def _as_result(self, outcome: object) -> ConsumeResult | None:
+        """What a listener returned, as a result: anything but a ConsumeResult (or None) is
+        RECONSUME_LATER, i.e. None, with a warning."""
+        if outcome is None or isinstance(outcome, ConsumeResult):
+            return outcome
+        log.warning(
+            "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
+            self._group,
+            outcome,
+        )
+        return None
 
     def submit_later(
         self, msgs: list[ReceivedMessage], pq: ProcessQueue, mq: MessageQueue, delay_s: float
@@ -459,21 +467,10 @@ class ConsumeService:
                 outcome = await outcome
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception(
-                "group %s: listener raised on %d message(s) of %s; they will be retried",
-                self._group,
-                j - i,
-                mq,
-            )
+        except Exception as exc:
+            self._listener_raised(j - i, mq, exc)
             outcome = None
-        if outcome is not None and not isinstance(outcome, ConsumeResult):
-            log.warning(
-                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
-                self._group,
-                outcome,
-            )
-            outcome = None
+        outcome = self._as_result(outcome)
         if pq.dropped:
             self._log_dropped(mq, job.msgs[i:j])
         elif outcome is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
@@ -507,22 +504,10 @@ class ConsumeService:
                 outcome = await invoke_listener(self._listener, self._executor, msgs, context)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception(
-                "group %s: listener raised on %d message(s) of %s; they will be retried",
-                self._group,
-                len(msgs),
-                mq,
-            )
+        except Exception as exc:
+            self._listener_raised(len(msgs), mq, exc)
             return None
-        if outcome is not None and not isinstance(outcome, ConsumeResult):
-            log.warning(
-                "group %s: listener returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
-                self._group,
-                outcome,
-            )
-            return None
-        return outcome
+        return self._as_result(outcome)
 
     # ---- results ----------------------------------------------------------------------------
 
