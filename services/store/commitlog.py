@@ -155,8 +155,12 @@ class CommitLog:
         file_size_bytes: int = DEFAULT_COMMITLOG_FILE_BYTES,
         store_host: HostAddress = codec.LOCALHOST,
         clock: Clock = SYSTEM_CLOCK,
+        zero_ahead: bool = False,
     ) -> None:
-        self.files = MappedFileQueue(directory, file_size_bytes, write_by_syscall=True)
+        # zero_ahead: space reserved by writing zeros (SYNC_FLUSH's fsyncs; see mapped_file.py).
+        self.files = MappedFileQueue(
+            directory, file_size_bytes, write_by_syscall=True, zero_ahead=zero_ahead
+        )
         self.file_size_bytes = file_size_bytes
         self.store_host = store_host
         self.clock = clock

@@ -36,6 +36,9 @@ class StoreConfig:
     """How often consume queues, index and checkpoint are flushed."""
     sync_flush_timeout_ms: int = 5000
     """SYNC_FLUSH: a writer not covered by an fsync in this time gets FLUSH_DISK_TIMEOUT."""
+    warm_mapped_files: bool | None = None
+    """Reserve commitlog space by writing zeros ahead of the writer instead of fallocate
+    (``warmMapedFileEnable``; see mapped_file.py); None: exactly under SYNC_FLUSH."""
     file_reserved_time_hours: float = 72
     """Commitlog files untouched for this long are expired (``fileReservedTime``)."""
     delete_when: str = "04"
@@ -70,6 +73,13 @@ class StoreConfig:
     """The broker address written into every record (STOREHOSTADDRESS, offset message ids)."""
     slave: bool = False
     """A slave's store: its epoch history is its master's, never started at open."""
+
+    @property
+    def zero_ahead_commitlog(self) -> bool:
+        """Whether the commitlog reserves space by writing zeros (``warm_mapped_files``)."""
+        if self.warm_mapped_files is None:
+            return self.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        return self.warm_mapped_files
 
     def __post_init__(self) -> None:
         if self.commitlog_file_bytes < 4096:

@@ -126,6 +126,7 @@ class MessageStore:
             file_size_bytes=config.commitlog_file_bytes,
             store_host=config.store_host,
             clock=clock,
+            zero_ahead=config.zero_ahead_commitlog,
         )
         self.queues = ConsumeQueueStore(
             config.consume_queue_dir, config.consume_queue_units_per_file

@@ -198,10 +198,14 @@ async def test_sync_master_answers_slave_timeout_while_the_slave_disk_is_full(
             _stop(procs)
 
 
-async def test_store_refuses_a_write_without_room_and_stays_consistent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reserve", ["fallocate", "zeros"])
+async def test_store_refuses_a_write_without_room_and_stays_consistent(
+    tmp_path: Path, reserve: str
+) -> None:
     """The master's path, in-process: appends until the volume is full, each refused one
     undone (queue offsets too); after freeing, appends continue densely; reopened, the store
-    holds exactly the acknowledged messages and passes the verifier."""
+    holds exactly the acknowledged messages and passes the verifier. Commitlog space reserved
+    either way: fallocate (ASYNC_FLUSH's default) or zeros written ahead (SYNC_FLUSH's)."""
     from rocketq import codec
     from services.common.clock import ManualClock
     from services.store.commitlog import MessageToStore
@@ -218,10 +222,11 @@ async def test_store_refuses_a_write_without_room_and_stays_consistent(tmp_path:
             tags_code=0, keys=f"k{n}", uniq_key=uniq,
         )  # fmt: skip
 
-    with DiskFiller(tmp_path / "store", 2 * 1024 * 1024) as disk:
+    with DiskFiller(tmp_path / "store", 4 * 1024 * 1024) as disk:  # zeros: 1 MiB ahead
         config = StoreConfig(
             store_dir=disk.path, commitlog_file_bytes=4 * 1024 * 1024,
             consume_queue_units_per_file=1000, index_slot_num=2048, index_num=8192,
+            warm_mapped_files=reserve == "zeros",
         )  # fmt: skip
         clock = ManualClock(1_700_000_000_000)
         store = MessageStore(config, clock=clock, disk_usage=lambda _p: 0.1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import struct
 import tempfile
@@ -20,7 +21,8 @@ from services.common.clock import ManualClock
 from services.store.commitlog import MessageToStore
 from services.store.config import StoreConfig
 from services.store.flush import FlushDiskType
-from services.store.mapped_file import file_name
+from services.store.inspect import detect_layout, verify
+from services.store.mapped_file import ZERO_AHEAD_BYTES, file_name
 from services.store.message_store import (
     GetStatus,
     MessageStore,
@@ -520,6 +522,44 @@ async def test_sync_flush_put_is_acknowledged_after_fsync(tmp_path: Path) -> Non
         assert store.max_offset("T", 0) == 21
     finally:
         store.close_files()
+
+
+async def test_sync_flush_store_reopened_appends_after_its_data_and_zeroes_none_of_it(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """SYNC_FLUSH reserves commitlog space by writing zeros ahead of the writer; after a
+    reopen the reservation starts over, and it must start at the recovered end, never below."""
+    h = make_harness(flush_disk_type=FlushDiskType.SYNC_FLUSH, commitlog_file_bytes=64 * 1024)
+    assert h.config.zero_ahead_commitlog
+    bodies = [f"m{i:03d}".encode() * 50 for i in range(60)]
+    for part in (bodies[:30], bodies[30:]):
+        store = h.open()
+        await store.start()
+        res = await store.put([_msg(body=b) for b in part])
+        assert res.status is PutStatus.PUT_OK
+        await h.shutdown(store)
+    store = h.open()
+    assert _all_bodies(store, "T", 0) == bodies
+    report = verify(detect_layout(h.config.store_dir))
+    assert report.ok, report.problems[:5]
+
+
+def test_zeros_ahead_leave_no_hole_below_the_reservation(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """What zeroing buys: the blocks ahead of the writer are written, so the fsyncs that
+    reach them write data only (a fallocated or sparse range reads as a hole here)."""
+    h = make_harness(warm_mapped_files=True, commitlog_file_bytes=4 * 1024 * 1024)
+    store = h.open()
+    store.append([_msg(body=b"x" * 1000) for _ in range(10)])
+    first = store.commitlog.files.files[0]
+    assert first.reserved_position - first.wrote_position >= ZERO_AHEAD_BYTES
+    fd = os.open(first.path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        assert os.lseek(fd, 0, os.SEEK_HOLE) >= first.reserved_position
+    finally:
+        os.close(fd)
 
 
 async def test_sync_flush_timeout_is_reported_while_a_slow_fsync_is_still_running(

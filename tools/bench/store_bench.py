@@ -5,6 +5,8 @@
 Measures, in-process on this machine, with RocketMQ's default file sizes:
 
 * raw disk rate of the volume (``dd … conv=fdatasync``), so store MB/s reads as a ratio of it;
+* the cost of one fdatasync after a 128 KiB write into a fallocated file and into a file whose
+  blocks were written before (why SYNC_FLUSH writes zeros ahead: services/store/mapped_file.py);
 * append + dispatch of 1 KiB messages (each with a unique key that is indexed) in batches of
   1, 32 and 256 under ASYNC_FLUSH;
 * SYNC_FLUSH group commit with 1 and 64 concurrent writers (single-message and 32-message puts);
@@ -83,10 +85,43 @@ def disk_rate(directory: Path) -> str:
     return m.group(2) if m else proc.stderr.strip().splitlines()[-1]
 
 
-def fresh_store(root: Path, name: str, flush: FlushDiskType) -> MessageStore:
+FSYNC_PROBE_BYTES = 128 * 1024
+FSYNC_PROBE_WRITES = 200
+
+
+def fdatasync_cost(directory: Path, reserve: str) -> str:
+    """p50 wall time and mean CPU of one fdatasync after a 128 KiB write, in a file reserved
+    by ``fallocate`` (unwritten extents) or by writing ``zeros`` first (and syncing them)."""
+    size = FSYNC_PROBE_BYTES * FSYNC_PROBE_WRITES
+    path = directory / f"fsync-{reserve}.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if reserve == "fallocate":
+            os.posix_fallocate(fd, 0, size)
+        else:
+            os.pwrite(fd, bytes(size), 0)
+        os.fsync(fd)
+        data = os.urandom(FSYNC_PROBE_BYTES)
+        walls: list[float] = []
+        cpu0 = time.process_time()
+        for i in range(FSYNC_PROBE_WRITES):
+            os.pwrite(fd, data, i * FSYNC_PROBE_BYTES)
+            t = time.perf_counter()
+            os.fdatasync(fd)
+            walls.append(time.perf_counter() - t)
+        cpu_us = (time.process_time() - cpu0) * 1e6 / FSYNC_PROBE_WRITES
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return f"p50 {statistics.median(walls) * 1e6:.0f} us, {cpu_us:.0f} us CPU (write + sync)"
+
+
+def fresh_store(
+    root: Path, name: str, flush: FlushDiskType, warm: bool | None = None
+) -> MessageStore:
     d = root / name
     shutil.rmtree(d, ignore_errors=True)
-    return MessageStore(StoreConfig(store_dir=d, flush_disk_type=flush))
+    return MessageStore(StoreConfig(store_dir=d, flush_disk_type=flush, warm_mapped_files=warm))
 
 
 def report(label: str, n: int, seconds: float, nbytes: int) -> None:
@@ -117,8 +152,10 @@ async def bench_async_append(root: Path, total: int, batch: int, profile: bool =
         pstats.Stats(prof).sort_stats("tottime").print_stats(12)
 
 
-async def bench_sync_writers(root: Path, total: int, writers: int, batch: int) -> None:
-    store = fresh_store(root, f"sync-{writers}-{batch}", FlushDiskType.SYNC_FLUSH)
+async def bench_sync_writers(
+    root: Path, total: int, writers: int, batch: int, warm: bool | None = None
+) -> None:
+    store = fresh_store(root, f"sync-{writers}-{batch}", FlushDiskType.SYNC_FLUSH, warm)
     await store.start()
     per_writer = max(1, total // writers // batch)
     work = [[make_messages(batch, w % QUEUES) for _ in range(per_writer)] for w in range(writers)]
@@ -133,8 +170,10 @@ async def bench_sync_writers(root: Path, total: int, writers: int, batch: int) -
 
     fsyncs0 = store.flusher.fsync_count
     t0 = time.perf_counter()
+    cpu0 = time.process_time()  # this process: the writers' loop and the flush threads
     await asyncio.gather(*(writer(w) for w in work))
     dt = time.perf_counter() - t0
+    cpu_s = time.process_time() - cpu0
     n = writers * per_writer * batch
     fsyncs = store.flusher.fsync_count - fsyncs0
     report(f"SYNC_FLUSH {writers} writers x batch {batch}", n, dt, n * len(BODY))
@@ -142,7 +181,7 @@ async def bench_sync_writers(root: Path, total: int, writers: int, batch: int) -
     print(
         f"  {'':<46} put p50 {lat[len(lat) // 2] * 1e3:.2f} ms, p99 "
         f"{lat[int(len(lat) * 0.99)] * 1e3:.2f} ms, {fsyncs} fsyncs "
-        f"({n / max(fsyncs, 1):.1f} msgs per fsync)"
+        f"({n / max(fsyncs, 1):.1f} msgs per fsync), {cpu_s * 1e6 / n:.1f} us CPU per msg"
     )
     await store.shutdown()
 
@@ -229,6 +268,16 @@ def main() -> None:
     ap.add_argument(
         "--only-replica", action="store_true", help="only the slave apply cases (1 and 32)"
     )
+    ap.add_argument(
+        "--only-sync", action="store_true", help="only the fdatasync probe and SYNC_FLUSH cases"
+    )
+    ap.add_argument(
+        "--warm",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="SYNC_FLUSH cases: commitlog space reserved by zeros (on), fallocate (off), "
+        "or the store's default (auto: zeros under SYNC_FLUSH)",
+    )
     args = ap.parse_args()
     total = args.messages // 10 if args.quick else args.messages
     root = Path(tempfile.mkdtemp(prefix="rocketq-bench-", dir=args.dir))
@@ -238,13 +287,20 @@ def main() -> None:
             for batch in (1, 32):
                 asyncio.run(bench_replica_apply(root, total // 4, batch, args.profile))
             return
-        print(f"  raw disk (dd 512 MiB, fdatasync): {disk_rate(root)}")
-        for batch in (1, 32, 256):
-            n = total if batch > 1 else total // 4
-            asyncio.run(bench_async_append(root, n, batch, profile=args.profile and batch == 256))
+        warm = {"auto": None, "on": True, "off": False}[args.warm]
+        for reserve in ("fallocate", "zeros"):
+            print(f"  fdatasync of 128 KiB, {reserve:<9} file: {fdatasync_cost(root, reserve)}")
+        if not args.only_sync:
+            print(f"  raw disk (dd 512 MiB, fdatasync): {disk_rate(root)}")
+            for batch in (1, 32, 256):
+                n = total if batch > 1 else total // 4
+                profile = args.profile and batch == 256
+                asyncio.run(bench_async_append(root, n, batch, profile=profile))
         for writers, batch in ((1, 1), (64, 1), (64, 32)):
             n = total // 10 if (writers, batch) == (1, 1) else total // 2
-            asyncio.run(bench_sync_writers(root, n, writers, batch))
+            asyncio.run(bench_sync_writers(root, n, writers, batch, warm))
+        if args.only_sync:
+            return
         asyncio.run(bench_reads(root, total // 2))
         for batch in (1, 32):
             asyncio.run(bench_replica_apply(root, total // 4, batch))
