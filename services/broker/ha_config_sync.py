@@ -50,6 +50,7 @@ from pathlib import Path
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2, replication_pb2, replication_pb2_grpc
+from rocketq.aio import wait_event
 from rocketq.client.security import security_channel
 from rocketq.validation import TIMER_TOPIC
 from services.broker.config import BrokerConfig
@@ -323,8 +324,7 @@ class ConfigSync:
         try:
             while True:
                 await self.sync_once()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), interval_s)
+                await wait_event(self._wake, interval_s)
                 self._wake.clear()
         finally:
             with contextlib.suppress(OSError):

@@ -49,6 +49,7 @@ import grpc
 
 from rocketq import backoff
 from rocketq._api.rocketq.v1 import replication_pb2, replication_pb2_grpc
+from rocketq.aio import wait_event
 from rocketq.client.security import security_channel
 from services.broker.config import BrokerConfig
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -261,8 +262,7 @@ class ReplicationClient:
                 if self._repointed.is_set():
                     self._repointed.clear()
                     continue  # a new master: no backoff
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._repointed.wait(), delay_s)
+                await wait_event(self._repointed, delay_s)
                 self._repointed.clear()
         finally:
             self.connected = False

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from rocketq.aio import wait_event
 from services.common import failpoints
 
 log = logging.getLogger(__name__)
@@ -160,8 +161,7 @@ class FlushService:
             if self._waiters:
                 until_deadline = max(0.0, self._waiters[0][2] - loop.time())
                 timeout = until_deadline if timeout is None else min(timeout, until_deadline)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            await wait_event(self._wakeup, timeout)
             self._wakeup.clear()
             self._expire(loop.time())
             if sync and not self._waiters:

@@ -46,6 +46,7 @@ from opentelemetry.trace import SpanKind
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq.aio import wait_event
 from rocketq.backoff import Backoff
 from rocketq.client.errors import (
     BrokerUnavailableError,
@@ -197,8 +198,7 @@ class Dequeuer:
                 break
             wait_s = max(0.0, wait_ms) / 1000 / speed
             if wait_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait_s)
+                await wait_event(self._wake, wait_s)
 
     def stop(self) -> None:
         self._stopping = True

@@ -32,7 +32,6 @@ broker keeps serving what its role allows.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable
@@ -40,6 +39,7 @@ from typing import Protocol
 
 from aetcd import transactions as tx
 
+from rocketq.aio import wait_event
 from rocketq.backoff import Backoff
 from services.broker.config import BrokerConfig
 from services.broker.controller import election
@@ -351,8 +351,7 @@ class EtcdController:
                 log.exception("%s: pass failed", self._name)
                 wait_s = RESYNC_INTERVAL_S
             self._first_pass.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait_s)
+            await wait_event(self._wake, wait_s)
 
     async def _pass(self) -> float:
         """Read the group, publish this replica's member key when due, act; the next wait."""

@@ -8,11 +8,11 @@ change only what is theirs; one object rather than copies, so none of them acts 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2
+from rocketq.aio import wait_event
 from services.broker.controller.keys import LeaderInfo, Snapshot
 from services.common.clock import Clock
 from services.common.errors import ServiceError
@@ -60,5 +60,4 @@ class Term:
                     f"no new master of {broker_name} within {timeout_s:.1f}s",
                 )
             event = self._leader_event
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining_s)
+            await wait_event(event, remaining_s)
