@@ -29,6 +29,7 @@ from tests.integration.cluster import (
 )
 from tests.robustness.chaos import netns
 from tests.robustness.chaos.netns import NetLab
+from tests.support.until import until_sync
 
 pytestmark = [
     pytest.mark.robustness,
@@ -190,7 +191,15 @@ def test_lab_cleans_up_even_after_an_exception() -> None:
     # A crashed run's leftover (namespace with a process inside) is removed on entry.
     subprocess.run(["ip", "netns", "add", "rqclean-stale"], check=True)
     straggler = subprocess.Popen(["ip", "netns", "exec", "rqclean-stale", "sleep", "60"])
+
+    def straggler_inside() -> bool:
+        argv = ["ip", "netns", "pids", "rqclean-stale"]
+        pids = subprocess.run(argv, capture_output=True, check=False)
+        return str(straggler.pid).encode() in pids.stdout.split()
+
     try:
+        # Until it has entered the namespace, nothing could find it there by pid.
+        until_sync(straggler_inside, "the straggler inside rqclean-stale", timeout_s=10)
         with NetLab("rqclean") as lab:
             assert "rqclean-stale" not in ours()
             assert straggler.wait(5) != 0  # killed by pid with its namespace

@@ -52,6 +52,7 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 NODE_RE = re.compile(r"^[A-Za-z0-9_.]{1,24}$")
 IP_TIMEOUT_S = 10.0
 KILL_WAIT_S = 5.0
+LINK_UP_WAIT_S = 5.0
 
 
 def available() -> str | None:
@@ -72,6 +73,15 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and result.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed: {result.stderr.strip()}")
     return result
+
+
+def _wait_link_up(ns: str, dev: str) -> None:
+    """Wait until ``dev`` in ``ns`` is operationally up (carrier on both veth ends)."""
+    deadline = time.monotonic() + LINK_UP_WAIT_S
+    while " state UP " not in _ip("-n", ns, "-o", "link", "show", "dev", dev).stdout:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"{dev} in namespace {ns} not up after {LINK_UP_WAIT_S} s")
+        time.sleep(0.01)
 
 
 def list_namespaces() -> list[str]:
@@ -169,6 +179,10 @@ class NetLab:
         _ip("-n", self.hub, "link", "set", hub_if, "master", "br0", "up")
         _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
+        # "set up" returns before the carrier is on: a first SYN sent meanwhile is dropped,
+        # and a 1 s connect probe then times out (seen on a loaded CI machine).
+        _wait_link_up(self.hub, hub_if)
+        _wait_link_up(ns, "eth0")
         return ip
 
     def ip(self, node: str) -> str:
