@@ -26,6 +26,7 @@ from services.store.index_file import (
     DEFAULT_SLOT_NUM,
     IndexFile,
 )
+from services.store.mapped_file import refused_when_full
 from services.store.types import DispatchRequest, PhysicalOffset
 
 if TYPE_CHECKING:
@@ -160,15 +161,16 @@ class IndexService:
     def _writable_file(self) -> IndexFile:
         if self._files and not self._files[-1].is_full:
             return self._files[-1]
-        self._dir.mkdir(parents=True, exist_ok=True)
         prev = self._files[-1] if self._files else None
-        new = IndexFile(
-            self._dir / self._new_file_name(),
-            self._slot_num,
-            self._index_num,
-            inherit_end_timestamp_ms=prev.end_timestamp_ms if prev else 0,
-            inherit_end_phy_offset=prev.end_phy_offset if prev else PhysicalOffset(0),
-        )
+        with refused_when_full(f"an index file in {self._dir}"):
+            self._dir.mkdir(parents=True, exist_ok=True)
+            new = IndexFile(
+                self._dir / self._new_file_name(),
+                self._slot_num,
+                self._index_num,
+                inherit_end_timestamp_ms=prev.end_timestamp_ms if prev else 0,
+                inherit_end_phy_offset=prev.end_phy_offset if prev else PhysicalOffset(0),
+            )
         self._files.append(new)
         _log.info("created index file %s", new.path)
         return new

@@ -34,6 +34,7 @@ Design notes
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -56,6 +57,21 @@ one journalled fsync per MiB written, and ~0.2 ms of the writer's time per MiB."
 
 class DiskFullError(OSError):
     """The volume has no room for bytes about to be written; nothing of them was written."""
+
+
+@contextlib.contextmanager
+def refused_when_full(what: str) -> Iterator[None]:
+    """Turn "no space" from creating ``what`` (a directory, a file) into :class:`DiskFullError`,
+    which the store undoes and answers as a full volume (ext4 needs a block for a new
+    directory: the first message of a queue can be the write that finds the volume full)."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskFullError(exc.errno, f"{exc.strerror}: cannot create {what}") from exc
 
 
 def file_name(start: int) -> str:
@@ -391,13 +407,15 @@ class MappedFileQueue:
         for mf in self.files:
             if mf.file_from_offset == start:
                 return mf
-        self.directory.mkdir(parents=True, exist_ok=True)
-        mf = MappedFile(
-            self.directory / file_name(start),
-            self.file_size_bytes,
-            write_by_syscall=self.write_by_syscall,
-            zero_ahead=self.zero_ahead,
-        )
+        path = self.directory / file_name(start)
+        with refused_when_full(str(path)):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            mf = MappedFile(
+                path,
+                self.file_size_bytes,
+                write_by_syscall=self.write_by_syscall,
+                zero_ahead=self.zero_ahead,
+            )
         self.files.append(mf)
         return mf
 

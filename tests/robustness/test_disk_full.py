@@ -265,3 +265,41 @@ async def test_store_refuses_a_write_without_room_and_stays_consistent(
         report = verify(detect_layout(disk.path))
         assert report.ok, report.problems[:10]
         assert stored_uniq_keys(disk.path) == set(acked)
+
+
+async def test_a_new_queue_on_a_full_volume_is_refused_and_undone(tmp_path: Path) -> None:
+    """The first message of a queue creates its consume-queue directory and file; on a full
+    volume that creation fails. The append is refused like any other without room (the
+    commitlog bytes and the queue offset given back), and succeeds once there is room."""
+    from rocketq import codec
+    from services.common.clock import ManualClock
+    from services.store.commitlog import MessageToStore
+    from services.store.config import StoreConfig
+    from services.store.inspect import detect_layout, verify
+    from services.store.message_store import MessageStore, StoreFullError
+
+    def msg(topic: str) -> MessageToStore:
+        props = codec.encode_properties({codec.Prop.UNIQ_KEY: f"u-{topic}"})
+        return MessageToStore(topic=topic, queue_id=0, body=b"x" * 100, properties=props)
+
+    with DiskFiller(tmp_path / "store", 4 * 1024 * 1024) as disk:  # ext4: a directory needs a block
+        config = StoreConfig(
+            store_dir=disk.path, commitlog_file_bytes=1024 * 1024,
+            consume_queue_units_per_file=1000, index_slot_num=2048, index_num=8192,
+        )  # fmt: skip
+        clock = ManualClock(1_700_000_000_000)
+        store = MessageStore(config, clock=clock, disk_usage=lambda _p: 0.1)
+        store.open()
+        store.append([msg("Old")])  # reserves commitlog room ahead: the next append fits
+        end = store.commitlog.max_offset
+        disk.fill()
+        with pytest.raises(StoreFullError, match="no space left"):
+            store.append([msg("New")])
+        assert store.commitlog.max_offset == end
+        assert store.max_offset("New", 0) == 0
+        disk.free()
+        (result,) = store.append([msg("New")])
+        assert result.queue_offset == 0
+        await store.shutdown()
+        report = verify(detect_layout(disk.path))
+        assert report.ok, report.problems[:10]
