@@ -58,7 +58,6 @@ must sort in creation order, and local time runs backwards once a year at the en
 
 from __future__ import annotations
 
-import errno
 import logging
 import mmap
 import os
@@ -70,7 +69,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rocketq.java_hash import index_key_hash
-from services.store.mapped_file import RESERVE_AHEAD_BYTES, DiskFullError
+from services.store.mapped_file import RESERVE_AHEAD_BYTES, DiskFullError, refused_when_full
 from services.store.types import PhysicalOffset
 
 _log = logging.getLogger(__name__)
@@ -513,14 +512,8 @@ class IndexFile:
             self._entries_reserved_to = ahead
 
     def _fallocate(self, start: int, end: int) -> None:
-        try:
+        with refused_when_full(f"cannot reserve {end - start} bytes in {self._path}"):
             os.posix_fallocate(self._fd, start, end - start)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            raise DiskFullError(
-                exc.errno, f"{exc.strerror}: cannot reserve {end - start} bytes in {self._path}"
-            ) from exc
 
     def _write_begin(self, timestamp_ms: int, phy_offset: PhysicalOffset) -> None:
         self._begin_ts = timestamp_ms

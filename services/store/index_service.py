@@ -162,7 +162,7 @@ class IndexService:
         if self._files and not self._files[-1].is_full:
             return self._files[-1]
         prev = self._files[-1] if self._files else None
-        with refused_when_full(f"an index file in {self._dir}"):
+        with refused_when_full(f"cannot create an index file in {self._dir}"):
             self._dir.mkdir(parents=True, exist_ok=True)
             new = IndexFile(
                 self._dir / self._new_file_name(),

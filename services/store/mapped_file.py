@@ -60,10 +60,11 @@ class DiskFullError(OSError):
 
 
 @contextlib.contextmanager
-def refused_when_full(what: str) -> Iterator[None]:
-    """Turn "no space" from creating ``what`` (a directory, a file) into :class:`DiskFullError`,
-    which the store undoes and answers as a full volume (ext4 needs a block for a new
-    directory: the first message of a queue can be the write that finds the volume full)."""
+def refused_when_full(doing: str) -> Iterator[None]:
+    """Turn "no space" while ``doing`` (reserving bytes, creating a directory or a file) into
+    :class:`DiskFullError`, which the store undoes and answers as a full volume. Creating counts
+    too: ext4 needs a block for a new directory, so the first message of a new queue can be the
+    write that finds the volume full."""
     try:
         yield
     except DiskFullError:
@@ -71,7 +72,7 @@ def refused_when_full(what: str) -> Iterator[None]:
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        raise DiskFullError(exc.errno, f"{exc.strerror}: cannot create {what}") from exc
+        raise DiskFullError(exc.errno, f"{exc.strerror}: {doing}") from exc
 
 
 def file_name(start: int) -> str:
@@ -201,14 +202,8 @@ class MappedFile:
                 _pwrite_all(self._fd, _ZERO_VIEW[:n], at)
                 at += n
             return
-        try:
+        with refused_when_full(f"cannot reserve {end - start} bytes in {self.path}"):
             os.posix_fallocate(self._fd, start, end - start)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            raise DiskFullError(
-                exc.errno, f"{exc.strerror}: cannot reserve {end - start} bytes in {self.path}"
-            ) from exc
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, pos: int, size: int) -> memoryview:
@@ -408,7 +403,7 @@ class MappedFileQueue:
             if mf.file_from_offset == start:
                 return mf
         path = self.directory / file_name(start)
-        with refused_when_full(str(path)):
+        with refused_when_full(f"cannot create {path}"):
             self.directory.mkdir(parents=True, exist_ok=True)
             mf = MappedFile(
                 path,
