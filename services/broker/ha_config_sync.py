@@ -63,7 +63,7 @@ from services.broker.topic_config_manager import (
     TopicConfigManager,
     data_version_json,
 )
-from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
+from services.common.grpc_server import PEER_CHANNEL_OPTIONS
 from services.store.config_files import load_offset_table, save_offset_table, write_json
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,6 @@ SLAVE_OFFSETS_PER_REQUEST_MAX = 65_536
 """Queue offsets sent in one SyncConfig; the rest go in the next rounds."""
 LOCAL_OFFSETS_MAX = 1_000_000
 """Queue entries remembered as local; beyond it, the oldest are forgotten (logged)."""
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", GRPC_MESSAGE_MAX_BYTES),
-    ("grpc.max_send_message_length", GRPC_MESSAGE_MAX_BYTES),
-]
 
 QueueKey = tuple[str, str, int]
 """(topic, group, queue id)."""
@@ -360,7 +356,7 @@ class ConfigSync:
         if self._channel is None or addr != self._channel_addr:
             if self._channel is not None:
                 await self._channel.close()
-            self._channel = security_channel(addr, CHANNEL_OPTIONS)
+            self._channel = security_channel(addr, PEER_CHANNEL_OPTIONS)
             self._channel_addr = addr
         return self._channel
 

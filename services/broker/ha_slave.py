@@ -53,7 +53,7 @@ from rocketq.aio import wait_event
 from rocketq.client.security import security_channel
 from services.broker.config import BrokerConfig
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
+from services.common.grpc_server import PEER_CHANNEL_OPTIONS
 from services.store.epoch_file import EpochEntry
 from services.store.message_store import MessageStore, StoreError, StoreFullError
 from services.store.types import PhysicalOffset
@@ -65,10 +65,6 @@ BACKOFF_MAX_MS = 5_000
 ACK_COALESCE_MS = 1
 """At most one ack per this many ms while chunks stream in. A SYNC_MASTER sender waits for the
 ack, so this is added to its latency: at 10 ms back-to-back sync sends took ~15 ms each."""
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", GRPC_MESSAGE_MAX_BYTES),
-    ("grpc.max_send_message_length", GRPC_MESSAGE_MAX_BYTES),
-]
 
 
 class ProtocolError(Exception):
@@ -315,7 +311,7 @@ class ReplicationClient:
     async def _use_channel(self, addr: str) -> None:
         if self._channel is not None:
             await self._channel.close()
-        self._channel = security_channel(addr, CHANNEL_OPTIONS)
+        self._channel = security_channel(addr, PEER_CHANNEL_OPTIONS)
         self.master_addr_in_use = addr
 
     async def _stream(self, addr: str) -> None:

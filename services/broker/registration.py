@@ -24,15 +24,9 @@ import grpc
 from rocketq._api.rocketq.v1 import nameserver_pb2, nameserver_pb2_grpc
 from rocketq.aio import wait_event
 from rocketq.client.security import security_channel
-from services.common.grpc_server import GRPC_MESSAGE_MAX_BYTES
+from services.common.grpc_server import PEER_CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
-
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", GRPC_MESSAGE_MAX_BYTES),
-    ("grpc.max_send_message_length", GRPC_MESSAGE_MAX_BYTES),
-]
-"""Same limits as the servers: a broker with many topics sends a large registration."""
 
 
 CANCEL_RETRY_S = 0.05
@@ -67,7 +61,7 @@ class BrokerRegistrar:
     async def start(self) -> None:
         """Register with every nameserver now, then every period in a background task."""
         for addr in self.namesrv_addrs:
-            self._channels[addr] = security_channel(addr, CHANNEL_OPTIONS)
+            self._channels[addr] = security_channel(addr, PEER_CHANNEL_OPTIONS)
         await self._register_all()
         self._task = asyncio.create_task(self._run(), name="nameserver-registration")
 

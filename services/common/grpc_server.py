@@ -25,6 +25,18 @@ if TYPE_CHECKING:
 #: Transport limit for requests and responses: a 4 MiB batch plus headroom for its framing.
 GRPC_MESSAGE_MAX_BYTES = 16 * 1024 * 1024
 
+PEER_CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", GRPC_MESSAGE_MAX_BYTES),
+    ("grpc.max_send_message_length", GRPC_MESSAGE_MAX_BYTES),
+    # gRPC's own reconnect backoff grows to 120 s by default: a peer that was unreachable for
+    # a while (a partition, a restart) would stay unused that long after it came back, whatever
+    # our retry loops do. Our loops pace the retries; the channel only must not add to them.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 1_000),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+"""Channels of one service to another (broker to nameserver, slave to master)."""
+
 SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", GRPC_MESSAGE_MAX_BYTES),
     ("grpc.max_send_message_length", GRPC_MESSAGE_MAX_BYTES),
