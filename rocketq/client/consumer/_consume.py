@@ -236,12 +236,12 @@ class ConsumeService:
         try:
             while waiting and not self._closed:
                 if self._executor is None:
+                    if waiting[0].run is not None and not _tracing.enabled():
+                        await self._consume_job(waiting[0])
+                        continue
                     job, i, j = self._take()
                     self._add_worker()
-                    if job.run is not None and not _tracing.enabled():
-                        await self._consume_slice(job, i, j)
-                    else:
-                        await self._consume(job.msgs[i:j], job.pq, job.mq)
+                    await self._consume(job.msgs[i:j], job.pq, job.mq)
                 else:
                     group = self._take_group()
                     self._add_worker()
@@ -448,35 +448,68 @@ class ConsumeService:
             return
         await self.process_consume_result(result, context, msgs, pq, mq)
 
-    async def _consume_slice(self, job: _Job, i: int, j: int) -> None:
-        """:meth:`_consume` of batch ``i .. j-1`` of a pulled job whose run the ProcessQueue
-        knows, without tracing: the same steps, addressed by index (issue 16: this is the path
-        of nearly every listener call, so it is kept to a few calls)."""
-        pq, mq = job.pq, job.mq
-        if pq.dropped:
-            return  # not consumed: the committed offset stays below these messages
-        context = ConsumeContext(mq)
-        start_ms = pq.start_slice(job.run, i, j - i)  # type: ignore[arg-type]
-        try:
-            outcome = self._listener(job.msgs[i:j], context)
-            if outcome.__class__ is _COROUTINE or (
-                outcome is not None
-                and not isinstance(outcome, ConsumeResult)
-                and inspect.isawaitable(outcome)
-            ):
-                outcome = await outcome
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._listener_raised(j - i, mq, exc)
-            outcome = None
-        outcome = self._as_result(outcome)
-        if pq.dropped:
-            self._log_dropped(mq, job.msgs[i:j])
-        elif outcome is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
-            self._done(job, i, j, start_ms)
-        else:
-            await self.process_consume_result(outcome, context, job.msgs[i:j], pq, mq)
+    async def _consume_job(self, job: _Job) -> None:
+        """:meth:`_consume` of the batches of ``job``, a pulled job whose run the ProcessQueue
+        knows, without tracing, while it is the FIFO's head: each batch is still one listener
+        call with its own context, marked started and released by its index in the run.
+
+        This is the path of nearly every listener call (issue 16), so :meth:`_take`,
+        :meth:`_add_worker` and :meth:`_done` are written out in one loop over the job rather
+        than a coroutine per call. Other workers may take batches of the same job meanwhile
+        (while this one awaits a listener): ``job.next`` is shared, and whoever takes the last
+        batch removes the job from the FIFO."""
+        msgs, pq, mq, run = job.msgs, job.pq, job.mq, job.run
+        assert run is not None
+        size = len(msgs)
+        step = self._batch_max
+        listener = self._listener
+        waiting = self._waiting
+        success = ConsumeResult.CONSUME_SUCCESS
+        while job.next < size and not self._closed:
+            i = job.next
+            j = job.next = i + step if i + step < size else size
+            if j == size:
+                waiting.popleft()  # the job is the head: jobs leave the FIFO only from there
+            self._batches_waiting -= 1
+            if not self._starting and self._batches_waiting:
+                self._add_worker()
+            if pq.dropped:
+                continue  # not consumed: the committed offset stays below these messages
+            context = ConsumeContext(mq)
+            # Unlocked: no thread pool here (a coroutine listener), so no other thread.
+            start_ms = pq.start_slice_unlocked(run, i, j - i)
+            try:
+                outcome = listener(msgs[i:j], context)
+                if outcome.__class__ is _COROUTINE or (
+                    outcome is not None
+                    and outcome.__class__ is not ConsumeResult
+                    and inspect.isawaitable(outcome)
+                ):
+                    outcome = await outcome
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._listener_raised(j - i, mq, exc)
+                outcome = None
+            if outcome is not success or context.ack_index is not None or pq.dropped:
+                outcome = self._as_result(outcome)
+                if pq.dropped:
+                    self._log_dropped(mq, msgs[i:j])
+                else:
+                    await self.process_consume_result(outcome, context, msgs[i:j], pq, mq)
+                continue
+            # _done, written out (and unlocked, as above).
+            self.consumed_ok += j - i
+            offset = pq.release_slice_unlocked(run, i, j - i, start_ms)
+            if offset is None:
+                self._release(msgs[i:j], pq, mq)
+            elif offset >= 0:
+                self._unstored[pq] = (mq, offset)
+                if j == size:
+                    self._flush_offsets()
+                elif not self._flush_soon:
+                    self._flush_soon = True
+                    asyncio.get_running_loop().call_soon(self._flush_offsets_soon)
 
     def _log_dropped(self, mq: MessageQueue, msgs: list[ReceivedMessage]) -> None:
         log.warning(
