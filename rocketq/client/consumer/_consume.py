@@ -162,6 +162,7 @@ class ConsumeService:
         local_retry_delay_s: float = LOCAL_RETRY_DELAY_S,
     ) -> None:
         self._group = group
+        self._retry_topic = retry_topic(group)
         self._listener = listener
         self._async = is_async_listener(listener)
         self._model = message_model
@@ -199,7 +200,9 @@ class ConsumeService:
         if self._closed or not msgs:
             return
         # Before any call of the pull: the listener sees redelivered messages under their topic.
-        reset_retry_topic(msgs, self._group)
+        # A pull's messages are those of its queue's topic: only a retry queue's can need it.
+        if mq.topic == self._retry_topic:
+            reset_retry_topic(msgs, self._group)
         self._waiting.append(_Job(msgs, pq, mq, pq.run_of(msgs)))
         self._batches_waiting += -(-len(msgs) // self._batch_max)
         self._add_worker()
