@@ -733,82 +733,23 @@ PULLED_HEAD_V4 = struct.Struct(
     ">" + _UP_TO_SYSFLAG + f"{FIXED_BYTES_V4 - RECORD_HEAD.size}x" + _F_BODY_LEN
 )
 """:data:`RECORD_HEAD`'s fields, then BODY's length, of a record with IPv4 hosts (nearly every
-record): what :func:`iter_record_heads` reads per record in one C call, skipping the hosts,
-timestamps and the other fields a lazy decode reads later."""
+record): what a pulled batch's decode (``rocketq.message.decode_records``) reads per record in
+one C call, skipping the hosts, timestamps and the other fields a lazy decode reads later. The
+record's parts then lie at fixed distances from what it gives: BODY at ``pos + size``, then
+TOPIC's length byte and TOPIC, then PROPERTIES' length; see :func:`pulled_record_parts`."""
 assert PULLED_HEAD_V4.size == FIXED_BYTES_V4 + _BODY_LEN_BYTES
+PULLED_AFTER_TOPIC_BYTES = _PROPS_LEN_BYTES
+"""Bytes between a record's TOPIC and its PROPERTIES: their length (big-endian)."""
 
 
-def iter_record_heads(
-    buf: bytes, *, check_crc: bool = True
-) -> Iterator[tuple[int, tuple[int, ...], bytes, str]]:
-    """The consumer's hot loop (issue 16): per record of a Pull response, its position, the
-    fields every record has at the same place (:data:`RECORD_HEAD`: TOTALSIZE, MAGIC, BODYCRC,
-    QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG; more may follow), its body and its
-    topic.
+def pulled_record_parts(buf: bytes, pos: int) -> tuple[tuple[int, ...], int, int, int, int]:
+    """A pulled record at ``pos`` checked field by field (magic, TOTALSIZE against ``buf``,
+    each length against TOTALSIZE; :class:`CorruptRecord` says what is wrong, and where): its
+    :data:`RECORD_HEAD` fields and where its body and topic lie, ``(head, body_at, body_end,
+    topic_at, topic_end)``. The body CRC and the topic's UTF-8 are the caller's to check.
 
-    Every check of :func:`decode_record` is made here, before the record is yielded (magic,
-    TOTALSIZE, each length against TOTALSIZE, body CRC, UTF-8 topic), so what a caller decodes
-    later from the other fields (hosts, timestamps, properties) cannot fail. The CRC is isal's
-    (zlib's polynomial, SIMD: 0.2 µs per KiB instead of 1). A record with IPv4 hosts is checked
-    inline from one unpack (:data:`PULLED_HEAD_V4`); any other record, and any record that
-    fails a check there, goes through :func:`_checked_parts`, which names what is wrong. A
-    topic is decoded once per run of records with the same topic (a pull holds one queue's)."""
-    pos = 0
-    end = len(buf)
-    head_size = PULLED_HEAD_V4.size
-    unpack_head = PULLED_HEAD_V4.unpack_from
-    v6_bits = HOST_V6_BITS
-    magic = MESSAGE_MAGIC
-    props_len_bytes = _PROPS_LEN_BYTES
-    topic_raw = b""
-    topic = ""
-    while pos < end:
-        f = None
-        if end - pos >= head_size:
-            f = unpack_head(buf, pos)
-            rec_end = pos + f[0]
-            body_at = pos + head_size
-            body_end = body_at + f[8]
-            topic_at = body_end + _TOPIC_LEN_BYTES
-            # Each bound before the byte it guards is read; any failure: the slow path says why.
-            if (
-                f[1] != magic
-                or f[7] & v6_bits
-                or rec_end > end
-                or f[8] < 0
-                or topic_at + props_len_bytes > rec_end
-            ):
-                f = None
-            else:
-                topic_end = topic_at + buf[body_end]
-                if (
-                    topic_end + props_len_bytes > rec_end
-                    or topic_end + props_len_bytes + ((buf[topic_end] << 8) | buf[topic_end + 1])
-                    != rec_end
-                ):
-                    f = None
-        if f is None:
-            f, body_at, body_end, topic_at, topic_end = _checked_parts(buf, pos)
-            rec_end = pos + f[0]
-        body = buf[body_at:body_end]
-        if check_crc and crc32(body) & 0x7FFFFFFF != f[2]:
-            raise CorruptRecord(
-                f"at {pos}: body CRC mismatch (stored {f[2]}, computed {body_crc(body)})"
-            )
-        if topic_end - topic_at != len(topic_raw) or not buf.startswith(topic_raw, topic_at):
-            topic_raw = buf[topic_at:topic_end]
-            try:
-                topic = topic_raw.decode()
-            except UnicodeDecodeError:
-                raise CorruptRecord(f"at {pos}: topic is not UTF-8") from None
-        yield pos, f, body, topic
-        pos = rec_end
-
-
-def _checked_parts(buf: bytes, pos: int) -> tuple[tuple[int, ...], int, int, int, int]:
-    """:func:`iter_record_heads`' every-case path: the record at ``pos`` checked field by field
-    (raising :class:`CorruptRecord` with what is wrong); its head and where its body and topic
-    lie."""
+    The every-case path of a pulled batch's decode: a record with an IPv6 host, and any record
+    its inline checks of :data:`PULLED_HEAD_V4`'s fields did not pass, comes here."""
     _check_head(buf, pos)
     f = RECORD_HEAD.unpack_from(buf, pos)
     try:
@@ -829,8 +770,8 @@ _TAIL_FIELDS_AT = OFFSET_BORNHOST - _size(_F_BORNTIMESTAMP)
 
 def record_host_fields(buf: bytes | memoryview, pos: int, sys_flag: int) -> tuple[Any, ...]:
     """BORNTIMESTAMP, born ip, born port, STORETIMESTAMP, store ip, store port, RECONSUMETIMES,
-    PREPARED TRANSACTION OFFSET of a record already checked by :func:`iter_record_heads` (what
-    a lazily decoded message reads when first asked for one of them)."""
+    PREPARED TRANSACTION OFFSET of a record already checked (by ``decode_records``: what a
+    lazily decoded message reads when first asked for one of them)."""
     st = _TAIL_FIELDS[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
     return st.unpack_from(buf, pos + _TAIL_FIELDS_AT)
 
