@@ -47,7 +47,7 @@ import inspect
 import logging
 import types
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -143,6 +143,40 @@ class _Job:
         self.mq = mq
         self.run = run
         self.next = 0
+
+
+class _Resume:
+    """Awaits the rest of a coroutine that has already run to its first suspension (it
+    yielded ``first``), exactly as ``await`` would have: what the task sends or throws goes to
+    the coroutine, and what it yields goes to the task (PEP 380's delegation, written out).
+    :meth:`ConsumeService._consume_job` starts a listener's coroutine by hand to learn whether
+    it suspends at all."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: object) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self._coro
+        out = self._first
+        while True:
+            try:
+                sent = yield out
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # thrown in by the task (a cancel): to the coroutine
+                try:
+                    out = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    out = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
 
 
 class ConsumeService:
@@ -454,13 +488,21 @@ class ConsumeService:
     async def _consume_job(self, job: _Job) -> None:
         """:meth:`_consume` of the batches of ``job``, a pulled job whose run the ProcessQueue
         knows, without tracing, while it is the FIFO's head: each batch is still one listener
-        call with its own context, marked started and released by its index in the run.
+        call with its own context, released by its index in the run.
 
         This is the path of nearly every listener call (issue 16), so :meth:`_take`,
         :meth:`_add_worker` and :meth:`_done` are written out in one loop over the job rather
         than a coroutine per call. Other workers may take batches of the same job meanwhile
         (while this one awaits a listener): ``job.next`` is shared, and whoever takes the last
-        batch removes the job from the FIFO."""
+        batch removes the job from the FIFO.
+
+        A coroutine listener is run by hand until it first suspends (:class:`_Resume` then
+        awaits the rest as ``await`` would). A call that finishes without suspending let no
+        other code run while it ran, so nothing could see its messages in flight: its start
+        is not recorded and consecutive such successes are released together, as one slice,
+        before anything else can run (the next suspension, a result that needs more, the end).
+        A call that suspends is recorded as started when it suspends (the consume timeout
+        counts from then) and released on its own, as before."""
         msgs, pq, mq, run = job.msgs, job.pq, job.mq, job.run
         assert run is not None
         size = len(msgs)
@@ -468,51 +510,69 @@ class ConsumeService:
         listener = self._listener
         waiting = self._waiting
         success = ConsumeResult.CONSUME_SUCCESS
-        while job.next < size and not self._closed:
-            i = job.next
-            j = job.next = i + step if i + step < size else size
-            if j == size:
-                waiting.popleft()  # the job is the head: jobs leave the FIFO only from there
-            self._batches_waiting -= 1
-            if not self._starting and self._batches_waiting:
-                self._add_worker()
-            if pq.dropped:
-                continue  # not consumed: the committed offset stays below these messages
-            context = ConsumeContext(mq)
-            # Unlocked: no thread pool here (a coroutine listener), so no other thread.
-            start_ms = pq.start_slice_unlocked(run, i, j - i)
-            try:
-                outcome = listener(msgs[i:j], context)
-                if outcome.__class__ is _COROUTINE or (
-                    outcome is not None
-                    and outcome.__class__ is not ConsumeResult
-                    and inspect.isawaitable(outcome)
-                ):
-                    outcome = await outcome
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._listener_raised(j - i, mq, exc)
-                outcome = None
-            if outcome is not success or context.ack_index is not None or pq.dropped:
-                outcome = self._as_result(outcome)
-                if pq.dropped:
-                    self._log_dropped(mq, msgs[i:j])
-                else:
-                    await self.process_consume_result(outcome, context, msgs[i:j], pq, mq)
-                continue
-            # _done, written out (and unlocked, as above).
-            self.consumed_ok += j - i
-            offset = pq.release_slice_unlocked(run, i, j - i, start_ms)
-            if offset is None:
-                self._release(msgs[i:j], pq, mq)
-            elif offset >= 0:
-                self._unstored[pq] = (mq, offset)
+        lo = hi = 0  # batches lo .. hi-1 succeeded without suspending and wait to be released
+        try:
+            while job.next < size and not self._closed:
+                i = job.next
+                j = job.next = i + step if i + step < size else size
                 if j == size:
-                    self._flush_offsets()
-                elif not self._flush_soon:
-                    self._flush_soon = True
-                    asyncio.get_running_loop().call_soon(self._flush_offsets_soon)
+                    waiting.popleft()  # the job is the head: jobs leave the FIFO only from there
+                self._batches_waiting -= 1
+                if not self._starting and self._batches_waiting:
+                    self._add_worker()
+                if pq.dropped:
+                    continue  # not consumed: the committed offset stays below these messages
+                context = ConsumeContext(mq)
+                start_ms = -1  # set when the call suspends
+                try:
+                    outcome = listener(msgs[i:j], context)
+                    if outcome.__class__ is _COROUTINE:
+                        try:
+                            yielded = outcome.send(None)
+                        except StopIteration as stop:
+                            outcome = stop.value
+                        else:
+                            if hi > lo:
+                                self._done(job, lo, hi, pq.now_ms())
+                                lo = hi
+                            start_ms = pq.start_slice(run, i, j - i)
+                            outcome = await _Resume(outcome, yielded)
+                    elif (
+                        outcome is not None
+                        and outcome.__class__ is not ConsumeResult
+                        and inspect.isawaitable(outcome)
+                    ):
+                        if hi > lo:
+                            self._done(job, lo, hi, pq.now_ms())
+                            lo = hi
+                        start_ms = pq.start_slice(run, i, j - i)
+                        outcome = await outcome
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self._listener_raised(j - i, mq, exc)
+                    outcome = None
+                if outcome is not success or context.ack_index is not None or pq.dropped:
+                    if hi > lo:
+                        self._done(job, lo, hi, pq.now_ms())
+                        lo = hi
+                    outcome = self._as_result(outcome)
+                    if pq.dropped:
+                        self._log_dropped(mq, msgs[i:j])
+                    else:
+                        await self.process_consume_result(outcome, context, msgs[i:j], pq, mq)
+                    continue
+                if start_ms >= 0:
+                    self._done(job, i, j, start_ms)
+                elif hi == i:
+                    hi = j  # one more batch of the slice waiting to be released
+                else:
+                    if hi > lo:
+                        self._done(job, lo, hi, pq.now_ms())
+                    lo, hi = i, j
+        finally:
+            if hi > lo:
+                self._done(job, lo, hi, pq.now_ms())
 
     def _log_dropped(self, mq: MessageQueue, msgs: list[ReceivedMessage]) -> None:
         log.warning(

@@ -426,22 +426,20 @@ class ProcessQueue:
             run = self._last_put
             return run if run is not None and run.msgs is msgs and run.live else None
 
+    def now_ms(self) -> int:
+        """This queue's clock (ms): what its consume start and consume times are read from."""
+        return self._clock()
+
     def start_slice(self, run: _Run, i: int, n: int) -> int:
         """:meth:`mark_consume_start` for messages ``i .. i+n-1`` of ``run``; returns the time
         it recorded (ms), which the matching :meth:`release_slice` takes."""
-        with self._lock:
-            return self.start_slice_unlocked(run, i, n)
-
-    def start_slice_unlocked(self, run: _Run, i: int, n: int) -> int:
-        """:meth:`start_slice` without the lock, for a caller that is the only thread using
-        this queue: a push consumer whose listener is a coroutine function does everything on
-        its loop (issue 16: the lock was a tenth of the CPU of such a listener call)."""
         now_ms = self._clock()
-        if run.live:
-            if n == 1:
-                run.started_ms[i] = now_ms
-            else:
-                run.started_ms[i : i + n] = [now_ms] * n
+        with self._lock:
+            if run.live:
+                if n == 1:
+                    run.started_ms[i] = now_ms
+                else:
+                    run.started_ms[i : i + n] = [now_ms] * n
         return now_ms
 
     def release_slice(self, run: _Run, i: int, n: int, now_ms: int) -> int | None:
@@ -450,36 +448,31 @@ class ProcessQueue:
         Returns the offset to commit, or None when the slice is not in the queue as it was
         (then call :meth:`remove_messages`)."""
         with self._lock:
-            return self.release_slice_unlocked(run, i, n, now_ms)
-
-    def release_slice_unlocked(self, run: _Run, i: int, n: int, now_ms: int) -> int | None:
-        """:meth:`release_slice` without the lock, for the only thread using this queue (see
-        :meth:`start_slice_unlocked`)."""
-        waiting = run.waiting
-        if not run.live or (waiting[i] != 1 if n == 1 else waiting.count(1, i, i + n) != n):
-            return None
-        self.last_consume_timestamp_ms = now_ms
-        # _unwait, written out: this runs once per listener call.
-        if n == 1:
-            waiting[i] = 0
-        else:
-            waiting[i : i + n] = bytes(n)
-        run.left -= n
-        self._waiting -= n
-        self._count -= n
-        self._size_bytes -= run.size_before[i + n] - run.size_before[i]
-        runs = self._runs
-        if run.left == 0:
-            run.live = False
-            r = 0 if runs[0] is run else bisect.bisect_left(self._run_starts, run.offsets[0])
-            del runs[r]
-            del self._run_starts[r]
-        elif run.head == i:
-            run.head = waiting.find(1, i + n)
-        if not runs:
-            return self.queue_offset_max + 1
-        first = runs[0]
-        return first.offsets[first.head]
+            waiting = run.waiting
+            if not run.live or (waiting[i] != 1 if n == 1 else waiting.count(1, i, i + n) != n):
+                return None
+            self.last_consume_timestamp_ms = now_ms
+            # _unwait, written out: this runs once per listener call.
+            if n == 1:
+                waiting[i] = 0
+            else:
+                waiting[i : i + n] = bytes(n)
+            run.left -= n
+            self._waiting -= n
+            self._count -= n
+            self._size_bytes -= run.size_before[i + n] - run.size_before[i]
+            runs = self._runs
+            if run.left == 0:
+                run.live = False
+                r = 0 if runs[0] is run else bisect.bisect_left(self._run_starts, run.offsets[0])
+                del runs[r]
+                del self._run_starts[r]
+            elif run.head == i:
+                run.head = waiting.find(1, i + n)
+            if not runs:
+                return self.queue_offset_max + 1
+            first = runs[0]
+            return first.offsets[first.head]
 
     # ---- consume timeout (SPEC §6.13) -------------------------------------------------------
 
