@@ -10,7 +10,10 @@ consumer's CPU per message, issue 16). Workers start one at a time, each once th
 has run, so a listener that never suspends drains the FIFO in one worker. A batch of a pull is
 addressed by its index in the ProcessQueue's run of that pull (``start_slice``,
 ``release_slice``: no offset lookups per call), and the offset store is updated once per pull or
-loop turn rather than per call (``ConsumeService._done``). A worker ends when the FIFO is empty;
+loop turn rather than per call (``ConsumeService._done``). A coroutine listener's call that
+finishes without suspending (most do) let nothing else run meanwhile, so it is neither marked
+started nor released on its own: a worker releases such successes as one slice before anything
+else can run (``ConsumeService._consume_job``). A worker ends when the FIFO is empty;
 :meth:`ConsumeService.submit` starts one again. A worker of a plain listener hands the pool an
 even share of the FIFO at a time
 (at most ``THREAD_GROUP_MAX`` batches, each still its own call), so a backlog costs one thread
@@ -34,7 +37,9 @@ After a call (``process_consume_result``):
 
 Expiry (SPEC §6.13): every ``consume_timeout_minutes`` the head of each ProcessQueue is checked
 for messages whose listener call started more than that long ago; each is sent back (or, if
-that fails, consumed again locally) and released, so one stuck call cannot hold the offset.
+that fails, consumed again locally) and released, so one stuck call cannot hold the offset. A
+coroutine listener's call counts as started when it first suspends (before that no check can
+run: the loop is busy with it).
 """
 
 from __future__ import annotations
