@@ -742,6 +742,14 @@ PULLED_AFTER_TOPIC_BYTES = _PROPS_LEN_BYTES
 """Bytes between a record's TOPIC and its PROPERTIES: their length (big-endian)."""
 
 
+@lru_cache(maxsize=256)
+def pulled_tail_struct(tail: bytes) -> struct.Struct:
+    """What follows a record's BODY when its TOPIC (with its length byte) is ``tail``: those
+    ``len(tail)`` bytes, then PROPERTIES' length. A pull's records share one topic, so its
+    decode compares each record's with one unpack (cached: a consumer reads a few topics)."""
+    return struct.Struct(f">{len(tail)}s{_F_PROPS_LEN}")
+
+
 def pulled_record_parts(buf: bytes, pos: int) -> tuple[tuple[int, ...], int, int, int, int]:
     """A pulled record at ``pos`` checked field by field (magic, TOTALSIZE against ``buf``,
     each length against TOTALSIZE; :class:`CorruptRecord` says what is wrong, and where): its
