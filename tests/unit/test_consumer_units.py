@@ -934,3 +934,29 @@ async def test_shutdown_cancels_a_suspended_call_inside_the_listener() -> None:
     await asyncio.wait_for(entered.wait(), 5)
     await svc.shutdown(0)
     assert cancelled == [1] and offsets.table.get(MQ) == 1 and pq.msg_count == 2
+
+
+async def test_each_call_gets_a_context_as_new_and_a_kept_one_is_never_handed_on() -> None:
+    """A context the listener changed, or still holds after its call, never reaches another
+    call: each call sees a context as new, and the kept ones stay as the listener left them."""
+    offsets = MemoryOffsets()
+    seen: list[tuple[int, int | None]] = []
+    kept: list[ConsumeContext] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        seen.append((ctx.delay_level_when_next_consume, ctx.ack_index))
+        if msgs[0].queue_offset % 2:
+            kept.append(ctx)
+        else:
+            ctx.delay_level_when_next_consume = 5
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(6)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 6, "offset 6 stored")
+    assert seen == [(0, None)] * 6 and len({id(c) for c in kept}) == 3
+    assert all(c.delay_level_when_next_consume == 0 and c.message_queue == MQ for c in kept)
+    await svc.shutdown(0)

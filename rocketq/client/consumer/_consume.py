@@ -50,6 +50,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import sys
 import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
@@ -516,6 +517,7 @@ class ConsumeService:
         waiting = self._waiting
         success = ConsumeResult.CONSUME_SUCCESS
         lo = hi = 0  # batches lo .. hi-1 succeeded without suspending and wait to be released
+        spare: ConsumeContext | None = None  # a used context as good as new (see below)
         try:
             while job.next < size and not self._closed:
                 i = job.next
@@ -527,7 +529,8 @@ class ConsumeService:
                     self._add_worker()
                 if pq.dropped:
                     continue  # not consumed: the committed offset stays below these messages
-                context = ConsumeContext(mq)
+                context = spare if spare is not None else ConsumeContext(mq)
+                spare = None
                 start_ms = -1  # set when the call suspends
                 try:
                     outcome = listener(msgs[i:j], context)
@@ -575,6 +578,17 @@ class ConsumeService:
                     if hi > lo:
                         self._done(job, lo, hi, pq.now_ms())
                     lo, hi = i, j
+                # The call is over; when nothing but this frame refers to its context (the
+                # other count is getrefcount's argument) and it holds what a new one would, no
+                # one can tell it from a new one: the next call gets it (a context per call
+                # cost a tenth of this loop).
+                if (
+                    start_ms < 0
+                    and sys.getrefcount(context) == 2
+                    and context.delay_level_when_next_consume == 0
+                    and context.message_queue is mq
+                ):
+                    spare = context
         finally:
             if hi > lo:
                 self._done(job, lo, hi, pq.now_ms())
