@@ -960,3 +960,28 @@ async def test_each_call_gets_a_context_as_new_and_a_kept_one_is_never_handed_on
     assert seen == [(0, None)] * 6 and len({id(c) for c in kept}) == 3
     assert all(c.delay_level_when_next_consume == 0 and c.message_queue == MQ for c in kept)
     await svc.shutdown(0)
+
+
+async def test_a_timeout_inside_a_suspended_call_stays_the_listener_s_own() -> None:
+    """A listener's own timeout (a cancel the task takes back) works through a call resumed by
+    hand: the listener catches its TimeoutError and the call succeeds; nothing is retried."""
+    offsets = MemoryOffsets()
+    timed_out: list[int] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        await asyncio.sleep(0)  # a bare yield first, then a wait that times out
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            timed_out.append(msgs[0].queue_offset)
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, sent = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(3)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 3, "offset 3 stored")
+    assert sorted(timed_out) == [0, 1, 2] and sent == [] and svc.consumed_ok == 3
+    await svc.shutdown(0)
