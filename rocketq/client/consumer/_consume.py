@@ -504,13 +504,13 @@ class ConsumeService:
     async def _consume_job(self, job: _Job) -> None:
         """:meth:`_consume` of the batches of ``job``, a pulled job whose run the ProcessQueue
         knows, without tracing, while it is the FIFO's head: each batch is still one listener
-        call with its own context, released by its index in the run.
+        call with a context as new, released by its index in the run.
 
         This is the path of nearly every listener call (issue 16), so :meth:`_take`,
         :meth:`_add_worker` and :meth:`_done` are written out in one loop over the job rather
-        than a coroutine per call. Other workers may take batches of the same job meanwhile
-        (while this one awaits a listener): ``job.next`` is shared, and whoever takes the last
-        batch removes the job from the FIFO.
+        than a coroutine per call (hence its length). Other workers may take batches of the
+        same job meanwhile (while this one awaits a listener): ``job.next`` is shared, and
+        whoever takes the last batch removes the job from the FIFO.
 
         A coroutine listener is run by hand until it first suspends (:class:`_Resume` then
         awaits the rest as ``await`` would). A call that finishes without suspending let no
@@ -544,36 +544,29 @@ class ConsumeService:
                 start_ms = -1  # set when the call suspends
                 try:
                     outcome = listener(msgs[i:j], context)
+                    rest: Awaitable[Any] | None = None  # the rest of a call that suspends
                     if outcome.__class__ is _COROUTINE:
                         try:
-                            yielded = outcome.send(None)
+                            rest = _Resume(outcome, outcome.send(None))
                         except StopIteration as stop:
                             outcome = stop.value
-                        else:
-                            if hi > lo:
-                                self._done(job, lo, hi, pq.now_ms())
-                                lo = hi
-                            start_ms = pq.start_slice(run, i, j - i)
-                            outcome = await _Resume(outcome, yielded)
                     elif (
                         outcome is not None
                         and outcome.__class__ is not ConsumeResult
                         and inspect.isawaitable(outcome)
                     ):
-                        if hi > lo:
-                            self._done(job, lo, hi, pq.now_ms())
-                            lo = hi
+                        rest = outcome
+                    if rest is not None:  # others run now: release what is done first
+                        lo = hi = self._release_done(job, lo, hi)
                         start_ms = pq.start_slice(run, i, j - i)
-                        outcome = await outcome
+                        outcome = await rest
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     self._listener_raised(j - i, mq, exc)
                     outcome = None
                 if outcome is not success or context.ack_index is not None or pq.dropped:
-                    if hi > lo:
-                        self._done(job, lo, hi, pq.now_ms())
-                        lo = hi
+                    lo = hi = self._release_done(job, lo, hi)
                     outcome = self._as_result(outcome)
                     if pq.dropped:
                         self._log_dropped(mq, msgs[i:j])
@@ -585,8 +578,7 @@ class ConsumeService:
                 elif hi == i:
                     hi = j  # one more batch of the slice waiting to be released
                 else:
-                    if hi > lo:
-                        self._done(job, lo, hi, pq.now_ms())
+                    self._release_done(job, lo, hi)
                     lo, hi = i, j
                 # The call is over; when nothing but this frame refers to its context and it
                 # holds what a new one would, no one can tell it from a new one: the next call
@@ -599,8 +591,14 @@ class ConsumeService:
                 ):
                     spare = context
         finally:
-            if hi > lo:
-                self._done(job, lo, hi, pq.now_ms())
+            self._release_done(job, lo, hi)
+
+    def _release_done(self, job: _Job, lo: int, hi: int) -> int:
+        """:meth:`_done` for batches ``lo .. hi-1`` of ``job``, which succeeded without
+        suspending (now is their consume time); returns ``hi``."""
+        if hi > lo:
+            self._done(job, lo, hi, job.pq.now_ms())
+        return hi
 
     def _log_dropped(self, mq: MessageQueue, msgs: list[ReceivedMessage]) -> None:
         log.warning(
