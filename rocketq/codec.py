@@ -729,48 +729,42 @@ def iter_records(buf: bytes | memoryview, *, check_crc: bool = True) -> Iterator
         yield rec
 
 
-def iter_record_heads(
-    buf: bytes, *, check_crc: bool = True
-) -> Iterator[tuple[int, tuple[int, ...], bytes, str]]:
-    """The consumer's hot loop (issue 16): per record of a Pull response, its position, the
-    fields every record has at the same place (:data:`RECORD_HEAD`: TOTALSIZE, MAGIC, BODYCRC,
-    QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG), its body and its topic.
+PULLED_HEAD_V4 = struct.Struct(
+    ">" + _UP_TO_SYSFLAG + f"{FIXED_BYTES_V4 - RECORD_HEAD.size}x" + _F_BODY_LEN
+)
+""":data:`RECORD_HEAD`'s fields, then BODY's length, of a record with IPv4 hosts (nearly every
+record): what a pulled batch's decode (``rocketq.message.decode_records``) reads per record in
+one C call, skipping the hosts, timestamps and the other fields a lazy decode reads later. The
+record's parts then lie at fixed distances from what it gives: BODY at ``pos + size``, then
+TOPIC's length byte and TOPIC, then PROPERTIES' length; see :func:`pulled_record_parts`."""
+assert PULLED_HEAD_V4.size == FIXED_BYTES_V4 + _BODY_LEN_BYTES
+PULLED_AFTER_TOPIC_BYTES = _PROPS_LEN_BYTES
+"""Bytes between a record's TOPIC and its PROPERTIES: their length (big-endian)."""
 
-    Every check of :func:`decode_record` is made here, before the record is yielded (magic,
-    TOTALSIZE, each length against TOTALSIZE, body CRC, UTF-8 topic), so what a caller decodes
-    later from the other fields (hosts, timestamps, properties) cannot fail. The CRC is isal's
-    (zlib's polynomial, SIMD: 0.2 µs per KiB instead of 1). A topic is decoded once per distinct
-    value (a pull holds one queue's records)."""
-    pos = 0
-    end = len(buf)
-    head_size = RECORD_HEAD.size
-    unpack_head = RECORD_HEAD.unpack_from
-    topics: dict[bytes, str] = {}
-    while pos < end:
-        if end - pos < head_size:
-            _check_head(buf, pos)  # raises: too few bytes for any record
-        f = unpack_head(buf, pos)
-        total = f[0]
-        if f[1] != MESSAGE_MAGIC or total > end - pos or total < RECORD_MIN_BYTES:
-            _check_head(buf, pos)  # raises with what is wrong
-        try:
-            body_at, body_end, topic_at, topic_end, _ = record_spans(buf, pos, total, f[7])
-        except CorruptRecord as exc:
-            raise CorruptRecord(f"at {pos}: {exc}") from None
-        body = buf[body_at:body_end]
-        if check_crc and crc32(body) & 0x7FFFFFFF != f[2]:
-            raise CorruptRecord(
-                f"at {pos}: body CRC mismatch (stored {f[2]}, computed {body_crc(body)})"
-            )
-        raw_topic = buf[topic_at:topic_end]
-        topic = topics.get(raw_topic)
-        if topic is None:
-            try:
-                topic = topics[raw_topic] = raw_topic.decode()
-            except UnicodeDecodeError:
-                raise CorruptRecord(f"at {pos}: topic is not UTF-8") from None
-        yield pos, f, body, topic
-        pos += total
+
+@lru_cache(maxsize=256)
+def pulled_tail_struct(tail: bytes) -> struct.Struct:
+    """What follows a record's BODY when its TOPIC (with its length byte) is ``tail``: those
+    ``len(tail)`` bytes, then PROPERTIES' length. A pull's records share one topic, so its
+    decode compares each record's with one unpack (cached: a consumer reads a few topics)."""
+    return struct.Struct(f">{len(tail)}s{_F_PROPS_LEN}")
+
+
+def pulled_record_parts(buf: bytes, pos: int) -> tuple[tuple[int, ...], int, int, int, int]:
+    """A pulled record at ``pos`` checked field by field (magic, TOTALSIZE against ``buf``,
+    each length against TOTALSIZE; :class:`CorruptRecord` says what is wrong, and where): its
+    :data:`RECORD_HEAD` fields and where its body and topic lie, ``(head, body_at, body_end,
+    topic_at, topic_end)``. The body CRC and the topic's UTF-8 are the caller's to check.
+
+    The every-case path of a pulled batch's decode: a record with an IPv6 host, and any record
+    its inline checks of :data:`PULLED_HEAD_V4`'s fields did not pass, comes here."""
+    _check_head(buf, pos)
+    f = RECORD_HEAD.unpack_from(buf, pos)
+    try:
+        body_at, body_end, topic_at, topic_end, _ = record_spans(buf, pos, f[0], f[7])
+    except CorruptRecord as exc:
+        raise CorruptRecord(f"at {pos}: {exc}") from None
+    return f, body_at, body_end, topic_at, topic_end
 
 
 _TAIL_FIELDS: dict[tuple[bool, bool], struct.Struct] = {
@@ -784,8 +778,8 @@ _TAIL_FIELDS_AT = OFFSET_BORNHOST - _size(_F_BORNTIMESTAMP)
 
 def record_host_fields(buf: bytes | memoryview, pos: int, sys_flag: int) -> tuple[Any, ...]:
     """BORNTIMESTAMP, born ip, born port, STORETIMESTAMP, store ip, store port, RECONSUMETIMES,
-    PREPARED TRANSACTION OFFSET of a record already checked by :func:`iter_record_heads` (what
-    a lazily decoded message reads when first asked for one of them)."""
+    PREPARED TRANSACTION OFFSET of a record already checked (by ``decode_records``: what a
+    lazily decoded message reads when first asked for one of them)."""
     st = _TAIL_FIELDS[(bool(sys_flag & SysFlag.BORNHOST_V6), bool(sys_flag & SysFlag.STOREHOST_V6))]
     return st.unpack_from(buf, pos + _TAIL_FIELDS_AT)
 

@@ -846,3 +846,142 @@ async def test_offsets_kept_for_the_store_are_handed_over_at_shutdown() -> None:
     svc._unstored[pq] = (MQ, 2)  # as _done leaves it between two loop turns
     await svc.shutdown(0)
     assert offsets.table[MQ] == 2
+
+
+async def test_a_call_is_in_flight_only_while_it_is_suspended() -> None:
+    """A coroutine listener's calls that finish without suspending are released before
+    anything else runs; the call that suspends is the only one the queue holds as started (the
+    consume timeout sees it), and what it awaits reaches it: here a RECONSUME_LATER, so its
+    message is sent back and the offset still moves past it."""
+    offsets = MemoryOffsets()
+    answer: asyncio.Future[ConsumeResult] = asyncio.get_running_loop().create_future()
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        if msgs[0].queue_offset == 2:
+            return await answer
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, sent = service(MessageModel.CLUSTERING, offsets, True, listener=listener)
+    svc._workers_max = 1
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(5)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 2, "offset 2 stored while 2 is in a call")
+    # 0 and 1 are gone; 2 is started; 3 and 4 wait, not started.
+    assert pq.msg_count == 3
+    assert pq.expired_messages(time.time_ns() // 1_000_000 + 10, 0) == [pulled[2]]
+    answer.set_result(ConsumeResult.RECONSUME_LATER)
+    await until(lambda: offsets.table.get(MQ) == 5, "offset 5 stored")
+    assert sent == [2] and svc.consumed_ok == 4 and svc.consumed_failed == 1
+    await svc.shutdown(0)
+
+
+async def test_calls_that_fail_between_successes_are_retried_and_the_rest_released() -> None:
+    """Results that need more than a release (an exception, RECONSUME_LATER, an ack_index
+    short of the batch) come between successes of the same pull without suspending: each
+    failed message is sent back once, every other one consumed once, the offset ends past
+    the pull."""
+    offsets = MemoryOffsets()
+    seen: list[int] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        first = msgs[0].queue_offset
+        seen.extend(m.queue_offset for m in msgs)
+        if first == 2:
+            raise RuntimeError("listener bug")
+        if first == 4:
+            return ConsumeResult.RECONSUME_LATER
+        if first == 6:
+            ctx.ack_index = 0  # 6 done, 7 not
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, sent = service(MessageModel.CLUSTERING, offsets, True, listener=listener, batch=2)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(10)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 10, "offset 10 stored")
+    assert seen == list(range(10)) and sorted(sent) == [2, 3, 4, 5, 7]
+    assert pq.msg_count == 0 and svc.consumed_ok == 5
+    await svc.shutdown(0)
+
+
+async def test_shutdown_cancels_a_suspended_call_inside_the_listener() -> None:
+    """A call suspended in the listener is cancelled at shutdown like any awaited coroutine:
+    the listener sees the CancelledError where it waits, and its message is not consumed (the
+    offset stays on it)."""
+    offsets = MemoryOffsets()
+    cancelled: list[int] = []
+    entered = asyncio.Event()
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        if msgs[0].queue_offset == 1:
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(msgs[0].queue_offset)
+                raise
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    svc._workers_max = 1
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(3)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await asyncio.wait_for(entered.wait(), 5)
+    await svc.shutdown(0)
+    assert cancelled == [1] and offsets.table.get(MQ) == 1 and pq.msg_count == 2
+
+
+async def test_each_call_gets_a_context_as_new_and_a_kept_one_is_never_handed_on() -> None:
+    """A context the listener changed, or still holds after its call, never reaches another
+    call: each call sees a context as new, and the kept ones stay as the listener left them."""
+    offsets = MemoryOffsets()
+    seen: list[tuple[int, int | None]] = []
+    kept: list[ConsumeContext] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        seen.append((ctx.delay_level_when_next_consume, ctx.ack_index))
+        if msgs[0].queue_offset % 2:
+            kept.append(ctx)
+        else:
+            ctx.delay_level_when_next_consume = 5
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(6)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 6, "offset 6 stored")
+    assert seen == [(0, None)] * 6 and len({id(c) for c in kept}) == 3
+    assert all(c.delay_level_when_next_consume == 0 and c.message_queue == MQ for c in kept)
+    await svc.shutdown(0)
+
+
+async def test_a_timeout_inside_a_suspended_call_stays_the_listener_s_own() -> None:
+    """A listener's own timeout (a cancel the task takes back) works through a call resumed by
+    hand: the listener catches its TimeoutError and the call succeeds; nothing is retried."""
+    offsets = MemoryOffsets()
+    timed_out: list[int] = []
+
+    async def listener(msgs: list[ReceivedMessage], ctx: ConsumeContext) -> ConsumeResult:
+        await asyncio.sleep(0)  # a bare yield first, then a wait that times out
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            timed_out.append(msgs[0].queue_offset)
+        return ConsumeResult.CONSUME_SUCCESS
+
+    svc, sent = service(MessageModel.CLUSTERING, offsets, listener=listener)
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(3)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    await until(lambda: offsets.table.get(MQ) == 3, "offset 3 stored")
+    assert sorted(timed_out) == [0, 1, 2] and sent == [] and svc.consumed_ok == 3
+    await svc.shutdown(0)

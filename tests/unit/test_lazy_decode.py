@@ -130,6 +130,32 @@ def _set_topic_bytes(rec: bytes, raw: bytes) -> bytes:
     return rec[:at] + raw + rec[at + len(raw) :]
 
 
+def _set_props_len(rec: bytes, n: int) -> bytes:
+    at = _body_at(rec) + 10 + 1 + len(b"Orders")
+    return rec[:at] + n.to_bytes(2, "big") + rec[at + 2 :]
+
+
+def test_a_pull_mixing_topics_and_host_families_decodes_as_the_eager_decode() -> None:
+    """The decode checks a record whose topic is the previous record's inline; a new topic, an
+    IPv6 host or anything unusual takes the field-by-field path. Both give the eager decode's
+    messages, whatever the order."""
+    buf = (
+        record(0)
+        + record(1, topic=b"Other")
+        + record(2, topic="Bestellungen-\u00e9".encode())
+        + record(3, topic="Bestellungen-\u00e9".encode(), born=V6)
+        + record(4, topic="Bestellungen-\u00e9".encode())
+        + record(5, store=V6)
+        + record(6)
+    )
+    got = decode_records(buf, "b")
+    assert got == eager(buf)
+    assert [m.topic for m in got] == ["Orders", "Other"] + ["Bestellungen-\u00e9"] * 3 + [
+        "Orders"
+    ] * 2
+    assert [m.born_host for m in got[2:5]] == [str(V4), str(V6), str(V4)]
+
+
 @pytest.mark.parametrize(
     ("damage", "says"),
     [
@@ -139,8 +165,19 @@ def _set_topic_bytes(rec: bytes, raw: bytes) -> bytes:
         (_flip_body_byte, "CRC"),
         (lambda b: _set_topic_len(b, 200), "topic length"),
         (lambda b: _set_topic_bytes(b, b"\xff\xfe"), "UTF-8"),
+        (lambda b: _set_props_len(b, 3), "properties length"),
+        (lambda b: _set_props_len(b, 60_000), "properties length"),
     ],
-    ids=["truncated", "magic", "short-tail", "crc", "topic-length", "topic-utf8"],
+    ids=[
+        "truncated",
+        "magic",
+        "short-tail",
+        "crc",
+        "topic-length",
+        "topic-utf8",
+        "props-short",
+        "props-long",
+    ],
 )
 def test_a_corrupt_record_fails_loudly_at_decode_not_at_first_read(damage, says) -> None:  # type: ignore[no-untyped-def]
     good = record(1, body=b"0123456789")

@@ -3,9 +3,10 @@
 Starts a nameserver and a broker on loopback (fresh data dirs, stopped by pid at the end),
 stores ``--messages`` messages of ``--body-bytes`` once, then drains them ``--rounds`` times,
 each round with a new consumer group reading from the first offset. Per round it prints the
-drain rate and the CPU this process spent per message between the listener's first and last
-message: consumer start-up (routes, rebalance, offsets) is left out, so rounds of different
-sizes and code versions compare; the start-up's own CPU is printed beside it. Run it a few
+drain rate and the CPU this process and the broker spent per message between the listener's
+first and last message (the broker's read from /proc): consumer start-up (routes, rebalance,
+offsets) is left out, so rounds of different sizes and code versions compare; the start-up's
+own CPU is printed beside it. Run it a few
 times, old and new code interleaved, on a machine that is otherwise as quiet as it gets; say
 the load (printed) with any figure.
 
@@ -59,19 +60,31 @@ async def _produce(namesrv: tuple[str, ...], count: int, body: bytes) -> None:
         await producer.close()
 
 
-async def _drain(namesrv: tuple[str, ...], group: str, count: int, batch: int) -> str:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, from /proc; 0 when unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _drain(
+    namesrv: tuple[str, ...], group: str, count: int, batch: int, broker_pid: int
+) -> str:
     done = asyncio.Event()
     n = 0
-    first: list[float] = []  # process CPU and wall time at the first message
+    # process CPU, wall time and the broker's CPU at the first message, and at the last
+    first: list[float] = []
     last: list[float] = []
 
     async def listener(msgs: list[Any], _ctx: Any) -> ConsumeResult:
         nonlocal n
         if not first:
-            first.extend((time.process_time(), time.perf_counter()))
+            first.extend((time.process_time(), time.perf_counter(), _cpu_s(broker_pid)))
         n += len(msgs)
         if n >= count and not last:
-            last.extend((time.process_time(), time.perf_counter()))
+            last.extend((time.process_time(), time.perf_counter(), _cpu_s(broker_pid)))
             done.set()
         return ConsumeResult.CONSUME_SUCCESS
 
@@ -92,11 +105,12 @@ async def _drain(namesrv: tuple[str, ...], group: str, count: int, batch: int) -
         return f"{group}: drained {n} of {count} in {ROUND_LIMIT_S:.0f} s"
     cpu_us = (last[0] - first[0]) * 1e6 / n
     rate = n / max(last[1] - first[1], 1e-9)
+    broker_us = (last[2] - first[2]) * 1e6 / n
     start_ms = (first[0] - start_cpu_s) * 1e3
     return (
-        f"{group}: {n} msgs, {rate:,.0f} msgs/s; client CPU per msg {cpu_us:.2f} µs "
-        f"(start-up to the first message: {start_ms:.0f} ms CPU; start to close: "
-        f"{whole_us:.2f} µs per msg)"
+        f"{group}: {n} msgs, {rate:,.0f} msgs/s; CPU per msg: client {cpu_us:.2f} µs, "
+        f"broker {broker_us:.2f} µs (client start-up to the first message: {start_ms:.0f} ms "
+        f"CPU; start to close: {whole_us:.2f} µs per msg)"
     )
 
 
@@ -113,7 +127,9 @@ async def main_async(args: argparse.Namespace) -> None:
             await _produce(namesrv, args.messages, os.urandom(args.body_bytes))
             for r in range(args.rounds):
                 load = os.getloadavg()[0]
-                line = await _drain(namesrv, f"drain-bench-{r}", args.messages, args.batch)
+                line = await _drain(
+                    namesrv, f"drain-bench-{r}", args.messages, args.batch, broker.pid
+                )
                 print(f"  {line} (load {load:.1f})", flush=True)
         finally:
             for sp in reversed(started):

@@ -10,7 +10,10 @@ consumer's CPU per message, issue 16). Workers start one at a time, each once th
 has run, so a listener that never suspends drains the FIFO in one worker. A batch of a pull is
 addressed by its index in the ProcessQueue's run of that pull (``start_slice``,
 ``release_slice``: no offset lookups per call), and the offset store is updated once per pull or
-loop turn rather than per call (``ConsumeService._done``). A worker ends when the FIFO is empty;
+loop turn rather than per call (``ConsumeService._done``). A coroutine listener's call that
+finishes without suspending (most do) let nothing else run meanwhile, so it is neither marked
+started nor released on its own: a worker releases such successes as one slice before anything
+else can run (``ConsumeService._consume_job``). A worker ends when the FIFO is empty;
 :meth:`ConsumeService.submit` starts one again. A worker of a plain listener hands the pool an
 even share of the FIFO at a time
 (at most ``THREAD_GROUP_MAX`` batches, each still its own call), so a backlog costs one thread
@@ -34,7 +37,9 @@ After a call (``process_consume_result``):
 
 Expiry (SPEC §6.13): every ``consume_timeout_minutes`` the head of each ProcessQueue is checked
 for messages whose listener call started more than that long ago; each is sent back (or, if
-that fails, consumed again locally) and released, so one stuck call cannot hold the offset.
+that fails, consumed again locally) and released, so one stuck call cannot hold the offset. A
+coroutine listener's call counts as started when it first suspends (before that no check can
+run: the loop is busy with it).
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ import contextvars
 import functools
 import inspect
 import logging
+import sys
 import types
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -76,6 +82,16 @@ THREAD_GROUP_MAX = 16
 _COROUTINE = types.CoroutineType
 _NOT_CALLED = object()
 """A batch of a thread trip skipped because its queue was dropped first."""
+
+
+def _lone_refcount() -> int:
+    """What ``sys.getrefcount`` says of an object that only a local name refers to (2 on
+    CPython 3.11: the name and the call's argument), measured rather than assumed."""
+    lone = object()
+    return sys.getrefcount(lone)
+
+
+_LONE_REFCOUNT = _lone_refcount()
 
 SendBack = Callable[[MessageQueue, ReceivedMessage, int], Awaitable[bool]]
 """Returns a failed message to the broker; True if the broker took it."""
@@ -145,6 +161,40 @@ class _Job:
         self.next = 0
 
 
+class _Resume:
+    """Awaits the rest of a coroutine that has already run to its first suspension (it
+    yielded ``first``), exactly as ``await`` would have: what the task sends or throws goes to
+    the coroutine, and what it yields goes to the task (PEP 380's delegation, written out).
+    :meth:`ConsumeService._consume_job` starts a listener's coroutine by hand to learn whether
+    it suspends at all."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: object) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self._coro
+        out = self._first
+        while True:
+            try:
+                sent = yield out
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # thrown in by the task (a cancel): to the coroutine
+                try:
+                    out = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    out = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
 class ConsumeService:
     """Runs the listener over pulled batches and turns results into offsets (one consumer)."""
 
@@ -162,6 +212,7 @@ class ConsumeService:
         local_retry_delay_s: float = LOCAL_RETRY_DELAY_S,
     ) -> None:
         self._group = group
+        self._retry_topic = retry_topic(group)
         self._listener = listener
         self._async = is_async_listener(listener)
         self._model = message_model
@@ -199,7 +250,9 @@ class ConsumeService:
         if self._closed or not msgs:
             return
         # Before any call of the pull: the listener sees redelivered messages under their topic.
-        reset_retry_topic(msgs, self._group)
+        # A pull's messages are those of its queue's topic: only a retry queue's can need it.
+        if mq.topic == self._retry_topic:
+            reset_retry_topic(msgs, self._group)
         self._waiting.append(_Job(msgs, pq, mq, pq.run_of(msgs)))
         self._batches_waiting += -(-len(msgs) // self._batch_max)
         self._add_worker()
@@ -236,12 +289,12 @@ class ConsumeService:
         try:
             while waiting and not self._closed:
                 if self._executor is None:
+                    if waiting[0].run is not None and not _tracing.enabled():
+                        await self._consume_job(waiting[0])
+                        continue
                     job, i, j = self._take()
                     self._add_worker()
-                    if job.run is not None and not _tracing.enabled():
-                        await self._consume_slice(job, i, j)
-                    else:
-                        await self._consume(job.msgs[i:j], job.pq, job.mq)
+                    await self._consume(job.msgs[i:j], job.pq, job.mq)
                 else:
                     group = self._take_group()
                     self._add_worker()
@@ -448,35 +501,104 @@ class ConsumeService:
             return
         await self.process_consume_result(result, context, msgs, pq, mq)
 
-    async def _consume_slice(self, job: _Job, i: int, j: int) -> None:
-        """:meth:`_consume` of batch ``i .. j-1`` of a pulled job whose run the ProcessQueue
-        knows, without tracing: the same steps, addressed by index (issue 16: this is the path
-        of nearly every listener call, so it is kept to a few calls)."""
-        pq, mq = job.pq, job.mq
-        if pq.dropped:
-            return  # not consumed: the committed offset stays below these messages
-        context = ConsumeContext(mq)
-        start_ms = pq.start_slice(job.run, i, j - i)  # type: ignore[arg-type]
+    async def _consume_job(self, job: _Job) -> None:
+        """:meth:`_consume` of the batches of ``job``, a pulled job whose run the ProcessQueue
+        knows, without tracing, while it is the FIFO's head: each batch is still one listener
+        call with a context as new, released by its index in the run.
+
+        This is the path of nearly every listener call (issue 16), so :meth:`_take`,
+        :meth:`_add_worker` and :meth:`_done` are written out in one loop over the job rather
+        than a coroutine per call (hence its length). Other workers may take batches of the
+        same job meanwhile (while this one awaits a listener): ``job.next`` is shared, and
+        whoever takes the last batch removes the job from the FIFO.
+
+        A coroutine listener is run by hand until it first suspends (:class:`_Resume` then
+        awaits the rest as ``await`` would). A call that finishes without suspending let no
+        other code run while it ran, so nothing could see its messages in flight: its start
+        is not recorded and consecutive such successes are released together, as one slice,
+        before anything else can run (the next suspension, a result that needs more, the end).
+        A call that suspends is recorded as started when it suspends (the consume timeout
+        counts from then) and released on its own, as before."""
+        msgs, pq, mq, run = job.msgs, job.pq, job.mq, job.run
+        assert run is not None
+        size = len(msgs)
+        step = self._batch_max
+        listener = self._listener
+        waiting = self._waiting
+        success = ConsumeResult.CONSUME_SUCCESS
+        lo = hi = 0  # batches lo .. hi-1 succeeded without suspending and wait to be released
+        spare: ConsumeContext | None = None  # a used context as good as new (see below)
         try:
-            outcome = self._listener(job.msgs[i:j], context)
-            if outcome.__class__ is _COROUTINE or (
-                outcome is not None
-                and not isinstance(outcome, ConsumeResult)
-                and inspect.isawaitable(outcome)
-            ):
-                outcome = await outcome
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._listener_raised(j - i, mq, exc)
-            outcome = None
-        outcome = self._as_result(outcome)
-        if pq.dropped:
-            self._log_dropped(mq, job.msgs[i:j])
-        elif outcome is ConsumeResult.CONSUME_SUCCESS and context.ack_index is None:
-            self._done(job, i, j, start_ms)
-        else:
-            await self.process_consume_result(outcome, context, job.msgs[i:j], pq, mq)
+            while job.next < size and not self._closed:
+                i = job.next
+                j = job.next = i + step if i + step < size else size
+                if j == size:
+                    waiting.popleft()  # the job is the head: jobs leave the FIFO only from there
+                self._batches_waiting -= 1
+                if not self._starting and self._batches_waiting:
+                    self._add_worker()
+                if pq.dropped:
+                    continue  # not consumed: the committed offset stays below these messages
+                context = spare if spare is not None else ConsumeContext(mq)
+                spare = None
+                start_ms = -1  # set when the call suspends
+                try:
+                    outcome = listener(msgs[i:j], context)
+                    rest: Awaitable[Any] | None = None  # the rest of a call that suspends
+                    if outcome.__class__ is _COROUTINE:
+                        try:
+                            rest = _Resume(outcome, outcome.send(None))
+                        except StopIteration as stop:
+                            outcome = stop.value
+                    elif (
+                        outcome is not None
+                        and outcome.__class__ is not ConsumeResult
+                        and inspect.isawaitable(outcome)
+                    ):
+                        rest = outcome
+                    if rest is not None:  # others run now: release what is done first
+                        lo = hi = self._release_done(job, lo, hi)
+                        start_ms = pq.start_slice(run, i, j - i)
+                        outcome = await rest
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self._listener_raised(j - i, mq, exc)
+                    outcome = None
+                if outcome is not success or context.ack_index is not None or pq.dropped:
+                    lo = hi = self._release_done(job, lo, hi)
+                    outcome = self._as_result(outcome)
+                    if pq.dropped:
+                        self._log_dropped(mq, msgs[i:j])
+                    else:
+                        await self.process_consume_result(outcome, context, msgs[i:j], pq, mq)
+                    continue
+                if start_ms >= 0:
+                    self._done(job, i, j, start_ms)
+                elif hi == i:
+                    hi = j  # one more batch of the slice waiting to be released
+                else:
+                    self._release_done(job, lo, hi)
+                    lo, hi = i, j
+                # The call is over; when nothing but this frame refers to its context and it
+                # holds what a new one would, no one can tell it from a new one: the next call
+                # gets it (a context per call cost a tenth of this loop).
+                if (
+                    start_ms < 0
+                    and sys.getrefcount(context) == _LONE_REFCOUNT
+                    and context.delay_level_when_next_consume == 0
+                    and context.message_queue is mq
+                ):
+                    spare = context
+        finally:
+            self._release_done(job, lo, hi)
+
+    def _release_done(self, job: _Job, lo: int, hi: int) -> int:
+        """:meth:`_done` for batches ``lo .. hi-1`` of ``job``, which succeeded without
+        suspending (now is their consume time); returns ``hi``."""
+        if hi > lo:
+            self._done(job, lo, hi, job.pq.now_ms())
+        return hi
 
     def _log_dropped(self, mq: MessageQueue, msgs: list[ReceivedMessage]) -> None:
         log.warning(

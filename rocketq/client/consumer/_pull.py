@@ -182,11 +182,13 @@ class Puller:
         req.broker_id = int(resp.suggest_which_broker_id)
         msgs: list[ReceivedMessage] = []
         first_offset = -1
-        if resp.status == FOUND and resp.records:
+        # Read once: each read of a protobuf bytes field copies it (256 KiB per full pull).
+        records = resp.records if resp.status == FOUND else b""
+        if records:
             # RocketMQ stamps the queue bounds on each message (lag, ProcessQueue stats); one
             # dict for the pull, merged when a message's properties are first read.
             bounds = {Prop.MIN_OFFSET: str(resp.min_offset), Prop.MAX_OFFSET: str(resp.max_offset)}
-            decoded = decode_records(resp.records, mq.broker_name, bounds)
+            decoded = decode_records(records, mq.broker_name, bounds)
             if decoded:
                 first_offset = decoded[0].queue_offset
             msgs = filter_by_tags(decoded, sub)

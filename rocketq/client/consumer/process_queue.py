@@ -426,6 +426,10 @@ class ProcessQueue:
             run = self._last_put
             return run if run is not None and run.msgs is msgs and run.live else None
 
+    def now_ms(self) -> int:
+        """This queue's clock (ms): what its consume start and consume times are read from."""
+        return self._clock()
+
     def start_slice(self, run: _Run, i: int, n: int) -> int:
         """:meth:`mark_consume_start` for messages ``i .. i+n-1`` of ``run``; returns the time
         it recorded (ms), which the matching :meth:`release_slice` takes."""
