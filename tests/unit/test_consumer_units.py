@@ -259,6 +259,20 @@ def service(
     return svc, sent
 
 
+def submit_pull(
+    svc: ConsumeService, count: int, *, one_worker: bool = False
+) -> tuple[ProcessQueue, list[ReceivedMessage]]:
+    """Submit one pull of ``count`` messages (offsets 0 ..) to ``svc`` (``one_worker``: with a
+    single worker); their ProcessQueue and the messages."""
+    if one_worker:
+        svc._workers_max = 1
+    pq = ProcessQueue()
+    pulled = [msg(i) for i in range(count)]
+    pq.put_messages(pulled)
+    svc.submit(pulled, pq, MQ, True)
+    return pq, pulled
+
+
 async def idle(svc: ConsumeService) -> None:
     """Wait for every submitted batch, then shut the service down."""
     while svc._tasks:
@@ -426,10 +440,7 @@ async def test_plain_listener_batches_share_thread_trips_and_keep_their_own_resu
         )
 
     svc, sent = service(MessageModel.CLUSTERING, offsets, send_back_ok=True, listener=listener)
-    pq = ProcessQueue()
-    pulled = [msg(i) for i in range(40)]
-    pq.put_messages(pulled)
-    svc.submit(pulled, pq, MQ, True)
+    submit_pull(svc, 40)
     await until(lambda: offsets.table.get(MQ) == 40, "offset 40 committed")
     assert sorted(calls) == list(range(40)) and sent == [7, 9]
     assert (svc.consumed_ok, svc.consumed_failed) == (38, 2)
@@ -473,10 +484,7 @@ async def test_batches_still_waiting_at_shutdown_are_not_consumed() -> None:
         return ConsumeResult.CONSUME_SUCCESS
 
     svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
-    pq = ProcessQueue()
-    pulled = [msg(i) for i in range(8)]
-    pq.put_messages(pulled)
-    svc.submit(pulled, pq, MQ, True)
+    submit_pull(svc, 8)
     await until(lambda: len(seen) == 4, "four listener calls started")
     closing = asyncio.create_task(svc.shutdown(5000))
     gate.set()
@@ -801,11 +809,7 @@ async def test_a_stuck_call_does_not_hold_back_the_stored_offset_of_the_calls_be
         return ConsumeResult.CONSUME_SUCCESS
 
     svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
-    svc._workers_max = 1
-    pq = ProcessQueue()
-    pulled = [msg(i) for i in range(5)]
-    pq.put_messages(pulled)
-    svc.submit(pulled, pq, MQ, True)
+    pq, _ = submit_pull(svc, 5, one_worker=True)
     await until(lambda: offsets.table.get(MQ) == 3, "offset 3 stored while 3 is in a call")
     assert calls == [0, 1, 2, 3] and pq.msg_count == 2
     gate.set()
@@ -862,11 +866,7 @@ async def test_a_call_is_in_flight_only_while_it_is_suspended() -> None:
         return ConsumeResult.CONSUME_SUCCESS
 
     svc, sent = service(MessageModel.CLUSTERING, offsets, True, listener=listener)
-    svc._workers_max = 1
-    pq = ProcessQueue()
-    pulled = [msg(i) for i in range(5)]
-    pq.put_messages(pulled)
-    svc.submit(pulled, pq, MQ, True)
+    pq, pulled = submit_pull(svc, 5, one_worker=True)
     await until(lambda: offsets.table.get(MQ) == 2, "offset 2 stored while 2 is in a call")
     # 0 and 1 are gone; 2 is started; 3 and 4 wait, not started.
     assert pq.msg_count == 3
@@ -897,10 +897,7 @@ async def test_calls_that_fail_between_successes_are_retried_and_the_rest_releas
         return ConsumeResult.CONSUME_SUCCESS
 
     svc, sent = service(MessageModel.CLUSTERING, offsets, True, listener=listener, batch=2)
-    pq = ProcessQueue()
-    pulled = [msg(i) for i in range(10)]
-    pq.put_messages(pulled)
-    svc.submit(pulled, pq, MQ, True)
+    pq, _ = submit_pull(svc, 10)
     await until(lambda: offsets.table.get(MQ) == 10, "offset 10 stored")
     assert seen == list(range(10)) and sorted(sent) == [2, 3, 4, 5, 7]
     assert pq.msg_count == 0 and svc.consumed_ok == 5
@@ -926,11 +923,7 @@ async def test_shutdown_cancels_a_suspended_call_inside_the_listener() -> None:
         return ConsumeResult.CONSUME_SUCCESS
 
     svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
-    svc._workers_max = 1
-    pq = ProcessQueue()
-    pulled = [msg(i) for i in range(3)]
-    pq.put_messages(pulled)
-    svc.submit(pulled, pq, MQ, True)
+    pq, _ = submit_pull(svc, 3, one_worker=True)
     await asyncio.wait_for(entered.wait(), 5)
     await svc.shutdown(0)
     assert cancelled == [1] and offsets.table.get(MQ) == 1 and pq.msg_count == 2
@@ -952,10 +945,7 @@ async def test_each_call_gets_a_context_as_new_and_a_kept_one_is_never_handed_on
         return ConsumeResult.CONSUME_SUCCESS
 
     svc, _ = service(MessageModel.CLUSTERING, offsets, listener=listener)
-    pq = ProcessQueue()
-    pulled = [msg(i) for i in range(6)]
-    pq.put_messages(pulled)
-    svc.submit(pulled, pq, MQ, True)
+    submit_pull(svc, 6)
     await until(lambda: offsets.table.get(MQ) == 6, "offset 6 stored")
     assert seen == [(0, None)] * 6 and len({id(c) for c in kept}) == 3
     assert all(c.delay_level_when_next_consume == 0 and c.message_queue == MQ for c in kept)
@@ -978,10 +968,7 @@ async def test_a_timeout_inside_a_suspended_call_stays_the_listener_s_own() -> N
         return ConsumeResult.CONSUME_SUCCESS
 
     svc, sent = service(MessageModel.CLUSTERING, offsets, listener=listener)
-    pq = ProcessQueue()
-    pulled = [msg(i) for i in range(3)]
-    pq.put_messages(pulled)
-    svc.submit(pulled, pq, MQ, True)
+    submit_pull(svc, 3)
     await until(lambda: offsets.table.get(MQ) == 3, "offset 3 stored")
     assert sorted(timed_out) == [0, 1, 2] and sent == [] and svc.consumed_ok == 3
     await svc.shutdown(0)
