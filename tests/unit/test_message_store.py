@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -562,24 +563,35 @@ def test_zeros_ahead_leave_no_hole_below_the_reservation(
         os.close(fd)
 
 
+@contextlib.asynccontextmanager
+async def _sync_store_with_stuck_fsync(
+    tmp_path: Path, *, timeout_ms: int, stuck_ms: int
+) -> AsyncIterator[MessageStore]:
+    """A started SYNC_FLUSH store whose fsyncs each hang ``stuck_ms`` (until the failpoint is
+    cleared); writers give up after ``timeout_ms``."""
+    config = _config(
+        tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout_ms=timeout_ms
+    )
+    store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
+    await store.start()
+    failpoints.reload(f"commitlog_before_flush=sleep({stuck_ms})")
+    try:
+        yield store
+    finally:
+        failpoints.reload("")
+        await store.shutdown()
+
+
 async def test_sync_flush_timeout_is_reported_while_a_slow_fsync_is_still_running(
     tmp_path: Path,
 ) -> None:
     """A stuck fsync must not turn FLUSH_DISK_TIMEOUT into a late SEND_OK (regression)."""
-    config = _config(tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout_ms=50)
-
-    store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
-    await store.start()
-    failpoints.reload("commitlog_before_flush=sleep(600)")
-    try:
+    async with _sync_store_with_stuck_fsync(tmp_path, timeout_ms=50, stuck_ms=600) as store:
         loop = asyncio.get_running_loop()
         started = loop.time()
         res = await store.put([_msg(body=b"slow disk")])
         assert res.status is PutStatus.FLUSH_DISK_TIMEOUT
         assert loop.time() - started < 0.5  # answered at its deadline, not after the fsync
-    finally:
-        failpoints.reload("")
-        await store.shutdown()
 
 
 async def test_sync_flush_writers_behind_a_stuck_fsync_time_out_then_the_next_is_acknowledged(
@@ -588,12 +600,7 @@ async def test_sync_flush_writers_behind_a_stuck_fsync_time_out_then_the_next_is
     """Two writers wait behind one stuck fsync: each is answered FLUSH_DISK_TIMEOUT at its
     deadline (not before, not when the fsync ends), their messages stay stored and the fsync
     makes them durable when it ends; a writer after that is acknowledged by the next fsync."""
-    config = _config(tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout_ms=100)
-
-    store = MessageStore(config, clock=ManualClock(START_MS), disk_usage=lambda _p: 0.1)
-    await store.start()
-    failpoints.reload("commitlog_before_flush=sleep(700)")
-    try:
+    async with _sync_store_with_stuck_fsync(tmp_path, timeout_ms=100, stuck_ms=700) as store:
         loop = asyncio.get_running_loop()
 
         async def timed_put(body: bytes) -> tuple[PutStatus, float]:
@@ -612,9 +619,6 @@ async def test_sync_flush_writers_behind_a_stuck_fsync_time_out_then_the_next_is
         assert res.status is PutStatus.PUT_OK
         last = res.results[-1]
         assert store.flusher.flushed_offset >= last.physical_offset + last.size_bytes
-    finally:
-        failpoints.reload("")
-        await store.shutdown()
 
 
 async def test_async_flush_put_returns_ok(tmp_path: Path) -> None:
