@@ -5,10 +5,31 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from rocketq import codec
 from rocketq.client.consumer.offset_store import ReadOffsetType
-from rocketq.message import MessageQueue
+from rocketq.message import MessageQueue, ReceivedMessage
 
 MQ = MessageQueue("T", "broker-a", 0)
+
+
+def msg(offset: int, tags: str = "", topic: str = "T", body: bytes = b"x") -> ReceivedMessage:
+    """A pulled message at ``offset`` of queue 0 of ``topic`` (TAGS set when given)."""
+    props = {codec.Prop.TAGS: tags} if tags else {}
+    return ReceivedMessage(
+        topic=topic,
+        body=body,
+        properties=props,
+        queue_id=0,
+        queue_offset=offset,
+        commitlog_offset=1000 + offset,
+        msg_id=f"id{offset}",
+        offset_msg_id="",
+        born_timestamp_ms=0,
+        store_timestamp_ms=0,
+        born_host="",
+        store_host="",
+        broker_name="broker-a",
+    )
 
 
 class MemoryOffsets:
