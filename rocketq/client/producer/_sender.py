@@ -181,17 +181,7 @@ def prepare_batch(
         heads: dict[str, bytes] = {}
         for msg, msg_id in zip(msgs, new_unique_ids(len(msgs)), strict=True):
             body = msg.body
-            if (
-                msg.topic == topic
-                and type(body) is bytes
-                and body
-                and not msg.properties
-                and not msg.keys
-                and not msg.delay_level
-                and not msg.deliver_time_ms
-                and not msg.delay_ms
-                and msg.wait_store_msg_ok
-            ):
+            if msg.topic == topic and type(body) is bytes and body and _tags_only(msg):
                 tags = msg.tags
                 head = heads.get(tags)
                 if head is None:
@@ -202,7 +192,7 @@ def prepare_batch(
                     encoded = head + msg_id.encode() + b"\x02"
                     size = fixed + len(body) + len(encoded)
                     if size <= max_size_bytes and len(encoded) <= _PROPERTIES_MAX_BYTES:
-                        props = {_TAGS: tags, _UNIQ_KEY: msg_id} if tags else {_UNIQ_KEY: msg_id}
+                        props = _tags_dict(tags, msg_id)
                         add(
                             PreparedMessage(
                                 topic, msg.flag, body, props, encoded, msg_id, size, False
@@ -296,11 +286,16 @@ def _tags_only(msg: Message) -> bool:
 def _tags_properties(tags: str, msg_id: str) -> tuple[dict[str, str], bytes]:
     """``Message.wire_properties()`` plus the UNIQ_KEY, and their encoding, for a message
     whose only property is its tag (ValueError for a separator in the tag)."""
-    if not tags:
-        return {_UNIQ_KEY: msg_id}, f"{_UNIQ_KEY}\x01{msg_id}\x02".encode()
-    check_property_text(Prop.TAGS, tags)
-    encoded = f"{_TAGS}\x01{tags}\x02{_UNIQ_KEY}\x01{msg_id}\x02".encode()
-    return {_TAGS: tags, _UNIQ_KEY: msg_id}, encoded
+    head = _tags_head(tags)
+    if head is None:
+        check_property_text(Prop.TAGS, tags)  # raises, naming the separator
+        raise AssertionError("_tags_head and check_property_text disagree")
+    return _tags_dict(tags, msg_id), head + msg_id.encode() + b"\x02"
+
+
+def _tags_dict(tags: str, msg_id: str) -> dict[str, str]:
+    """The properties of a message whose only one is its tag (if any), with its UNIQ_KEY."""
+    return {_TAGS: tags, _UNIQ_KEY: msg_id} if tags else {_UNIQ_KEY: msg_id}
 
 
 _TAGS, _UNIQ_KEY = Prop.TAGS, Prop.UNIQ_KEY
