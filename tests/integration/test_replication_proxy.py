@@ -80,6 +80,17 @@ def is_reset(sock: socket.socket) -> bool:
         return True
 
 
+def dial_is_reset(addr: str) -> bool:
+    """True when a new connection is reset. The proxy accepts, then resets; on loopback the reset
+    can arrive before connect() has polled its outcome, so connect() itself may report it."""
+    try:
+        sock = dial(addr)
+    except ConnectionResetError:
+        return True
+    with sock:
+        return is_reset(sock)
+
+
 def test_forward_cut_heal_and_blackhole(tmp_path: Path) -> None:
     with echo_server() as target:
         proxy, ctl = start_proxy(tmp_path, target)
@@ -92,8 +103,7 @@ def test_forward_cut_heal_and_blackhole(tmp_path: Path) -> None:
             reply = ctl.cut()
             assert reply["mode"] == "cut" and reply["open"] == 0
             assert is_reset(a), "an open connection survived the cut"
-            b = dial(proxy.addr)  # the listener still accepts, then resets: peer down
-            assert is_reset(b)
+            assert dial_is_reset(proxy.addr), "a new connection went through a cut"
             assert int(str(ctl.stats()["refused"])) >= 1
 
             ctl.heal()
@@ -111,7 +121,7 @@ def test_forward_cut_heal_and_blackhole(tmp_path: Path) -> None:
             ctl.heal()
             assert c.recv(16) == b"held"  # what was in flight arrives once healed
             assert d.recv(16) == b"late"
-            for s in (a, b, c, d):
+            for s in (a, c, d):
                 s.close()
         finally:
             assert proxy.stop() == 0
