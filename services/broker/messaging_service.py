@@ -62,9 +62,14 @@ from services.broker.pull_hold import PullHoldService
 from services.broker.pull_processor import PullProcessor
 from services.broker.query_processor import QueryProcessor
 from services.broker.rebalance_lock import QUEUES_PER_REQUEST_MAX, QueueKey, RebalanceLockManager
+from services.broker.request_stream import (
+    PULL_METHOD,
+    SEND_METHOD,
+    RequestContext,
+    serve_request_stream,
+)
 from services.broker.send_back import SendBackProcessor
 from services.broker.send_processor import SendProcessor
-from services.broker.send_stream import serve_send_stream
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
 from services.broker.transaction_end import EndTransactionProcessor
@@ -187,19 +192,46 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
     async def SendStream(  # type: ignore[override]
         self, request_iterator: AsyncIterator[messaging_pb2.SendStreamRequest], context: Context
     ) -> None:
-        """Send over one stream (services.broker.send_stream): each request as Send above."""
-        sender = self.sender
+        """Send over one stream (services.broker.request_stream): each request as Send above."""
+        sender, peer = self.sender, context.peer()
 
-        def send(request: messaging_pb2.SendRequest, peer: str) -> Any:
+        def send(request: messaging_pb2.SendRequest) -> Any:
             return telemetry.send(sender.send, request, peer)
 
-        await serve_send_stream(send, request_iterator, context.write, context.peer())
+        await serve_request_stream(
+            send,
+            request_iterator,
+            context.write,
+            peer,
+            answer_type=messaging_pb2.SendStreamResponse,
+            method=SEND_METHOD,
+        )
 
     @rpc
     async def Pull(
         self, request: messaging_pb2.PullRequest, context: Context
     ) -> messaging_pb2.PullResponse:
         return await telemetry.pull(self.puller.pull, request, context)
+
+    @rpc  # a coroutine writing through the context, as SendStream
+    async def PullStream(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[messaging_pb2.PullStreamRequest], context: Context
+    ) -> None:
+        """Pull over one stream (services.broker.request_stream): each request as Pull above."""
+        puller, peer = self.puller, context.peer()
+        request_context = RequestContext(peer)
+
+        def pull(request: messaging_pb2.PullRequest) -> Any:
+            return telemetry.pull(puller.pull, request, request_context)
+
+        await serve_request_stream(
+            pull,
+            request_iterator,
+            context.write,
+            peer,
+            answer_type=messaging_pb2.PullStreamResponse,
+            method=PULL_METHOD,
+        )
 
     # -- offsets ---------------------------------------------------------------------------
     def _topic_queue(self, topic: str, queue_id: int) -> TopicConfig:

@@ -13,6 +13,7 @@ import pytest
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+from rocketq.client._request_stream import SEND, RequestStreams
 from rocketq.client.errors import (
     MessageTooLargeError,
     RequestTimeoutError,
@@ -21,7 +22,6 @@ from rocketq.client.errors import (
     detail_of,
 )
 from rocketq.client.producer import Producer, ProducerConfig
-from rocketq.client.producer._send_stream import SendStreams
 from rocketq.client.producer._sender import SendHandler, build_send_request, prepare_batch
 from rocketq.message import Message, MessageQueue
 from tests.integration.test_producer import assert_stored, create_topic, pull_queue
@@ -47,7 +47,7 @@ async def _make_topic(c: Cluster) -> None:
     await wait_routed(c.namesrv_addrs, TOPIC, 4)
 
 
-def _streams(p: Producer) -> SendStreams:
+def _streams(p: Producer) -> RequestStreams:
     streams = p._core._send_handler()._streams
     assert streams is not None
     return streams
@@ -148,7 +148,7 @@ async def test_a_server_without_send_stream_is_sent_unary_calls(one: Cluster) ->
     goes as a unary Send (refused the same way: the error a unary call raises), and that
     address gets unary calls from then on."""
     async with RawClient(one.nameserver.addr) as raw:
-        streams = SendStreams(lambda _addr: raw.messaging)
+        streams = RequestStreams(lambda _addr: raw.messaging, SEND)
         handler = SendHandler(lambda _addr: raw.messaging, streams)
         req = messaging_pb2.SendRequest(queue_id=0, records=_records(TOPIC, 2))
         mq = MessageQueue(TOPIC, "broker-a", 0)

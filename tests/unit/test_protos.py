@@ -57,6 +57,7 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
             "Ack",
             "ChangeInvisibleTime",
             "SendStream",
+            "PullStream",
         },
     ),
     "admin": (
@@ -92,6 +93,7 @@ EXPECTED_SERVICES: dict[str, tuple[str, str, set[str]]] = {
 BIDI_METHODS = {
     ("Messaging", "ClientStream"),
     ("Messaging", "SendStream"),
+    ("Messaging", "PullStream"),
     ("Replication", "Stream"),
 }
 

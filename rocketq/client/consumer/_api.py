@@ -39,6 +39,7 @@ Every failure surfaces as a :class:`~rocketq.client.errors.RocketQError` naming 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -48,6 +49,7 @@ from typing import Protocol, TypeVar
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
+from rocketq.client._request_stream import RequestStreams, StreamUnsupported
 from rocketq.client._route import (
     MASTER_ID,
     BrokerHealth,
@@ -115,10 +117,19 @@ def _mq_pb(mq: MessageQueue) -> common_pb2.MessageQueue:
 class BrokerApi:
     """The consumer-side broker calls of one consumer group."""
 
-    def __init__(self, instance: InstanceLike, group: str, request_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        instance: InstanceLike,
+        group: str,
+        request_timeout_ms: int,
+        pull_streams: RequestStreams | None = None,
+    ) -> None:
         self._instance = instance
         self.group = group
         self._timeout_s = request_timeout_ms / 1000
+        self._pull_streams = pull_streams
+        """Pulls go down one PullStream per broker (rocketq/client/_request_stream.py); None =
+        a unary Pull each."""
         self.health = BrokerHealth()
         """Addresses that failed recently; shared by pulls and offset calls of this group."""
         self._stale_refresh_at_s = float("-inf")
@@ -264,17 +275,30 @@ class BrokerApi:
         self, addr: str, request: messaging_pb2.PullRequest, timeout_ms: int
     ) -> messaging_pb2.PullResponse:
         """One Pull at ``addr``; records whether ``addr`` could be reached (``health``)."""
-        stub = self._instance.messaging(addr)
         try:
-            resp: messaging_pb2.PullResponse = await self._call(
-                addr, lambda: stub.Pull(request, timeout=timeout_ms / 1000)
-            )
+            resp = await self._pull(addr, request, timeout_ms / 1000)
         except RocketQError as exc:
             if is_unreachable(exc):
                 self.health.mark_unreachable(addr)
             raise
         self.health.mark_reachable(addr)
         return resp
+
+    async def _pull(
+        self, addr: str, request: messaging_pb2.PullRequest, timeout_s: float
+    ) -> messaging_pb2.PullResponse:
+        streams = self._pull_streams
+        if streams is not None and streams.usable(addr):
+            with contextlib.suppress(StreamUnsupported):  # an older broker: unary from now on
+                resp: messaging_pb2.PullResponse = await streams.call(addr, request, timeout_s)
+                return resp
+        stub = self._instance.messaging(addr)
+        return await self._call(addr, lambda: stub.Pull(request, timeout=timeout_s))
+
+    async def close(self) -> None:
+        """End the pull streams (the pulls waiting on them fail ClientStateError)."""
+        if self._pull_streams is not None:
+            await self._pull_streams.close()
 
     async def query_offset(self, mq: MessageQueue) -> int:
         """The group's stored offset of ``mq``; NotFoundError when it has none."""

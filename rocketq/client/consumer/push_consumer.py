@@ -38,6 +38,7 @@ from typing import Any
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client._instance import ClientInstance
+from rocketq.client._request_stream import PULL, open_streams
 from rocketq.client._route import TopicRoute
 from rocketq.client.consumer._api import BrokerApi
 from rocketq.client.consumer._common import (
@@ -243,7 +244,10 @@ class PushConsumer:
         )
         self._instance = instance
         self.client_id = instance.client_id
-        api = BrokerApi(instance, cfg.consumer_group, cfg.request_timeout_ms)
+        streams = open_streams(
+            instance.messaging, PULL, enabled=cfg.pull_stream, security=cfg.security
+        )
+        api = BrokerApi(instance, cfg.consumer_group, cfg.request_timeout_ms, streams)
         self._api = api
         store = make_offset_store(
             api,
@@ -390,6 +394,8 @@ class PushConsumer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         assert self._pull_service and self._consume and self._rebalance and self._offset_store
         await self._pull_service.close()
+        assert self._api is not None
+        await self._api.close()
         await self._consume.shutdown(cfg.await_termination_ms)
         owned = self._rebalance.owned()
         await self._offset_store.persist_all(owned)

@@ -35,6 +35,7 @@ from typing import Any
 
 from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.client._instance import ClientInstance
+from rocketq.client._request_stream import SEND, open_streams
 from rocketq.client._route import TopicRoute, moved_masters
 from rocketq.client._tracing import traced_send
 from rocketq.client.errors import (
@@ -52,7 +53,6 @@ from rocketq.client.producer._failover import (
     wait_before_retry_ms,
 )
 from rocketq.client.producer._fault import LatencyFaultTolerance, QueueChooser
-from rocketq.client.producer._send_stream import SendStreams
 from rocketq.client.producer._sender import (
     PreparedMessage,
     SendHandler,
@@ -63,7 +63,6 @@ from rocketq.client.producer._sender import (
 )
 from rocketq.client.producer.config import ProducerConfig
 from rocketq.client.producer.selectors import MessageQueueSelector, SelectMessageQueueByHash
-from rocketq.client.security import default_security
 from rocketq.message import Message, MessageQueue, SendResult, SendStatus, new_unique_id
 
 log = logging.getLogger(__name__)
@@ -432,12 +431,10 @@ class ProducerCore:
 
     def _send_handler(self) -> SendHandler:
         if self._handler is None:
-            streams = None
-            security = self.config.security
-            if security is None:
-                security = default_security()
-            if self.config.send_stream and not security.signs:
-                streams = SendStreams(self.instance.messaging)
+            cfg = self.config
+            streams = open_streams(
+                self.instance.messaging, SEND, enabled=cfg.send_stream, security=cfg.security
+            )
             self._handler = SendHandler(self.instance.messaging, streams)
         return self._handler
 

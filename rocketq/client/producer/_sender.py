@@ -36,6 +36,7 @@ import grpc
 from rocketq import codec
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
 from rocketq.aio import wait_event
+from rocketq.client._request_stream import RequestStreams, StreamUnsupported
 from rocketq.client.errors import (
     ClientStateError,
     InvalidArgumentError,
@@ -45,7 +46,6 @@ from rocketq.client.errors import (
     from_rpc_error,
 )
 from rocketq.client.producer._accumulator import ProducerBatch, RecordAccumulator
-from rocketq.client.producer._send_stream import SendStreams, StreamUnsupported
 from rocketq.codec import Prop
 from rocketq.message import (
     DELAY_LEVEL_MAX,
@@ -428,11 +428,12 @@ class SendHandler:
     def __init__(
         self,
         stub_of: Callable[[str], messaging_pb2_grpc.MessagingAsyncStub],
-        streams: SendStreams | None = None,
+        streams: RequestStreams | None = None,
     ) -> None:
         self._stub_of = stub_of
         self._streams = streams
-        """Send down a SendStream per broker (_send_stream.py); None = a unary call each."""
+        """Send down a SendStream per broker (rocketq/client/_request_stream.py); None = a unary
+        call each."""
 
     async def send(
         self,
@@ -449,7 +450,7 @@ class SendHandler:
         resp: messaging_pb2.SendResponse | None = None
         if streams is not None and streams.usable(addr):
             with contextlib.suppress(StreamUnsupported):  # an older broker: unary from now on
-                resp = await streams.send(addr, req, timeout_s)
+                resp = await streams.call(addr, req, timeout_s)
         if resp is None:
             try:
                 resp = await self._stub_of(addr).Send(req, timeout=timeout_s)

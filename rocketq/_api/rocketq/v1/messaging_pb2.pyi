@@ -2027,3 +2027,67 @@ class SendStreamError(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SendStreamError: _TypeAlias = SendStreamError  # noqa: Y015
+
+@_typing.final
+class PullStreamRequest(_message.Message):
+    """One request on a PullStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the client, echoed in the answer; unique among the stream's unanswered requests."""
+    @_builtins.property
+    def request(self) -> Global___PullRequest:
+        """Handled as Messaging.Pull handles it."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        request: Global___PullRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullStreamRequest: _TypeAlias = PullStreamRequest  # noqa: Y015
+
+@_typing.final
+class PullStreamResponse(_message.Message):
+    """The answer to one PullStreamRequest: its response, or its error."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The request's id."""
+    @_builtins.property
+    def response(self) -> Global___PullResponse:
+        """What Pull would have returned."""
+
+    @_builtins.property
+    def error(self) -> Global___SendStreamError:
+        """Set instead of response when Pull would have ended with an error status (the same
+        message SendStream answers with: a status code and its ErrorDetail).
+        """
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        response: Global___PullResponse | None = ...,
+        error: Global___SendStreamError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "id", b"id", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullStreamResponse: _TypeAlias = PullStreamResponse  # noqa: Y015

@@ -135,6 +135,11 @@ class MessagingStub:
                 request_serializer=rocketq_dot_v1_dot_messaging__pb2.SendStreamRequest.SerializeToString,
                 response_deserializer=rocketq_dot_v1_dot_messaging__pb2.SendStreamResponse.FromString,
                 _registered_method=True)
+        self.PullStream = channel.stream_stream(
+                '/rocketq.v1.Messaging/PullStream',
+                request_serializer=rocketq_dot_v1_dot_messaging__pb2.PullStreamRequest.SerializeToString,
+                response_deserializer=rocketq_dot_v1_dot_messaging__pb2.PullStreamResponse.FromString,
+                _registered_method=True)
 
 
 class MessagingServicer:
@@ -392,6 +397,20 @@ class MessagingServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullStream(self, request_iterator, context):
+        """Pull over one long-lived stream, as SendStream does for Send (a consumer's pulls of every
+        queue on a broker share it, as RocketMQ's pulls share one connection). Each
+        PullStreamRequest is handled exactly as a Pull of its request (same checks, long-polling with
+        FLAG_SUSPEND, offset commits and answers), concurrently with the others of the stream, and
+        answered by a PullStreamResponse with its id, in completion order: a held pull does not hold
+        up the others. A refused request is answered with its error and the stream goes on. A held
+        pull waits at most its suspend_timeout_ms (there is no per-request deadline); the client
+        gives up on an answer itself. ACL: the stream needs the admin role (signed clients use Pull).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MessagingServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -494,6 +513,11 @@ def add_MessagingServicer_to_server(servicer, server):
                     servicer.SendStream,
                     request_deserializer=rocketq_dot_v1_dot_messaging__pb2.SendStreamRequest.FromString,
                     response_serializer=rocketq_dot_v1_dot_messaging__pb2.SendStreamResponse.SerializeToString,
+            ),
+            'PullStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PullStream,
+                    request_deserializer=rocketq_dot_v1_dot_messaging__pb2.PullStreamRequest.FromString,
+                    response_serializer=rocketq_dot_v1_dot_messaging__pb2.PullStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1037,6 +1061,33 @@ class Messaging:
             '/rocketq.v1.Messaging/SendStream',
             rocketq_dot_v1_dot_messaging__pb2.SendStreamRequest.SerializeToString,
             rocketq_dot_v1_dot_messaging__pb2.SendStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rocketq.v1.Messaging/PullStream',
+            rocketq_dot_v1_dot_messaging__pb2.PullStreamRequest.SerializeToString,
+            rocketq_dot_v1_dot_messaging__pb2.PullStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

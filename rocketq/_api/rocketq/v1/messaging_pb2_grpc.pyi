@@ -211,6 +211,16 @@ class MessagingStub:
     stream needs the admin role (signed clients use Send, whose topic permissions are checked
     per request).
     """
+    PullStream: _grpc.StreamStreamMultiCallable[_messaging_pb2.PullStreamRequest, _messaging_pb2.PullStreamResponse]
+    """Pull over one long-lived stream, as SendStream does for Send (a consumer's pulls of every
+    queue on a broker share it, as RocketMQ's pulls share one connection). Each
+    PullStreamRequest is handled exactly as a Pull of its request (same checks, long-polling with
+    FLAG_SUSPEND, offset commits and answers), concurrently with the others of the stream, and
+    answered by a PullStreamResponse with its id, in completion order: a held pull does not hold
+    up the others. A refused request is answered with its error and the stream goes on. A held
+    pull waits at most its suspend_timeout_ms (there is no per-request deadline); the client
+    gives up on an answer itself. ACL: the stream needs the admin role (signed clients use Pull).
+    """
 
 @_typing.type_check_only
 class MessagingAsyncStub(MessagingStub):
@@ -387,6 +397,16 @@ class MessagingAsyncStub(MessagingStub):
     Requests carry no per-request deadline: the client gives up on an answer itself. ACL: the
     stream needs the admin role (signed clients use Send, whose topic permissions are checked
     per request).
+    """
+    PullStream: _aio.StreamStreamMultiCallable[_messaging_pb2.PullStreamRequest, _messaging_pb2.PullStreamResponse]  # type: ignore[assignment]
+    """Pull over one long-lived stream, as SendStream does for Send (a consumer's pulls of every
+    queue on a broker share it, as RocketMQ's pulls share one connection). Each
+    PullStreamRequest is handled exactly as a Pull of its request (same checks, long-polling with
+    FLAG_SUSPEND, offset commits and answers), concurrently with the others of the stream, and
+    answered by a PullStreamResponse with its id, in completion order: a held pull does not hold
+    up the others. A refused request is answered with its error and the stream goes on. A held
+    pull waits at most its suspend_timeout_ms (there is no per-request deadline); the client
+    gives up on an answer itself. ACL: the stream needs the admin role (signed clients use Pull).
     """
 
 class MessagingServicer(metaclass=_abc_1.ABCMeta):
@@ -681,6 +701,22 @@ class MessagingServicer(metaclass=_abc_1.ABCMeta):
         Requests carry no per-request deadline: the client gives up on an answer itself. ACL: the
         stream needs the admin role (signed clients use Send, whose topic permissions are checked
         per request).
+        """
+
+    @_abc_1.abstractmethod
+    def PullStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_messaging_pb2.PullStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_messaging_pb2.PullStreamResponse], _abc.AsyncIterator[_messaging_pb2.PullStreamResponse]]:
+        """Pull over one long-lived stream, as SendStream does for Send (a consumer's pulls of every
+        queue on a broker share it, as RocketMQ's pulls share one connection). Each
+        PullStreamRequest is handled exactly as a Pull of its request (same checks, long-polling with
+        FLAG_SUSPEND, offset commits and answers), concurrently with the others of the stream, and
+        answered by a PullStreamResponse with its id, in completion order: a held pull does not hold
+        up the others. A refused request is answered with its error and the stream goes on. A held
+        pull waits at most its suspend_timeout_ms (there is no per-request deadline); the client
+        gives up on an answer itself. ACL: the stream needs the admin role (signed clients use Pull).
         """
 
 def add_MessagingServicer_to_server(servicer: MessagingServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

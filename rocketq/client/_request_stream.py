@@ -1,19 +1,22 @@
-"""A producer's SendStream per broker (proto ``Messaging.SendStream``, issue 16).
+"""A client's SendStream or PullStream per broker (proto ``Messaging.SendStream`` /
+``Messaging.PullStream``, issue 16).
 
-A unary Send costs grpc.aio on both sides far more CPU than a message on an open stream, so a
-producer sends its requests down one stream per broker address, opened on first use:
+A unary call costs grpc.aio on both sides far more CPU than a message on an open stream, so a
+producer sends its Send requests, and a consumer its Pull requests, down one stream per broker
+address, opened on first use:
 
 - each request gets an id and a future; the reader task resolves the future with the answer
-  of that id (a response, or the error Send would have raised, built by ``from_status``);
-- a request not answered within its timeout raises what a unary Send past its deadline raises
+  of that id (a response, or the error the unary call would have raised, built by
+  ``from_status``);
+- a request not answered within its timeout raises what a unary call past its deadline raises
   (RequestTimeoutError, DEADLINE_EXCEEDED) and its late answer is dropped;
 - when the stream breaks (broker gone, connection lost, server stopping) every request waiting
   on it fails with the error the unary call would have failed with (``from_rpc_error``), and
-  the next send opens a new stream; a broker that does not serve SendStream (UNIMPLEMENTED, an
-  older broker) is sent unary calls from then on (:class:`StreamUnsupported`).
+  the next request opens a new stream; a broker that does not serve the stream (UNIMPLEMENTED,
+  an older broker) is sent unary calls from then on (:class:`StreamUnsupported`).
 
-Signed clients (an access key) never use it: the ACL checks each Send's topic permissions, and a
-stream needs the admin role (rules.py).
+Signed clients (an access key) never use them: the ACL checks each request's topic permissions,
+and a stream needs the admin role (rules.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import functools
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -35,42 +39,66 @@ from rocketq.client.errors import (
     from_status,
     status_code,
 )
+from rocketq.client.security import ClientSecurity, default_security
 
 STREAM_PENDING_MAX = 100_000
-"""Requests waiting on one stream, a safety bound: the producer's own in-flight limits (e.g.
-``async_in_flight_max``) bound it first."""
+"""Requests waiting on one stream, a safety bound: the client's own in-flight limits (e.g.
+``async_in_flight_max``, one pull per queue) bound it first."""
 
 
 class StreamUnsupported(Exception):
-    """The broker does not serve SendStream: send this request (and the next ones) unary."""
+    """The broker does not serve the stream: send this request (and the next ones) unary."""
+
+
+@dataclass(frozen=True)
+class StreamKind:
+    """Which stream, and how its errors name it."""
+
+    open: Callable[[messaging_pb2_grpc.MessagingAsyncStub], Any]
+    """Opens the call on a broker's stub."""
+    request: Callable[..., Any]
+    """The stream's request message (id=, request=)."""
+    what: str
+    """The unary call each request stands for, in messages: "send", "pull"."""
+    owner: str
+    """Who closes the streams, in messages: "producer", "consumer"."""
+
+
+SEND = StreamKind(
+    lambda stub: stub.SendStream(), messaging_pb2.SendStreamRequest, "send", "producer"
+)
+PULL = StreamKind(
+    lambda stub: stub.PullStream(), messaging_pb2.PullStreamRequest, "pull", "consumer"
+)
 
 
 class _Stream:
-    """One open SendStream call and the requests waiting on it.
+    """One open request stream call and the requests waiting on it.
 
     Requests are written by one writer task, so a caller cancelled or timed out mid-write
     never cancels the call under the other callers (grpc.aio cancels a call whose write is
     cancelled) and writes never overlap (one at a time per call)."""
 
-    def __init__(self, call: Any, addr: str) -> None:
+    def __init__(self, call: Any, addr: str, kind: StreamKind) -> None:
         self.addr = addr
         self._call = call
+        self._kind = kind
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[messaging_pb2.SendResponse]] = {}
-        self._outbox: asyncio.Queue[messaging_pb2.SendStreamRequest] = asyncio.Queue()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._outbox: asyncio.Queue[Any] = asyncio.Queue()
         self.broken = False
         self._reader = asyncio.create_task(self._read())
         self._writer = asyncio.create_task(self._write())
 
-    async def send(
-        self, request: messaging_pb2.SendRequest, timeout_s: float
-    ) -> messaging_pb2.SendResponse:
+    async def call(self, request: Any, timeout_s: float) -> Any:
         if len(self._pending) >= STREAM_PENDING_MAX:
-            raise ClientStateError(f"{STREAM_PENDING_MAX} sends already wait on {self.addr}")
+            raise ClientStateError(
+                f"{STREAM_PENDING_MAX} {self._kind.what}s already wait on {self.addr}"
+            )
         rid = next(self._ids)
-        fut: asyncio.Future[messaging_pb2.SendResponse] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        self._outbox.put_nowait(messaging_pb2.SendStreamRequest(id=rid, request=request))
+        self._outbox.put_nowait(self._kind.request(id=rid, request=request))
         try:
             async with asyncio.timeout(timeout_s):
                 return await fut
@@ -87,11 +115,11 @@ class _Stream:
                 await self._call.write(await self._outbox.get())
 
     async def _read(self) -> None:
-        addr = self.addr
+        addr, what = self.addr, self._kind.what
         # What the requests still waiting get when the stream ends: one error object each.
         unavailable = functools.partial(BrokerUnavailableError, code="UNAVAILABLE", target=addr)
         error: Callable[[], BaseException] = functools.partial(
-            unavailable, f"the send stream to {addr} failed"
+            unavailable, f"the {what} stream to {addr} failed"
         )
         try:
             async for answer in self._call:
@@ -106,7 +134,7 @@ class _Stream:
                     fut.set_exception(from_status(code, text, detail, addr))
                 else:
                     fut.set_result(answer.response)
-            error = functools.partial(unavailable, f"{addr} ended the send stream")
+            error = functools.partial(unavailable, f"{addr} ended the {what} stream")
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                 error = functools.partial(StreamUnsupported, addr)
@@ -114,7 +142,7 @@ class _Stream:
                 error = functools.partial(from_rpc_error, err, addr)
         except asyncio.CancelledError:
             error = functools.partial(
-                ClientStateError, "the producer closed before the broker answered"
+                ClientStateError, f"the {self._kind.owner} closed before the broker answered"
             )
             raise
         finally:
@@ -134,11 +162,31 @@ class _Stream:
                 await task
 
 
-class SendStreams:
-    """The SendStream of each broker address this producer sends to."""
+def open_streams(
+    stub_of: Callable[[str], messaging_pb2_grpc.MessagingAsyncStub],
+    kind: StreamKind,
+    *,
+    enabled: bool,
+    security: ClientSecurity | None,
+) -> RequestStreams | None:
+    """The client's streams of ``kind``, or None when its requests go as unary calls: streams
+    turned off in its config, or a signed client (its requests' topic permissions are checked
+    per call; a stream needs the admin role). ``security`` None = the process default."""
+    if security is None:
+        security = default_security()
+    if not enabled or security.signs:
+        return None
+    return RequestStreams(stub_of, kind)
 
-    def __init__(self, stub_of: Callable[[str], messaging_pb2_grpc.MessagingAsyncStub]) -> None:
+
+class RequestStreams:
+    """The stream of one kind (SEND, PULL) to each broker address this client calls."""
+
+    def __init__(
+        self, stub_of: Callable[[str], messaging_pb2_grpc.MessagingAsyncStub], kind: StreamKind
+    ) -> None:
         self._stub_of = stub_of
+        self._kind = kind
         self._streams: dict[str, _Stream] = {}
         self._unsupported: set[str] = set()
         self._closed = False
@@ -147,19 +195,18 @@ class SendStreams:
         return not self._closed and addr not in self._unsupported
 
     def open_addrs(self) -> list[str]:
-        """Brokers with a send stream open now."""
+        """Brokers with a stream open now."""
         return sorted(addr for addr, stream in self._streams.items() if not stream.broken)
 
-    async def send(
-        self, addr: str, request: messaging_pb2.SendRequest, timeout_s: float
-    ) -> messaging_pb2.SendResponse:
-        """The broker's answer to ``request``; raises what a unary Send would raise, or
+    async def call(self, addr: str, request: Any, timeout_s: float) -> Any:
+        """The broker's answer to ``request``; raises what the unary call would raise, or
         :class:`StreamUnsupported`."""
         stream = self._streams.get(addr)
         if stream is None or stream.broken:
-            stream = self._streams[addr] = _Stream(self._stub_of(addr).SendStream(), addr)
+            kind = self._kind
+            stream = self._streams[addr] = _Stream(kind.open(self._stub_of(addr)), addr, kind)
         try:
-            return await stream.send(request, timeout_s)
+            return await stream.call(request, timeout_s)
         except StreamUnsupported:
             self._unsupported.add(addr)
             raise
