@@ -41,13 +41,23 @@ from rocketq.client.errors import (
 )
 from rocketq.client.security import ClientSecurity, default_security
 
-STREAM_PENDING_MAX = 100_000
-"""Requests waiting on one stream, a safety bound: the client's own in-flight limits (e.g.
-``async_in_flight_max``, one pull per queue) bound it first."""
+SEND_PENDING_MAX = 100_000
+"""Sends waiting on one stream, a safety bound: the producer's own in-flight limits (e.g.
+``async_in_flight_max``) bound it first."""
+
+PULL_PENDING_MAX = 256
+"""Pulls waiting on one stream; the consumer sends the next ones as unary Pulls. A broker
+handles at most 512 requests of a stream at once (``STREAM_IN_FLIGHT_MAX``) and reads no more
+until one is answered, and a held pull takes its slot for up to its suspend time: pulls of a
+consumer with more queues on one broker than that would wait behind the holds of idle queues."""
 
 
 class StreamUnsupported(Exception):
     """The broker does not serve the stream: send this request (and the next ones) unary."""
+
+
+class StreamFull(ClientStateError):
+    """The stream already carries its kind's ``pending_max`` requests."""
 
 
 @dataclass(frozen=True)
@@ -62,13 +72,24 @@ class StreamKind:
     """The unary call each request stands for, in messages: "send", "pull"."""
     owner: str
     """Who closes the streams, in messages: "producer", "consumer"."""
+    pending_max: int
+    """Requests the broker may be handling at once on one stream, counting those the client
+    gave up on (a timed-out or cancelled pull is still held by the broker until it answers)."""
 
 
 SEND = StreamKind(
-    lambda stub: stub.SendStream(), messaging_pb2.SendStreamRequest, "send", "producer"
+    lambda stub: stub.SendStream(),
+    messaging_pb2.SendStreamRequest,
+    "send",
+    "producer",
+    SEND_PENDING_MAX,
 )
 PULL = StreamKind(
-    lambda stub: stub.PullStream(), messaging_pb2.PullStreamRequest, "pull", "consumer"
+    lambda stub: stub.PullStream(),
+    messaging_pb2.PullStreamRequest,
+    "pull",
+    "consumer",
+    PULL_PENDING_MAX,
 )
 
 
@@ -85,16 +106,21 @@ class _Stream:
         self._kind = kind
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._abandoned: set[int] = set()
+        """Ids given up on (timeout, cancellation) whose answers have not come yet."""
         self._outbox: asyncio.Queue[Any] = asyncio.Queue()
         self.broken = False
         self._reader = asyncio.create_task(self._read())
         self._writer = asyncio.create_task(self._write())
 
+    def in_flight(self) -> int:
+        """Requests the broker has not answered yet, given up on or not."""
+        return len(self._pending) + len(self._abandoned)
+
     async def call(self, request: Any, timeout_s: float) -> Any:
-        if len(self._pending) >= STREAM_PENDING_MAX:
-            raise ClientStateError(
-                f"{STREAM_PENDING_MAX} {self._kind.what}s already wait on {self.addr}"
-            )
+        kind = self._kind
+        if self.in_flight() >= kind.pending_max:
+            raise StreamFull(f"{kind.pending_max} {kind.what}s already wait on {self.addr}")
         rid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
@@ -107,7 +133,8 @@ class _Stream:
                 grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", None, self.addr
             ) from None
         finally:
-            self._pending.pop(rid, None)
+            if self._pending.pop(rid, None) is not None and not self.broken:
+                self._abandoned.add(rid)  # no answer yet: the broker still has it
 
     async def _write(self) -> None:
         with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
@@ -125,6 +152,7 @@ class _Stream:
             async for answer in self._call:
                 fut = self._pending.pop(answer.id, None)
                 if fut is None or fut.done():
+                    self._abandoned.discard(answer.id)
                     continue  # given up on (timeout): its answer comes too late
                 if answer.HasField("error"):
                     e = answer.error
@@ -152,6 +180,7 @@ class _Stream:
                 if not fut.done():
                     fut.set_exception(error())
             self._pending.clear()
+            self._abandoned.clear()
 
     async def close(self) -> None:
         self.broken = True
@@ -193,6 +222,11 @@ class RequestStreams:
 
     def usable(self, addr: str) -> bool:
         return not self._closed and addr not in self._unsupported
+
+    def in_flight(self, addr: str) -> int:
+        """Requests on the stream to ``addr`` the broker has not answered yet."""
+        stream = self._streams.get(addr)
+        return 0 if stream is None or stream.broken else stream.in_flight()
 
     def open_addrs(self) -> list[str]:
         """Brokers with a stream open now."""

@@ -6,6 +6,7 @@ releases its held pulls; a server without the RPC gets unary Pulls (issue 16).""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any, cast
@@ -186,6 +187,39 @@ def _held(raw: RawClient, count: int) -> Callable[[], Awaitable[bool]]:
 async def _end_of(raw: RawClient, queue_id: int) -> int:
     req = messaging_pb2.GetMaxOffsetRequest(topic=TOPIC, queue_id=queue_id)
     return int((await raw.messaging.GetMaxOffset(req, timeout=5)).offset)
+
+
+async def test_a_full_stream_sends_the_next_pull_unary(one: Cluster) -> None:
+    """Pulls the client gave up on still count until the broker answers them: the broker holds
+    them, and a stream whose requests all wait behind holds would hold up the next pull."""
+    empty = QUEUES - 1
+    async with RawClient(one.broker.addr) as raw:
+        end = await _end_of(raw, empty)
+        streams = RequestStreams(
+            lambda _addr: raw.messaging, dataclasses.replace(PULL, pending_max=2)
+        )
+        instance = SimpleNamespace(messaging=lambda _addr: raw.messaging)
+        api = BrokerApi(cast(Any, instance), "g_full", 3000, streams)
+        addr = one.broker.addr
+        holds = [
+            asyncio.create_task(
+                api.pull(addr, pull(empty, end, hold_ms=20_000, group=f"g_full{i}"), 30_000)
+            )
+            for i in range(2)
+        ]
+        await until(_held(raw, 2), "the broker holds both pulls of the stream")
+        found = await api.pull(addr, pull(0, max_msg_nums=2), 3000)  # unary: the stream is full
+        assert found.status == messaging_pb2.FOUND and streams.in_flight(addr) == 2
+        for task in holds:
+            task.cancel()
+        await asyncio.gather(*holds, return_exceptions=True)
+        assert streams.in_flight(addr) == 2, "given up on, but still held by the broker"
+        async with Producer(ProducerConfig("pg_full", one.namesrv_addrs)) as p:
+            await p.send(
+                Message(TOPIC, b"ends the holds"), queue=MessageQueue(TOPIC, "broker-a", empty)
+            )
+        await until(lambda: streams.in_flight(addr) == 0, "the late answers counted off")
+        await api.close()
 
 
 async def test_a_server_without_pull_stream_is_sent_unary_pulls(one: Cluster) -> None:

@@ -49,7 +49,7 @@ from typing import Protocol, TypeVar
 import grpc
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
-from rocketq.client._request_stream import RequestStreams, StreamUnsupported
+from rocketq.client._request_stream import RequestStreams, StreamFull, StreamUnsupported
 from rocketq.client._route import (
     MASTER_ID,
     BrokerHealth,
@@ -289,7 +289,8 @@ class BrokerApi:
     ) -> messaging_pb2.PullResponse:
         streams = self._pull_streams
         if streams is not None and streams.usable(addr):
-            with contextlib.suppress(StreamUnsupported):  # an older broker: unary from now on
+            # An older broker: unary from now on. A full stream: this one unary (PULL_PENDING_MAX).
+            with contextlib.suppress(StreamUnsupported, StreamFull):
                 resp: messaging_pb2.PullResponse = await streams.call(addr, request, timeout_s)
                 return resp
         stub = self._instance.messaging(addr)

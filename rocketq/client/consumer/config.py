@@ -409,6 +409,9 @@ class LitePullConsumerConfig:
     """Heartbeat period to every broker in use."""
     request_timeout_ms: int = 3_000
     """Timeout of non-held calls (offsets, consumer lists)."""
+    pull_stream: bool = True
+    """Pull down one Messaging.PullStream per broker, as the push consumer does (see its
+    ``pull_stream``); False = a unary Pull per request."""
     security: ClientSecurity | None = None
     """TLS files and access key (rocketq.client.security); None = the process default, which
     the ROCKETQ_TLS_* / ROCKETQ_ACCESS_KEY environment sets."""

@@ -34,6 +34,7 @@ from typing import Any
 
 from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
 from rocketq.client._instance import ClientInstance
+from rocketq.client._request_stream import PULL, open_streams
 from rocketq.client._route import TopicRoute
 from rocketq.client.consumer._api import BrokerApi
 from rocketq.client.consumer._common import (
@@ -268,7 +269,10 @@ class LitePullConsumer:
         cfg = self.config
         instance = self._instance = self._client_instance()
         self.client_id = instance.client_id
-        api = self._api = BrokerApi(instance, cfg.consumer_group, cfg.request_timeout_ms)
+        streams = open_streams(
+            instance.messaging, PULL, enabled=cfg.pull_stream, security=cfg.security
+        )
+        api = self._api = BrokerApi(instance, cfg.consumer_group, cfg.request_timeout_ms, streams)
         self._puller = Puller(api, cfg.consumer_group, cfg.pull_inflight_max)
         store = make_offset_store(
             api,
@@ -355,6 +359,8 @@ class LitePullConsumer:
             if st.task is not None:
                 st.task.cancel()
         await asyncio.gather(*(st.task for st in states if st.task), return_exceptions=True)
+        assert self._api is not None
+        await self._api.close()
         if self.config.auto_commit:
             self._commit_in_memory()
         assert self._offset_store is not None and self._instance is not None
