@@ -11,6 +11,9 @@ Measures, in-process on this machine, with RocketMQ's default file sizes:
   1, 32 and 256 under ASYNC_FLUSH;
 * SYNC_FLUSH group commit with 1 and 64 concurrent writers (single-message and 32-message puts);
 * consume-queue read rate (get_messages, 32 per call);
+* a broker pull's read: CPU µs per message of get_messages with the broker's pull limits
+  (256 messages / 256 KiB per call) over batches of 128 per queue, unfiltered and with a tags
+  filter (``--only-reads`` runs just this case);
 * index query latency (query_by_key for random unique keys).
 
 Where the time goes: ``--profile`` runs the batch-256 case under cProfile and prints the top.
@@ -33,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rocketq import codec
 from services.store.commitlog import MessageToStore
@@ -254,6 +258,53 @@ async def bench_replica_apply(root: Path, total: int, batch: int, profile: bool 
         pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
+PULL_MAX_MSGS = 256
+"""The broker's maxTransferCountOnMessageInMemory (services/broker/config.py)."""
+PULL_SEND_BATCH = 128
+"""Messages per stored batch, one queue each (tools/bench/drain_bench.py's producer)."""
+
+
+async def bench_pull_reads(root: Path, total: int, reps: int = 3) -> None:
+    """CPU per message of the store's side of a pull: get_messages as the broker calls it."""
+    d = root / "pull-reads"
+    shutil.rmtree(d, ignore_errors=True)
+    store = MessageStore(
+        StoreConfig(
+            store_dir=d,
+            flush_disk_type=FlushDiskType.ASYNC_FLUSH,
+            max_transfer_count_in_memory=PULL_MAX_MSGS,
+        )
+    )
+    await store.start()
+    for i in range(total // PULL_SEND_BATCH):
+        store.append(make_messages(PULL_SEND_BATCH, i % QUEUES))
+    tag_a = codec.tags_hash("TagA")
+    cases: dict[str, dict[str, Any]] = {
+        "no filter": {},
+        "tags filter (every message matches)": {"tags_filter": lambda code: code == tag_a},
+    }
+    for label, filters in cases.items():
+        best = float("inf")
+        for _ in range(reps):
+            read = calls = 0
+            cpu0 = time.thread_time()
+            for qid in range(QUEUES):
+                offset = 0
+                while True:
+                    r = store.get_messages(TOPIC, qid, offset, PULL_MAX_MSGS, **filters)
+                    if not r.records:
+                        break
+                    read += len(r.records)
+                    calls += 1
+                    offset = r.next_begin_offset
+            best = min(best, (time.thread_time() - cpu0) * 1e6 / read)
+        print(
+            f"  {'pull read (get_messages, ' + label + ')':<62} {best:6.2f} us CPU per msg"
+            f"  (best of {reps}; {read:,} msgs in {calls:,} calls)"
+        )
+    await store.shutdown()
+
+
 def run(label: str, fn: Callable[[], object]) -> None:
     print(label)
     fn()
@@ -267,6 +318,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the batch-256 append")
     ap.add_argument(
         "--only-replica", action="store_true", help="only the slave apply cases (1 and 32)"
+    )
+    ap.add_argument(
+        "--only-reads", action="store_true", help="only the pull read case (µs per message)"
     )
     ap.add_argument(
         "--only-sync", action="store_true", help="only the fdatasync probe and SYNC_FLUSH cases"
@@ -287,6 +341,9 @@ def main() -> None:
             for batch in (1, 32):
                 asyncio.run(bench_replica_apply(root, total // 4, batch, args.profile))
             return
+        if args.only_reads:
+            asyncio.run(bench_pull_reads(root, total))
+            return
         warm = {"auto": None, "on": True, "off": False}[args.warm]
         for reserve in ("fallocate", "zeros"):
             print(f"  fdatasync of 128 KiB, {reserve:<9} file: {fdatasync_cost(root, reserve)}")
@@ -302,6 +359,7 @@ def main() -> None:
         if args.only_sync:
             return
         asyncio.run(bench_reads(root, total // 2))
+        asyncio.run(bench_pull_reads(root, total // 2))
         for batch in (1, 32):
             asyncio.run(bench_replica_apply(root, total // 4, batch))
     finally:
