@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
-from operator import add, ne
+from operator import sub
 from typing import TYPE_CHECKING
 
 from services.store.consume_queue import CQ_UNIT_BYTES, PRE_BLANK_SIZE
@@ -124,10 +124,18 @@ WINDOW_MAX_UNITS = 1024
 """…and at most (bounds the decode of units the pull may never reach, and the cache below)."""
 
 
-@lru_cache(maxsize=64)
-def _units_struct(count: int) -> struct.Struct:
-    """``count`` consume-queue units (SPEC §11.2: offset q, size i, tags code q) in one call."""
-    return struct.Struct(">" + "qiq" * count)
+WINDOW_STEP_UNITS = 32
+"""Window sizes are multiples of this (one compiled struct per size, cached below)."""
+_SIZE = struct.Struct(">i")
+_SIZE_AT = 8
+"""The size field's place in a unit (after the 8-byte offset)."""
+
+
+@lru_cache(maxsize=128)
+def _units_struct(count: int, with_tags: bool) -> struct.Struct:
+    """``count`` consume-queue units (SPEC §11.2: offset q, size i, tags code q) in one call;
+    without ``with_tags`` the tags codes are skipped (a third fewer ints to build)."""
+    return struct.Struct(">" + ("qiq" if with_tags else "qi8x") * count)
 
 
 class UnitScan:
@@ -185,13 +193,16 @@ class UnitScan:
 
     def scan(self, units: memoryview) -> GetResult:
         count = len(units) // CQ_UNIT_BYTES
+        with_tags = self.tags_filter is not None
         i = 0
         stopped = False
         while i < count and not stopped:
-            want = max(self.memory_caps[0], self.disk_caps[0]) - len(self.result.sizes)
-            size = min(count - i, max(WINDOW_MIN_UNITS, min(want, WINDOW_MAX_UNITS)))
-            flat = _units_struct(size).unpack_from(units, i * CQ_UNIT_BYTES)
-            done, stopped = self._window(i, flat[0::3], flat[1::3], flat[2::3])
+            size = min(count - i, self._window_units(units, i))
+            flat = _units_struct(size, with_tags).unpack_from(units, i * CQ_UNIT_BYTES)
+            if with_tags:
+                done, stopped = self._window(i, flat[0::3], flat[1::3], flat[2::3])
+            else:
+                done, stopped = self._window(i, flat[0::2], flat[1::2], None)
             i += done
         result = self.result
         result.next_begin_offset = self.offset + i
@@ -199,29 +210,47 @@ class UnitScan:
             result.suggest_pull_from_slave = self.last_py < self.disk_below
         return result
 
+    def _window_units(self, units: memoryview, i: int) -> int:
+        """How many units to decode from unit ``i``: about what the caps leave room for, if
+        records are the size of the first (rounded up, so few struct formats are compiled)."""
+        taken = len(self.result.sizes)
+        want = max(self.memory_caps[0], self.disk_caps[0]) - taken
+        (first_size,) = _SIZE.unpack_from(units, i * CQ_UNIT_BYTES + _SIZE_AT)
+        if 0 < first_size < PRE_BLANK_SIZE:
+            room = max(self.memory_caps[1], self.disk_caps[1]) - self.total
+            want = min(want, room // first_size + 1)
+        want = max(WINDOW_MIN_UNITS, min(want, WINDOW_MAX_UNITS))
+        return -(-want // WINDOW_STEP_UNITS) * WINDOW_STEP_UNITS
+
     def _window(
-        self, first: int, offsets: tuple[int, ...], sizes: tuple[int, ...], tags: tuple[int, ...]
+        self,
+        first: int,
+        offsets: tuple[int, ...],
+        sizes: tuple[int, ...],
+        tags: tuple[int, ...] | None,
     ) -> tuple[int, bool]:
-        """Units ``first``… decoded; returns (units consumed, whether the scan stopped)."""
+        """Units ``first``… decoded (``tags`` only for a tags filter); returns (units
+        consumed, whether the scan stopped)."""
         count = len(offsets)
-        # run_ends[k]: unit k+1 does not start where unit k ends (True past the last unit).
-        run_ends = list(map(ne, offsets[1:], map(add, offsets, sizes)))
-        run_ends.append(True)
-        # taken_tags[k]: the tags filter keeps unit k (False past the last unit).
-        taken_tags = None
-        if self.tags_filter is not None:
-            taken_tags = list(map(self.tags_filter, tags))
-            taken_tags.append(False)
         sums = list(accumulate(sizes, initial=0))
         """sums[k]: bytes of units before k; a run's records span sums[j]…sums[j + n]."""
+        # Unit k continues a run from unit j iff offsets[k] - sums[k] == offsets[j] - sums[j]:
+        # ``lags`` holds that difference, which only grows (by each gap between records).
+        lags = list(map(sub, offsets, sums))
+        plain = min(sizes) > 0 and max(sizes) < PRE_BLANK_SIZE
+        # taken_tags[k]: the tags filter keeps unit k (False past the last unit).
+        taken_tags = None
+        if tags is not None and self.tags_filter is not None:
+            taken_tags = list(map(self.tags_filter, tags))
+            taken_tags.append(False)
         j = 0
         while j < count:
             if self.record_filter is None:
-                taken = self._run(first, j, offsets, sizes, sums, run_ends, taken_tags)
+                taken = self._run(first, j, offsets, sizes, sums, lags, plain, taken_tags)
                 if taken:
                     j += taken
                     continue
-            if self._one(first + j, offsets[j], sizes[j], tags[j]):
+            if self._one(first + j, offsets[j], sizes[j], tags[j] if tags is not None else 0):
                 return j, True
             j += 1
         return count, False
@@ -233,7 +262,8 @@ class UnitScan:
         offsets: tuple[int, ...],
         sizes: tuple[int, ...],
         sums: list[int],
-        run_ends: list[bool],
+        lags: list[int],
+        plain: bool,
         taken_tags: list[bool] | None,
     ) -> int:
         """Take the longest run from unit ``j`` of the window at ``first`` that the per-unit
@@ -241,10 +271,10 @@ class UnitScan:
         start = offsets[j]
         if start < self.next_file_start:
             return 0
-        n = run_ends.index(True, j) + 1 - j
+        n = _run_length(lags, j)
         if taken_tags is not None:
             n = min(n, taken_tags.index(False, j) - j)
-        if n and (min(sizes[j : j + n]) <= 0 or PRE_BLANK_SIZE in sizes[j : j + n]):
+        if not plain:
             n = _plain_sizes(sizes, j, n)
         if n == 0:
             return 0
@@ -316,6 +346,20 @@ class UnitScan:
             return False
         self._take(bytes(data), 1, (size,), self.offset + index, offset)
         return False
+
+
+def _run_length(lags: list[int], j: int) -> int:
+    """Units from ``j`` with the lag of unit ``j``: contiguous records. Lags only grow in a
+    queue written by the store, so bisection finds the run's end; units written otherwise
+    (hand-made, damaged) are caught by the count and walked one by one."""
+    lag = lags[j]
+    end = bisect_right(lags, lag, j)
+    if lags[j:end].count(lag) == end - j:
+        return end - j
+    k = j + 1
+    while k < len(lags) and lags[k] == lag:
+        k += 1
+    return k - j
 
 
 def _plain_sizes(sizes: tuple[int, ...], j: int, n: int) -> int:

@@ -310,6 +310,30 @@ def _unit_of(cq: Any, queue_offset: int) -> tuple[int, int, int]:
     return CQ_UNIT.unpack(cq.units_from(QueueOffset(queue_offset), 1))
 
 
+def test_units_out_of_order_or_damaged_are_walked_one_by_one(
+    stores: Callable[..., MessageStore],
+) -> None:
+    store = stores()
+    store.append(_batch(0, 6))
+    u = [_unit(store, o) for o in range(6)]
+    # Backwards (r2 r3 then r0 r1), a unit repeated, a unit overlapping the next record:
+    # none of these is a contiguous run, each must come out as the per-unit read has it.
+    odd = [u[2], u[3], u[0], u[1], u[1], u[2], (u[2][0] + 1, u[2][1], 0), u[4], u[5]]
+    crafted = store.queues.find_or_create("T", 6)
+    for i, unit in enumerate(odd):
+        crafted.put(QueueOffset(i), *unit)
+    res = read(store, 6, 0)
+    assert res.queue_offsets == list(range(9))
+    assert res.records[:2] == [_raw(store, 2), _raw(store, 3)]
+    assert res.records[2:6] == [_raw(store, 0), _raw(store, 1), _raw(store, 1), _raw(store, 2)]
+    # A damaged unit (negative size) reads as a record that is gone: the rest of its file is
+    # skipped, as for a removed file.
+    broken = store.queues.find_or_create("T", 7)
+    for i, unit in enumerate([u[0], u[1], (u[1][0] + u[1][1], -5, 0), u[2], u[3]]):
+        broken.put(QueueOffset(i), *unit)
+    assert read(store, 7, 0).queue_offsets == [0, 1]
+
+
 def test_a_run_half_on_disk_takes_the_disk_caps_then_the_memory_caps(
     stores: Callable[..., MessageStore],
 ) -> None:
@@ -413,8 +437,9 @@ def test_units_are_read_by_the_window_struct() -> None:
     from services.store.pull_scan import _units_struct
 
     raw = b"".join(CQ_UNIT.pack(i * 1000, 100 + i, -i) for i in range(5))
-    flat = _units_struct(5).unpack(raw)
-    assert list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True)) == list(
-        CQ_UNIT.iter_unpack(raw)
-    )
-    assert _units_struct(5).size == 5 * CQ_UNIT_BYTES
+    one_by_one = list(CQ_UNIT.iter_unpack(raw))
+    flat = _units_struct(5, True).unpack(raw)
+    assert list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True)) == one_by_one
+    flat = _units_struct(5, False).unpack(raw)
+    assert list(zip(flat[0::2], flat[1::2], strict=True)) == [u[:2] for u in one_by_one]
+    assert _units_struct(5, False).size == 5 * CQ_UNIT_BYTES
