@@ -11,20 +11,23 @@ walks them with SPEC §6.7's rules, unit by unit in this order:
    reader) is skipped with the rest of its file; the record filter skips a record;
 5. the record is taken.
 
-Why runs: a producer's batch lands contiguously in the commitlog, so consecutive units of a
-queue usually point at consecutive records (``offset == previous offset + previous size``).
-A Python loop per unit with one ``commitlog.read`` and one copy per record cost ~1.3 µs per
-pulled message; the scan instead decodes a window of units with one ``struct`` call and
-finds, with C-level list operations (``map``, ``accumulate``, ``bisect``), the longest run of
-units that rules 1-5 would all take: contiguous, not filtered out, within the caps and the
-confirm offset, inside one mapped file's written bytes. Such a run is copied with one
-``bytes()``. Where a run stops (a filtered unit, a cap, a removed file, a gap), the unit
-there goes through :meth:`UnitScan._one`, the rules above spelled out for one unit, so every
-edge keeps its exact outcome; then runs resume. A record filter (SQL92) is a Python call per
-record anyway: with one, every unit takes the per-unit path.
+Why segments: a Python loop per unit with one ``commitlog.read`` and one copy per record cost
+~1.3 µs per pulled message. The scan instead decodes a window of units with one ``struct``
+call. In a queue the store wrote, records follow each other in the commitlog (each unit's
+record starts at or after the previous one's end), so within a window offsets and record
+ends increase, and whether a unit is on disk, within the caps, within the confirm offset or
+inside a mapped file's written bytes is decided for a whole *segment* of units by bisection
+(C-level ``accumulate``, ``map``, ``bisect``). A segment is the longest stretch from a unit
+that rules 1-5 would take whole; it is copied one ``bytes()`` per run of contiguous records
+(a producer's batch lands contiguously, so a 128-message batch is one copy).
 
-Within a run offsets strictly increase (sizes are checked positive), which is what lets a
-run's in-memory/on-disk state, its confirm bound and its file be decided by bisection.
+Where a segment stops (a unit the tags filter drops, a cap, a removed file), the unit there
+goes through :meth:`UnitScan._walk`, the rules above spelled out unit by unit, so every edge
+keeps its exact outcome; then segments resume. A stretch of units the tags filter drops is
+passed over at once when none of them could end the scan. A window whose units are not in
+commitlog order or have sizes no record has (pre-blank units, hand-made or damaged queues),
+and every window under a record filter (SQL92, a Python call per record anyway), is walked
+unit by unit.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import accumulate
-from operator import sub
+from itertools import accumulate, compress
+from operator import add, ne, sub
 from typing import TYPE_CHECKING
 
 from services.store.consume_queue import CQ_UNIT_BYTES, PRE_BLANK_SIZE
@@ -232,30 +235,47 @@ class UnitScan:
         """Units ``first``… decoded (``tags`` only for a tags filter); returns (units
         consumed, whether the scan stopped)."""
         count = len(offsets)
-        sums = list(accumulate(sizes, initial=0))
-        """sums[k]: bytes of units before k; a run's records span sums[j]…sums[j + n]."""
-        # Unit k continues a run from unit j iff offsets[k] - sums[k] == offsets[j] - sums[j]:
-        # ``lags`` holds that difference, which only grows (by each gap between records).
-        lags = list(map(sub, offsets, sums))
-        plain = min(sizes) > 0 and max(sizes) < PRE_BLANK_SIZE
         # taken_tags[k]: the tags filter keeps unit k (False past the last unit).
         taken_tags = None
         if tags is not None and self.tags_filter is not None:
             taken_tags = list(map(self.tags_filter, tags))
             taken_tags.append(False)
+            # Kept and dropped units mixed finely (tags alternating): segments would be one
+            # unit long and cost more than the plain walk.
+            if sum(map(ne, taken_tags[1:], taken_tags[:-1])) > count // 4:
+                return self._walk(first, 0, count, offsets, sizes, taken_tags)
+            if True not in taken_tags and self._skip(0, offsets, sizes, taken_tags) == count:
+                return count, False  # a window of units all dropped by the filter
+        if self.record_filter is not None or min(sizes) <= 0 or max(sizes) >= PRE_BLANK_SIZE:
+            return self._walk(first, 0, count, offsets, sizes, taken_tags)
+        sums = list(accumulate(sizes, initial=0))
+        """sums[k]: bytes of the window's units before k."""
+        # lags[k] = offsets[k] - sums[k] grows by the gap before each record, and stays put
+        # along contiguous records: in commitlog order the lags never fall.
+        lags = list(map(sub, offsets, sums))
+        if lags != sorted(lags):
+            return self._walk(first, 0, count, offsets, sizes, taken_tags)
         j = 0
+        last = count - 1
         while j < count:
-            if self.record_filter is None:
-                taken = self._run(first, j, offsets, sizes, sums, lags, plain, taken_tags)
-                if taken:
-                    j += taken
-                    continue
-            if self._one(first + j, offsets[j], sizes[j], tags[j] if tags is not None else 0):
-                return j, True
+            if taken_tags is None:
+                taken = self._segment(first, j, offsets, sizes, sums, lags, None)
+            elif taken_tags[j] and taken_tags[j + 1]:
+                taken = self._segment(first, j, offsets, sizes, sums, lags, taken_tags)
+            elif j < last and not taken_tags[j] and not taken_tags[j + 1]:
+                taken = self._skip(j, offsets, sizes, taken_tags)
+            else:
+                taken = 0  # a lone unit between others the filter treats otherwise
+            if taken:
+                j += taken
+                continue
+            done, stopped = self._walk(first, j, j + 1, offsets, sizes, taken_tags)
+            if stopped:
+                return done, True
             j += 1
         return count, False
 
-    def _run(
+    def _segment(
         self,
         first: int,
         j: int,
@@ -263,109 +283,154 @@ class UnitScan:
         sizes: tuple[int, ...],
         sums: list[int],
         lags: list[int],
-        plain: bool,
         taken_tags: list[bool] | None,
     ) -> int:
-        """Take the longest run from unit ``j`` of the window at ``first`` that the per-unit
-        rules would take whole; its length (0: unit ``j`` needs :meth:`_one`)."""
+        """Take the longest segment from unit ``j`` of an ordered window at ``first`` that the
+        per-unit rules would take whole; its length (0: unit ``j`` needs :meth:`_walk`)."""
         start = offsets[j]
         if start < self.next_file_start:
             return 0
-        n = _run_length(lags, j)
-        if taken_tags is not None:
-            n = min(n, taken_tags.index(False, j) - j)
-        if not plain:
-            n = _plain_sizes(sizes, j, n)
-        if n == 0:
-            return 0
-        # Offsets increase along the run: on disk, then in memory, never back.
+        end = len(offsets) if taken_tags is None else taken_tags.index(False, j)
+        # On disk, then in memory, never back: offsets increase.
         if start >= self.disk_below:
             most, cap_bytes = self.memory_caps
         else:
-            n = bisect_left(offsets, self.disk_below, j, j + n) - j
+            end = bisect_left(offsets, self.disk_below, j, end)
             most, cap_bytes = self.disk_caps
-        # A unit's end offset is start + sums[k + 1] - sums[j]: bound the ends by bisection.
         base = sums[j]
-        taken_count = len(self.result.sizes)
-        within_bytes = bisect_right(sums, cap_bytes - self.total + base, j + 1, j + n + 1) - j - 1
-        # (A first record alone over the byte cap is left to _one, which never caps it.)
-        n = min(n, most - taken_count, within_bytes)
-        if self.confirm is not None:
-            n = bisect_right(sums, self.confirm - start + base, j + 1, j + n + 1) - j - 1
-        mf = self.commitlog.files.find(start) if n > 0 else None
+        within_bytes = bisect_right(sums, cap_bytes - self.total + base, j + 1, end + 1) - 1
+        # (A first record alone over the byte cap is left to _walk, which never caps it.)
+        end = min(end, j + most - len(self.result.sizes), within_bytes)
+        if end > j and self.confirm is not None:
+            ends = list(map(add, offsets[j:end], sizes[j:end]))  # increasing, like offsets
+            end = j + bisect_right(ends, self.confirm)
+        mf = self.commitlog.files.find(start) if end > j else None
         if mf is None:
             return 0
-        pos = start - mf.file_from_offset
-        # Only whole records below the file's write position (the next file has the rest).
-        n = bisect_right(sums, mf.wrote_position - pos + base, j + 1, j + n + 1) - j - 1
-        if n <= 0:
+        # Whole records below the file's write position (a file's end holds a BLANK).
+        written_end = mf.file_from_offset + mf.wrote_position
+        end = bisect_left(offsets, written_end, j, end)
+        if end > j and offsets[end - 1] + sizes[end - 1] > written_end:
+            end -= 1
+        if end == j:
             return 0
-        length = sums[j + n] - base
-        run = bytes(mf.view[pos : pos + length])
-        self._take(run, n, sizes[j : j + n], self.offset + first + j, offsets[j + n - 1])
-        return n
-
-    def _take(
-        self, run: bytes, count: int, sizes: tuple[int, ...], queue_offset: int, last: int
-    ) -> None:
-        """Add ``count`` records copied as ``run`` (the first at ``queue_offset``, the last at
-        commitlog offset ``last``)."""
-        result = self.result
-        result.runs.append(run)
-        result.run_counts.append(count)
-        result.sizes.extend(sizes)
-        result.queue_offsets.extend(range(queue_offset, queue_offset + count))
-        result.status = GetStatus.FOUND
-        self.total += len(run)
-        self.last_py = last
-
-    def _one(self, index: int, offset: int, size: int, tags: int) -> bool:
-        """The rules of the module doc for the unit at ``index``; True if the scan ends
-        before it."""
-        if size == PRE_BLANK_SIZE or offset < self.next_file_start:
-            return False
-        result = self.result
-        if self.confirm is not None and offset + size > self.confirm:
-            # Not yet on every in-sync replica: the queue ends here for readers.
-            if index == 0:
-                result.status = GetStatus.OFFSET_OVERFLOW_ONE
-            return True
-        taken_count = len(result.sizes)
-        most, cap_bytes = self.disk_caps if offset < self.disk_below else self.memory_caps
-        if taken_count and (taken_count >= most or self.total + size > cap_bytes):
-            return True
-        if self.tags_filter is not None and not self.tags_filter(tags):
-            return False
-        data = self.commitlog.read(PhysicalOffset(offset), size)
-        if data is None:
-            if not taken_count:
-                result.status = GetStatus.MESSAGE_WAS_REMOVING
-            self.next_file_start = self.commitlog.next_file_start(PhysicalOffset(offset))
-            return False
-        if self.record_filter is not None and not self.record_filter(data):
-            return False
-        self._take(bytes(data), 1, (size,), self.offset + index, offset)
-        return False
-
-
-def _run_length(lags: list[int], j: int) -> int:
-    """Units from ``j`` with the lag of unit ``j``: contiguous records. Lags only grow in a
-    queue written by the store, so bisection finds the run's end; units written otherwise
-    (hand-made, damaged) are caught by the count and walked one by one."""
-    lag = lags[j]
-    end = bisect_right(lags, lag, j)
-    if lags[j:end].count(lag) == end - j:
+        self._copy(mf.view, mf.file_from_offset, first, j, end, offsets, sizes, sums, lags)
         return end - j
-    k = j + 1
-    while k < len(lags) and lags[k] == lag:
-        k += 1
-    return k - j
 
+    def _copy(
+        self,
+        view: memoryview,
+        file_start: int,
+        first: int,
+        j: int,
+        end: int,
+        offsets: tuple[int, ...],
+        sizes: tuple[int, ...],
+        sums: list[int],
+        lags: list[int],
+    ) -> None:
+        """Take units ``j``…``end`` of the window at ``first``: one copy per run of contiguous
+        records (a new run where the lag grows)."""
+        if lags[j] == lags[end - 1]:
+            bounds = [j, end]
+        else:
+            breaks = compress(range(j + 1, end), map(ne, lags[j + 1 : end], lags[j : end - 1]))
+            bounds = [j, *breaks, end]
+        starts = bounds[:-1]
+        result = self.result
+        result.runs.extend(
+            [
+                bytes(view[offsets[a] - file_start : offsets[a] - file_start + sums[b] - sums[a]])
+                for a, b in zip(starts, bounds[1:], strict=True)
+            ]
+        )
+        result.run_counts.extend(map(sub, bounds[1:], starts))
+        result.sizes.extend(sizes[j:end])
+        queue_offset = self.offset + first
+        result.queue_offsets.extend(range(queue_offset + j, queue_offset + end))
+        result.status = GetStatus.FOUND
+        self.total += sums[end] - sums[j]
+        self.last_py = offsets[end - 1]
 
-def _plain_sizes(sizes: tuple[int, ...], j: int, n: int) -> int:
-    """How many of the ``n`` units from ``j`` precede the first with a size no run may hold
-    (a pre-blank unit, or a damaged one of size <= 0): those go through the per-unit rules."""
-    for k in range(j, j + n):
-        if sizes[k] <= 0 or sizes[k] == PRE_BLANK_SIZE:
-            return k - j
-    return n
+    def _skip(
+        self, j: int, offsets: tuple[int, ...], sizes: tuple[int, ...], taken_tags: list[bool]
+    ) -> int:
+        """How many units from ``j``, all dropped by the tags filter, can be passed over at
+        once: none of them could end the scan first (rules 2 and 3). 0: go unit by unit."""
+        try:
+            end = taken_tags.index(True, j, len(offsets))
+        except ValueError:
+            end = len(offsets)
+        taken_count = len(self.result.sizes)
+        if taken_count:
+            # Caps that bind both on disk and in memory: no unit of the block can reach them.
+            most = min(self.memory_caps[0], self.disk_caps[0])
+            cap_bytes = min(self.memory_caps[1], self.disk_caps[1])
+            if taken_count >= most or self.total + max(sizes[j:end]) > cap_bytes:
+                return 0
+        confirm = self.confirm
+        if confirm is not None and max(map(add, offsets[j:end], sizes[j:end])) > confirm:
+            return 0
+        return end - j
+
+    def _walk(
+        self,
+        first: int,
+        j: int,
+        end: int,
+        offsets: tuple[int, ...],
+        sizes: tuple[int, ...],
+        taken_tags: list[bool] | None,
+    ) -> tuple[int, bool]:
+        """The rules of the module doc, unit by unit, for units ``j``…``end`` of the window
+        at ``first`` (``taken_tags``: the tags filter's verdicts); returns (the unit after the
+        last one walked, whether the scan ends before it)."""
+        result = self.result
+        confirm, disk_below, record_filter = self.confirm, self.disk_below, self.record_filter
+        disk_most, disk_bytes = self.disk_caps
+        memory_most, memory_bytes = self.memory_caps
+        find, queue_offset = self.commitlog.files.find, self.offset + first
+        taken_count, total, last_py = len(result.sizes), self.total, self.last_py
+        stopped = False
+        k = j
+        for k in range(j, end):
+            offset, size = offsets[k], sizes[k]
+            if size == PRE_BLANK_SIZE or offset < self.next_file_start:
+                continue
+            if confirm is not None and offset + size > confirm:
+                # Not yet on every in-sync replica: the queue ends here for readers.
+                if first + k == 0:
+                    result.status = GetStatus.OFFSET_OVERFLOW_ONE
+                stopped = True
+                break
+            if taken_count and (
+                (taken_count >= disk_most or total + size > disk_bytes)
+                if offset < disk_below
+                else (taken_count >= memory_most or total + size > memory_bytes)
+            ):
+                stopped = True
+                break
+            if taken_tags is not None and not taken_tags[k]:
+                continue
+            # CommitLog.read, inlined (the path of every lone record): all ``size`` bytes
+            # below the file's write position, or the record is gone.
+            mf = find(offset)
+            pos = offset - mf.file_from_offset if mf is not None else 0
+            if mf is None or (size != 0 and (size < 0 or pos + size > mf.wrote_position)):
+                if not taken_count:
+                    result.status = GetStatus.MESSAGE_WAS_REMOVING
+                self.next_file_start = self.commitlog.next_file_start(PhysicalOffset(offset))
+                continue
+            data = mf.view[pos : pos + size]
+            if record_filter is not None and not record_filter(data):
+                continue
+            result.runs.append(bytes(data))
+            result.run_counts.append(1)
+            result.sizes.append(size)
+            result.queue_offsets.append(queue_offset + k)
+            result.status = GetStatus.FOUND
+            taken_count += 1
+            total += size
+            last_py = offset
+        self.total, self.last_py = total, last_py
+        return (k, True) if stopped else (end, False)

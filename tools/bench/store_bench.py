@@ -12,8 +12,8 @@ Measures, in-process on this machine, with RocketMQ's default file sizes:
 * SYNC_FLUSH group commit with 1 and 64 concurrent writers (single-message and 32-message puts);
 * consume-queue read rate (get_messages, 32 per call);
 * a broker pull's read: CPU µs per message of get_messages with the broker's pull limits
-  (256 messages / 256 KiB per call) over batches of 128 per queue, unfiltered and with a tags
-  filter (``--only-reads`` runs just this case);
+  (256 messages / 256 KiB per call) over batches of 128 per queue and over single sends, with
+  and without a tags filter (``--only-reads`` runs just these);
 * index query latency (query_by_key for random unique keys).
 
 Where the time goes: ``--profile`` runs the batch-256 case under cProfile and prints the top.
@@ -50,11 +50,11 @@ TOPIC = "BenchTopic"
 QUEUES = 8
 
 
-def make_messages(n: int, queue_id: int = 0) -> list[MessageToStore]:
+def make_messages(n: int, queue_id: int = 0, tag: str = "TagA") -> list[MessageToStore]:
     out = []
     now = int(time.time() * 1000)
-    props_base = {codec.Prop.TAGS: "TagA", codec.Prop.WAIT_STORE_MSG_OK: "true"}
-    tags_code = codec.tags_hash("TagA")
+    props_base = {codec.Prop.TAGS: tag, codec.Prop.WAIT_STORE_MSG_OK: "true"}
+    tags_code = codec.tags_hash(tag)
     for _ in range(n):
         uniq = uuid.uuid4().hex.upper()
         props = {**props_base, codec.Prop.UNIQ_KEY: uniq}
@@ -264,45 +264,70 @@ PULL_SEND_BATCH = 128
 """Messages per stored batch, one queue each (tools/bench/drain_bench.py's producer)."""
 
 
-async def bench_pull_reads(root: Path, total: int, reps: int = 3) -> None:
-    """CPU per message of the store's side of a pull: get_messages as the broker calls it."""
-    d = root / "pull-reads"
+def _pull_store(root: Path, name: str) -> MessageStore:
+    d = root / name
     shutil.rmtree(d, ignore_errors=True)
-    store = MessageStore(
+    return MessageStore(
         StoreConfig(
             store_dir=d,
             flush_disk_type=FlushDiskType.ASYNC_FLUSH,
             max_transfer_count_in_memory=PULL_MAX_MSGS,
         )
     )
-    await store.start()
+
+
+def _pull_all(store: MessageStore, filters: dict[str, Any], payload: bool) -> tuple[int, int, int]:
+    """Read every queue from 0 as pulls do; (messages, units scanned, calls). ``payload``: use
+    the records as one ``bytes`` (GetResult.payload) instead of one per record."""
+    taken = scanned = calls = 0
+    for qid in range(QUEUES):
+        offset, end = 0, int(store.max_offset(TOPIC, qid))
+        while offset < end:
+            r = store.get_messages(TOPIC, qid, offset, PULL_MAX_MSGS, **filters)
+            _ = r.payload if payload else r.records  # type: ignore[attr-defined]
+            taken += len(r.queue_offsets)
+            scanned += r.next_begin_offset - offset
+            calls += 1
+            offset = r.next_begin_offset
+    return taken, scanned, calls
+
+
+async def bench_pull_reads(root: Path, total: int, reps: int = 5) -> None:
+    """CPU per message of the store's side of a pull: get_messages as the broker calls it,
+    over batches of 128 per queue (runs of contiguous records) and over single sends spread
+    over the queues (every record alone), with and without a tags filter."""
+    batched = _pull_store(root, "pull-batched")
+    await batched.start()
     for i in range(total // PULL_SEND_BATCH):
-        store.append(make_messages(PULL_SEND_BATCH, i % QUEUES))
-    tag_a = codec.tags_hash("TagA")
-    cases: dict[str, dict[str, Any]] = {
-        "no filter": {},
-        "tags filter (every message matches)": {"tags_filter": lambda code: code == tag_a},
-    }
-    for label, filters in cases.items():
+        batched.append(make_messages(PULL_SEND_BATCH, i % QUEUES))
+    single = _pull_store(root, "pull-single")
+    await single.start()
+    for i in range(total // 4):
+        single.append(make_messages(1, i % QUEUES, tag="TagA" if i % 16 < 8 else "TagB"))
+    tag_a, tag_b = codec.tags_hash("TagA"), codec.tags_hash("TagB")
+    has_payload = hasattr(batched.get_messages(TOPIC, 0, 0, 1), "payload")
+    cases: list[tuple[str, MessageStore, dict[str, Any], bool]] = [
+        ("batches, no filter", batched, {}, False),
+        ("batches, tags filter, all match", batched, {"tags_filter": tag_a.__eq__}, False),
+        ("batches, tags filter, none match", batched, {"tags_filter": tag_b.__eq__}, False),
+        ("single sends, no filter", single, {}, False),
+        ("single sends, tags filter, half match", single, {"tags_filter": tag_a.__eq__}, False),
+    ]
+    if has_payload:
+        cases.insert(1, ("batches, no filter, as payload", batched, {}, True))
+    for label, store, filters, payload in cases:
         best = float("inf")
         for _ in range(reps):
-            read = calls = 0
             cpu0 = time.thread_time()
-            for qid in range(QUEUES):
-                offset = 0
-                while True:
-                    r = store.get_messages(TOPIC, qid, offset, PULL_MAX_MSGS, **filters)
-                    if not r.records:
-                        break
-                    read += len(r.records)
-                    calls += 1
-                    offset = r.next_begin_offset
-            best = min(best, (time.thread_time() - cpu0) * 1e6 / read)
+            taken, scanned, calls = _pull_all(store, filters, payload)
+            best = min(best, time.thread_time() - cpu0)
+        per = f"{best * 1e6 / taken:6.2f} us CPU per msg" if taken else " " * 22
         print(
-            f"  {'pull read (get_messages, ' + label + ')':<62} {best:6.2f} us CPU per msg"
-            f"  (best of {reps}; {read:,} msgs in {calls:,} calls)"
+            f"  {'pull read: ' + label:<44} {per}, {best * 1e6 / scanned:5.2f} per unit"
+            f"  (best of {reps}; {taken:,} msgs, {scanned:,} units, {calls:,} calls)"
         )
-    await store.shutdown()
+    await batched.shutdown()
+    await single.shutdown()
 
 
 def run(label: str, fn: Callable[[], object]) -> None:
