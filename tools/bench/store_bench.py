@@ -284,7 +284,7 @@ def _pull_all(store: MessageStore, filters: dict[str, Any], payload: bool) -> tu
         offset, end = 0, int(store.max_offset(TOPIC, qid))
         while offset < end:
             r = store.get_messages(TOPIC, qid, offset, PULL_MAX_MSGS, **filters)
-            _ = r.payload if payload else r.records  # type: ignore[attr-defined]
+            _ = r.payload if payload else r.records
             taken += len(r.queue_offsets)
             scanned += r.next_begin_offset - offset
             calls += 1
