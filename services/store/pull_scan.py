@@ -81,7 +81,7 @@ class GetResult:
     run_counts: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     """Each found record's size in bytes, in queue order."""
-    _records: list[bytes] | None = None
+    _records: list[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
     def records(self) -> list[bytes]:
