@@ -1,9 +1,9 @@
 """The read of a pull (services/store/pull_scan.py) against SPEC §6.7's unit-by-unit rules.
 
-The scan takes contiguous runs of records with one copy each; every scenario here checks its
-result against ``per_unit_read`` below — the rules spelled out one unit at a time, as the store
-read before runs — field for field and byte for byte, and checks what the scenario is about
-(where a run stops and why) explicitly. Real stores on small files in a temp dir.
+The scan decides whole segments of units at once; every scenario here checks its result
+against ``per_unit_read`` below — the rules spelled out one unit at a time, as the store read
+before segments — field for field and byte for byte, and checks what the scenario is about
+(where a segment stops and why) explicitly. Real stores on small files in a temp dir.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def per_unit_read(
     store: MessageStore, queue_id: int, offset: int, max_msgs: int, **filters: Any
 ) -> tuple[Any, ...]:
     """SPEC §6.7's read of queue ("T", ``queue_id``), one unit and one commitlog read at a
-    time: what the store returned before reads took runs."""
+    time: what the store returned before reads took segments."""
     tags_filter, record_filter = filters.get("tags_filter"), filters.get("record_filter")
     cq = store.queues.find("T", queue_id)
     assert cq is not None
@@ -142,8 +142,7 @@ def read(
     """get_messages, checked field for field against the per-unit read."""
     got = store.get_messages("T", queue_id, offset, max_msgs, **filters)
     assert _fields(got) == per_unit_read(store, queue_id, offset, max_msgs, **filters)
-    assert got.payload == b"".join(got.records)
-    assert got.total_bytes == len(got.payload)
+    assert all(type(r) is bytes for r in got.records)  # copies: no view pins a mapped file
     return got
 
 
@@ -163,8 +162,8 @@ def _read_all(store: MessageStore, queue_id: int, max_msgs: int = 256, **f: Any)
     return out
 
 
-# ---- runs ------------------------------------------------------------------------------------
-def test_interleaved_batches_read_as_runs_equal_the_per_unit_read(
+# ---- segments---------------------------------------------------------------------------------
+def test_interleaved_batches_read_as_segments_equal_the_per_unit_read(
     stores: Callable[..., MessageStore],
 ) -> None:
     store = stores()
@@ -192,7 +191,7 @@ def test_a_run_broken_by_a_filtered_unit(stores: Callable[..., MessageStore]) ->
     long = stores(consume_queue_units_per_file=1000, max_transfer_count_in_memory=32)
     long.append(_batch(0, 150, size=10, tags="b") + _batch(0, 4, size=10, tags="a"))
     later = read(long, 0, 0, tags_filter=lambda code: code == want)
-    assert later.queue_offsets == [150, 151, 152, 153] and len(later.runs) == 1
+    assert later.queue_offsets == [150, 151, 152, 153]
     by_record = read(store, 0, 0, record_filter=lambda raw: codec.decode_record(raw).tags == "a")
     assert _bodies(by_record) == _bodies(res)
 
@@ -263,13 +262,13 @@ def _unit(store: MessageStore, queue_offset: int) -> tuple[int, int, int]:
     return CQ_UNIT.unpack(cq.units_from(QueueOffset(queue_offset), 1))
 
 
-def test_runs_across_commitlog_files(stores: Callable[..., MessageStore]) -> None:
+def test_segments_across_commitlog_files(stores: Callable[..., MessageStore]) -> None:
     store = stores()
     batch = _batch(0, 60, size=200)  # one batch over three files: each file's end breaks it
     store.append(batch)
     assert _read_all(store, 0) == [m.body for m in batch]
     # Units made contiguous across a file's end: the last unit of file 0 covers its BLANK
-    # tail, so the next unit starts exactly at file 1. A run must still stop at the file.
+    # tail, so the next unit starts exactly at file 1. A segment must still stop at the file.
     tail = max(o for o in range(60) if _unit(store, o)[0] < CL_FILE_BYTES)
     phys, _size, tags = _unit(store, tail)
     crafted = store.queues.find_or_create("T", 5)
@@ -278,7 +277,7 @@ def test_runs_across_commitlog_files(stores: Callable[..., MessageStore]) -> Non
         p, s, t = _unit(store, o)
         crafted.put(QueueOffset(1 + i), p, s, t)
     res = read(store, 5, 0)
-    assert res.queue_offsets == [0, 1, 2, 3] and len(res.runs) == 2
+    assert res.queue_offsets == [0, 1, 2, 3]
     assert res.records[0] == bytes(
         store.commitlog.read(PhysicalOffset(phys), CL_FILE_BYTES - phys) or b""
     )
@@ -382,18 +381,6 @@ def test_a_run_half_on_disk_takes_the_disk_caps_then_the_memory_caps(
     new = read(store, 0, boundary)
     assert new.queue_offsets == list(range(boundary, 40)) and not new.suggest_pull_from_slave
     assert _read_all(store, 0)[:1] == [b"0:0:" + b"x" * 100]
-
-
-def test_records_are_cut_from_the_runs_on_first_use(stores: Callable[..., MessageStore]) -> None:
-    store = stores()
-    store.append(_batch(0, 6) + _batch(1, 2))
-    store.append(_batch(0, 3))
-    res = store.get_messages("T", 0, 0, 32)
-    assert len(res.runs) == 2 and res.run_counts == [6, 3]
-    assert res.payload == b"".join(res.runs)  # no cut for a Pull's bytes
-    assert res.records is res.records  # cut once
-    assert [len(r) for r in res.records] == res.sizes
-    assert all(type(r) is bytes for r in res.records)
 
 
 # ---- any mix of the above ----------------------------------------------------------------------

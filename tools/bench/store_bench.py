@@ -276,15 +276,13 @@ def _pull_store(root: Path, name: str) -> MessageStore:
     )
 
 
-def _pull_all(store: MessageStore, filters: dict[str, Any], payload: bool) -> tuple[int, int, int]:
-    """Read every queue from 0 as pulls do; (messages, units scanned, calls). ``payload``: use
-    the records as one ``bytes`` (GetResult.payload) instead of one per record."""
+def _pull_all(store: MessageStore, filters: dict[str, Any]) -> tuple[int, int, int]:
+    """Read every queue from 0 as pulls do; (messages, units scanned, calls)."""
     taken = scanned = calls = 0
     for qid in range(QUEUES):
         offset, end = 0, int(store.max_offset(TOPIC, qid))
         while offset < end:
             r = store.get_messages(TOPIC, qid, offset, PULL_MAX_MSGS, **filters)
-            _ = r.payload if payload else r.records
             taken += len(r.queue_offsets)
             scanned += r.next_begin_offset - offset
             calls += 1
@@ -305,21 +303,18 @@ async def bench_pull_reads(root: Path, total: int, reps: int = 5) -> None:
     for i in range(total // 4):
         single.append(make_messages(1, i % QUEUES, tag="TagA" if i % 16 < 8 else "TagB"))
     tag_a, tag_b = codec.tags_hash("TagA"), codec.tags_hash("TagB")
-    has_payload = hasattr(batched.get_messages(TOPIC, 0, 0, 1), "payload")
-    cases: list[tuple[str, MessageStore, dict[str, Any], bool]] = [
-        ("batches, no filter", batched, {}, False),
-        ("batches, tags filter, all match", batched, {"tags_filter": tag_a.__eq__}, False),
-        ("batches, tags filter, none match", batched, {"tags_filter": tag_b.__eq__}, False),
-        ("single sends, no filter", single, {}, False),
-        ("single sends, tags filter, half match", single, {"tags_filter": tag_a.__eq__}, False),
+    cases: list[tuple[str, MessageStore, dict[str, Any]]] = [
+        ("batches, no filter", batched, {}),
+        ("batches, tags filter, all match", batched, {"tags_filter": tag_a.__eq__}),
+        ("batches, tags filter, none match", batched, {"tags_filter": tag_b.__eq__}),
+        ("single sends, no filter", single, {}),
+        ("single sends, tags filter, half match", single, {"tags_filter": tag_a.__eq__}),
     ]
-    if has_payload:
-        cases.insert(1, ("batches, no filter, as payload", batched, {}, True))
-    for label, store, filters, payload in cases:
+    for label, store, filters in cases:
         best = float("inf")
         for _ in range(reps):
             cpu0 = time.thread_time()
-            taken, scanned, calls = _pull_all(store, filters, payload)
+            taken, scanned, calls = _pull_all(store, filters)
             best = min(best, time.thread_time() - cpu0)
         per = f"{best * 1e6 / taken:6.2f} us CPU per msg" if taken else " " * 22
         print(
