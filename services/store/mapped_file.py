@@ -38,7 +38,7 @@ import contextlib
 import errno
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from services.store.types import FileStartOffset
@@ -210,6 +210,17 @@ class MappedFile:
         """A zero-copy view of ``size`` bytes at ``pos``, clipped to what has been written."""
         end = min(pos + size, self.wrote_position)
         return self.view[pos:end] if pos < end else self.view[0:0]
+
+    def copy(self, pos: int, size: int) -> bytes:
+        """A copy of the ``size`` bytes at ``pos`` (the caller checked they are written).
+        Slicing the map copies once; ``bytes(view[...])`` would build a view first."""
+        return self._map[pos : pos + size]
+
+    def copies(self, offsets: Sequence[int], sizes: Sequence[int]) -> list[bytes]:
+        """Copies of ``sizes[i]`` bytes at each global offset ``offsets[i]`` of this file (the
+        caller checked they are written): a pull's records, one ``bytes`` each."""
+        at, whole = self.file_from_offset, self._map
+        return [whole[o - at : o - at + n] for o, n in zip(offsets, sizes, strict=True)]
 
     # -- durability ------------------------------------------------------------------------
     def flush(self) -> int:

@@ -17,7 +17,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rocketq import codec
 from services.common.atomic_write import fsync_dir
@@ -31,7 +31,7 @@ from services.store.commitlog import (
     SentBatch,
 )
 from services.store.config import StoreConfig
-from services.store.consume_queue import CQ_UNIT, CQ_UNIT_BYTES, PRE_BLANK_SIZE
+from services.store.consume_queue import CQ_UNIT_BYTES
 from services.store.consume_queue_store import ConsumeQueueStore
 from services.store.dispatch import Dispatcher
 from services.store.epoch_file import EpochHistory
@@ -41,6 +41,11 @@ from services.store.errors import StoreError as StoreError  # noqa: PLC0414 (re-
 from services.store.flush import FlushDiskType, FlushService
 from services.store.index_service import IndexService
 from services.store.mapped_file import DiskFullError
+from services.store.pull_scan import GetResult as GetResult  # noqa: PLC0414 (re-export)
+from services.store.pull_scan import GetStatus as GetStatus  # noqa: PLC0414 (re-export)
+from services.store.pull_scan import RecordFilter as RecordFilter  # noqa: PLC0414 (re-export)
+from services.store.pull_scan import TagsFilter as TagsFilter  # noqa: PLC0414 (re-export)
+from services.store.pull_scan import UnitScan
 from services.store.recovery import RecoveryReport, recover_commitlog, recover_logics
 from services.store.replica import ReplicaWriter, read_replica
 from services.store.retention import DiskUsage, RetentionService, disk_used_ratio
@@ -71,39 +76,6 @@ class PutResult:
     results: list[AppendResult]
 
 
-class GetStatus(enum.Enum):
-    """``GetMessageStatus`` of SPEC §6.7."""
-
-    FOUND = "FOUND"
-    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
-    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
-    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
-    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
-    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
-    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
-    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
-    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
-
-
-@dataclass(slots=True)
-class GetResult:
-    status: GetStatus
-    next_begin_offset: int
-    min_offset: int
-    max_offset: int
-    records: list[bytes] = field(default_factory=list)
-    queue_offsets: list[int] = field(default_factory=list)
-    suggest_pull_from_slave: bool = False
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(len(r) for r in self.records)
-
-
-TagsFilter = Callable[[int], bool]
-"""Given a unit's tags code, True if the message may match (hash-level check)."""
-RecordFilter = Callable[[memoryview], bool]
-"""Given the stored record, True if it matches (property-level check, e.g. SQL92)."""
 ConfirmListener = Callable[[int], None]
 """Called with the new confirm offset each time it advances (wakes held pulls)."""
 
@@ -502,64 +474,17 @@ class MessageStore:
         record_filter: RecordFilter | None,
     ) -> GetResult:
         result = GetResult(GetStatus.NO_MATCHED_MESSAGE, offset, min_off, max_off)
-        cfg = self.config
-        max_py = self.commitlog.max_offset
-        memory_limit = self.memory_limit_bytes
-        next_file_start = 0
-        total = 0
-        consumed = 0
-        last_py = 0
-        confirm = self.confirm_offset
-        for i, (phys, size, tags) in enumerate(CQ_UNIT.iter_unpack(units)):
-            consumed = i + 1
-            if size == PRE_BLANK_SIZE or phys < next_file_start:
-                continue
-            if confirm is not None and phys + size > confirm:
-                # Not yet on every in-sync replica: the queue ends here for readers.
-                consumed = i
-                if i == 0:
-                    result.status = GetStatus.OFFSET_OVERFLOW_ONE
-                break
-            in_disk = max_py - phys > memory_limit
-            count = len(result.records)
-            if count and (
-                count >= max_msgs
-                or (
-                    in_disk
-                    and (
-                        total + size > cfg.max_transfer_bytes_on_disk
-                        or count >= cfg.max_transfer_count_on_disk
-                    )
-                )
-                or (
-                    not in_disk
-                    and (
-                        total + size > cfg.max_transfer_bytes_in_memory
-                        or count >= cfg.max_transfer_count_in_memory
-                    )
-                )
-            ):
-                consumed = i
-                break
-            if tags_filter is not None and not tags_filter(tags):
-                continue
-            data = self.commitlog.read(phys, size)
-            if data is None:
-                if not result.records:
-                    result.status = GetStatus.MESSAGE_WAS_REMOVING
-                next_file_start = self.commitlog.next_file_start(phys)
-                continue
-            if record_filter is not None and not record_filter(data):
-                continue
-            result.records.append(bytes(data))
-            result.queue_offsets.append(offset + i)
-            result.status = GetStatus.FOUND
-            total += size
-            last_py = phys
-        result.next_begin_offset = offset + consumed
-        if last_py:
-            result.suggest_pull_from_slave = max_py - last_py > memory_limit
-        return result
+        scan = UnitScan(
+            result,
+            self.commitlog,
+            self.config,
+            max_msgs,
+            self.memory_limit_bytes,
+            self.confirm_offset,
+            tags_filter,
+            record_filter,
+        )
+        return scan.scan(units)
 
 
 PHYSICAL_MEMORY_ENV = "ROCKETQ_PHYSICAL_MEMORY_BYTES"

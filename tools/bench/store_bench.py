@@ -11,6 +11,9 @@ Measures, in-process on this machine, with RocketMQ's default file sizes:
   1, 32 and 256 under ASYNC_FLUSH;
 * SYNC_FLUSH group commit with 1 and 64 concurrent writers (single-message and 32-message puts);
 * consume-queue read rate (get_messages, 32 per call);
+* a broker pull's read: CPU µs per message of get_messages with the broker's pull limits
+  (256 messages / 256 KiB per call) over batches of 128 per queue and over single sends, with
+  and without a tags filter (``--only-reads`` runs just these);
 * index query latency (query_by_key for random unique keys).
 
 Where the time goes: ``--profile`` runs the batch-256 case under cProfile and prints the top.
@@ -33,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rocketq import codec
 from services.store.commitlog import MessageToStore
@@ -46,11 +50,11 @@ TOPIC = "BenchTopic"
 QUEUES = 8
 
 
-def make_messages(n: int, queue_id: int = 0) -> list[MessageToStore]:
+def make_messages(n: int, queue_id: int = 0, tag: str = "TagA") -> list[MessageToStore]:
     out = []
     now = int(time.time() * 1000)
-    props_base = {codec.Prop.TAGS: "TagA", codec.Prop.WAIT_STORE_MSG_OK: "true"}
-    tags_code = codec.tags_hash("TagA")
+    props_base = {codec.Prop.TAGS: tag, codec.Prop.WAIT_STORE_MSG_OK: "true"}
+    tags_code = codec.tags_hash(tag)
     for _ in range(n):
         uniq = uuid.uuid4().hex.upper()
         props = {**props_base, codec.Prop.UNIQ_KEY: uniq}
@@ -254,6 +258,73 @@ async def bench_replica_apply(root: Path, total: int, batch: int, profile: bool 
         pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
+PULL_MAX_MSGS = 256
+"""The broker's maxTransferCountOnMessageInMemory (services/broker/config.py)."""
+PULL_SEND_BATCH = 128
+"""Messages per stored batch, one queue each (tools/bench/drain_bench.py's producer)."""
+
+
+def _pull_store(root: Path, name: str) -> MessageStore:
+    d = root / name
+    shutil.rmtree(d, ignore_errors=True)
+    return MessageStore(
+        StoreConfig(
+            store_dir=d,
+            flush_disk_type=FlushDiskType.ASYNC_FLUSH,
+            max_transfer_count_in_memory=PULL_MAX_MSGS,
+        )
+    )
+
+
+def _pull_all(store: MessageStore, filters: dict[str, Any]) -> tuple[int, int, int]:
+    """Read every queue from 0 as pulls do; (messages, units scanned, calls)."""
+    taken = scanned = calls = 0
+    for qid in range(QUEUES):
+        offset, end = 0, int(store.max_offset(TOPIC, qid))
+        while offset < end:
+            r = store.get_messages(TOPIC, qid, offset, PULL_MAX_MSGS, **filters)
+            taken += len(r.queue_offsets)
+            scanned += r.next_begin_offset - offset
+            calls += 1
+            offset = r.next_begin_offset
+    return taken, scanned, calls
+
+
+async def bench_pull_reads(root: Path, total: int, reps: int = 5) -> None:
+    """CPU per message of the store's side of a pull: get_messages as the broker calls it,
+    over batches of 128 per queue (runs of contiguous records) and over single sends spread
+    over the queues (every record alone), with and without a tags filter."""
+    batched = _pull_store(root, "pull-batched")
+    await batched.start()
+    for i in range(total // PULL_SEND_BATCH):
+        batched.append(make_messages(PULL_SEND_BATCH, i % QUEUES))
+    single = _pull_store(root, "pull-single")
+    await single.start()
+    for i in range(total // 4):
+        single.append(make_messages(1, i % QUEUES, tag="TagA" if i % 16 < 8 else "TagB"))
+    tag_a, tag_b = codec.tags_hash("TagA"), codec.tags_hash("TagB")
+    cases: list[tuple[str, MessageStore, dict[str, Any]]] = [
+        ("batches, no filter", batched, {}),
+        ("batches, tags filter, all match", batched, {"tags_filter": tag_a.__eq__}),
+        ("batches, tags filter, none match", batched, {"tags_filter": tag_b.__eq__}),
+        ("single sends, no filter", single, {}),
+        ("single sends, tags filter, half match", single, {"tags_filter": tag_a.__eq__}),
+    ]
+    for label, store, filters in cases:
+        best = float("inf")
+        for _ in range(reps):
+            cpu0 = time.thread_time()
+            taken, scanned, calls = _pull_all(store, filters)
+            best = min(best, time.thread_time() - cpu0)
+        per = f"{best * 1e6 / taken:6.2f} us CPU per msg" if taken else " " * 22
+        print(
+            f"  {'pull read: ' + label:<44} {per}, {best * 1e6 / scanned:5.2f} per unit"
+            f"  (best of {reps}; {taken:,} msgs, {scanned:,} units, {calls:,} calls)"
+        )
+    await batched.shutdown()
+    await single.shutdown()
+
+
 def run(label: str, fn: Callable[[], object]) -> None:
     print(label)
     fn()
@@ -267,6 +338,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the batch-256 append")
     ap.add_argument(
         "--only-replica", action="store_true", help="only the slave apply cases (1 and 32)"
+    )
+    ap.add_argument(
+        "--only-reads", action="store_true", help="only the pull read case (µs per message)"
     )
     ap.add_argument(
         "--only-sync", action="store_true", help="only the fdatasync probe and SYNC_FLUSH cases"
@@ -287,6 +361,9 @@ def main() -> None:
             for batch in (1, 32):
                 asyncio.run(bench_replica_apply(root, total // 4, batch, args.profile))
             return
+        if args.only_reads:
+            asyncio.run(bench_pull_reads(root, total))
+            return
         warm = {"auto": None, "on": True, "off": False}[args.warm]
         for reserve in ("fallocate", "zeros"):
             print(f"  fdatasync of 128 KiB, {reserve:<9} file: {fdatasync_cost(root, reserve)}")
@@ -302,6 +379,7 @@ def main() -> None:
         if args.only_sync:
             return
         asyncio.run(bench_reads(root, total // 2))
+        asyncio.run(bench_pull_reads(root, total // 2))
         for batch in (1, 32):
             asyncio.run(bench_replica_apply(root, total // 4, batch))
     finally:
