@@ -189,6 +189,25 @@ async def _end_of(raw: RawClient, queue_id: int) -> int:
     return int((await raw.messaging.GetMaxOffset(req, timeout=5)).offset)
 
 
+def _api(raw: RawClient, streams: RequestStreams) -> BrokerApi:
+    """The consumer's broker calls, made through ``raw``'s channel."""
+    instance = SimpleNamespace(messaging=lambda _addr: raw.messaging)
+    return BrokerApi(cast(Any, instance), "g_api", 3000, streams)
+
+
+async def test_a_held_pull_is_answered_before_the_client_gives_up(one: Cluster) -> None:
+    """A unary pull's hold ends before its deadline; a stream request has none, so the client
+    asks for a hold that ends before it stops waiting."""
+    empty = QUEUES - 1
+    async with RawClient(one.broker.addr) as raw:
+        end = await _end_of(raw, empty)
+        api = _api(raw, RequestStreams(lambda _addr: raw.messaging, PULL))
+        held = pull(empty, end, hold_ms=20_000, group="g_short")
+        answer = await api.pull(one.broker.addr, held, 1000)
+        await api.close()
+    assert answer.status == messaging_pb2.NO_NEW_MSG
+
+
 async def test_a_full_stream_sends_the_next_pull_unary(one: Cluster) -> None:
     """Pulls the client gave up on still count until the broker answers them: the broker holds
     them, and a stream whose requests all wait behind holds would hold up the next pull."""
@@ -198,8 +217,7 @@ async def test_a_full_stream_sends_the_next_pull_unary(one: Cluster) -> None:
         streams = RequestStreams(
             lambda _addr: raw.messaging, dataclasses.replace(PULL, pending_max=2)
         )
-        instance = SimpleNamespace(messaging=lambda _addr: raw.messaging)
-        api = BrokerApi(cast(Any, instance), "g_full", 3000, streams)
+        api = _api(raw, streams)
         addr = one.broker.addr
         holds = [
             asyncio.create_task(
@@ -228,8 +246,7 @@ async def test_a_server_without_pull_stream_is_sent_unary_pulls(one: Cluster) ->
     gets unary Pulls from then on."""
     async with RawClient(one.nameserver.addr) as raw:
         streams = RequestStreams(lambda _addr: raw.messaging, PULL)
-        instance = SimpleNamespace(messaging=lambda _addr: raw.messaging)
-        api = BrokerApi(cast(Any, instance), "g_old", 3000, streams)
+        api = _api(raw, streams)
         with pytest.raises(ServerError) as err:
             await api.pull(one.nameserver.addr, pull(0), 3000)
         assert err.value.code == "UNIMPLEMENTED"

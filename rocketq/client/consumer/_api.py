@@ -96,6 +96,11 @@ class InstanceLike(Protocol):
     async def refresh_routes(self) -> None: ...
 
 
+STREAM_HOLD_MARGIN_MS = 200
+"""A pull down a stream asks the broker to hold it at most this much less than the client
+waits for its answer (the broker ends a unary call's hold 50 ms before its deadline)."""
+
+
 def is_unreachable(exc: BaseException) -> bool:
     """True when ``exc`` says the broker could not be reached (not that it refused): another
     replica of the group may answer. A slave's NOT_MASTER refusal is an answer."""
@@ -289,6 +294,11 @@ class BrokerApi:
     ) -> messaging_pb2.PullResponse:
         streams = self._pull_streams
         if streams is not None and streams.usable(addr):
+            # A stream request has no deadline of its own for the broker to end its hold
+            # before, as it does a unary call's: the hold is asked short enough instead.
+            hold_max_ms = int(timeout_s * 1000) - STREAM_HOLD_MARGIN_MS
+            if request.suspend_timeout_ms > hold_max_ms:
+                request.suspend_timeout_ms = max(hold_max_ms, 0)
             # An older broker: unary from now on. A full stream: this one unary (PULL_PENDING_MAX).
             with contextlib.suppress(StreamUnsupported, StreamFull):
                 resp: messaging_pb2.PullResponse = await streams.call(addr, request, timeout_s)
