@@ -46,6 +46,7 @@ from rocketq.validation import (
     check_topic,
     retry_topic,
 )
+from services.broker import request_stream as streams
 from services.broker.client_manager import (
     GROUPS_PER_HEARTBEAT_MAX,
     SUBSCRIPTIONS_PER_GROUP_MAX,
@@ -62,12 +63,7 @@ from services.broker.pull_hold import PullHoldService
 from services.broker.pull_processor import PullProcessor
 from services.broker.query_processor import QueryProcessor
 from services.broker.rebalance_lock import QUEUES_PER_REQUEST_MAX, QueueKey, RebalanceLockManager
-from services.broker.request_stream import (
-    PULL_METHOD,
-    SEND_METHOD,
-    RequestContext,
-    serve_request_stream,
-)
+from services.broker.request_stream import serve_request_stream
 from services.broker.send_back import SendBackProcessor
 from services.broker.send_processor import SendProcessor
 from services.broker.subscription_group_manager import SubscriptionGroupManager
@@ -198,14 +194,7 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         def send(request: messaging_pb2.SendRequest) -> Any:
             return telemetry.send(sender.send, request, peer)
 
-        await serve_request_stream(
-            send,
-            request_iterator,
-            context.write,
-            peer,
-            answer_type=messaging_pb2.SendStreamResponse,
-            method=SEND_METHOD,
-        )
+        await serve_request_stream(streams.SEND, send, request_iterator, context)
 
     @rpc
     async def Pull(
@@ -218,20 +207,12 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
         self, request_iterator: AsyncIterator[messaging_pb2.PullStreamRequest], context: Context
     ) -> None:
         """Pull over one stream (services.broker.request_stream): each request as Pull above."""
-        puller, peer = self.puller, context.peer()
-        request_context = RequestContext(peer)
+        puller, request_context = self.puller, streams.RequestContext(context.peer())
 
         def pull(request: messaging_pb2.PullRequest) -> Any:
             return telemetry.pull(puller.pull, request, request_context)
 
-        await serve_request_stream(
-            pull,
-            request_iterator,
-            context.write,
-            peer,
-            answer_type=messaging_pb2.PullStreamResponse,
-            method=PULL_METHOD,
-        )
+        await serve_request_stream(streams.PULL, pull, request_iterator, context)
 
     # -- offsets ---------------------------------------------------------------------------
     def _topic_queue(self, topic: str, queue_id: int) -> TopicConfig:

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -45,12 +46,21 @@ STREAM_IN_FLIGHT_MAX = 512
 SYNC_FLUSH group commit as their unary calls did, and more than a consumer's queues on one broker
 (one pull each); the reads of the stream wait beyond it."""
 
-SEND_METHOD = "/rocketq.v1.Messaging/Send"
-PULL_METHOD = "/rocketq.v1.Messaging/Pull"
-
 Answer = messaging_pb2.SendStreamResponse | messaging_pb2.PullStreamResponse
 Handle = Callable[[Any], Awaitable[Any]]
 """Handles one request of the stream (a SendRequest, a PullRequest) as its unary call does."""
+
+
+@dataclass(frozen=True)
+class StreamKind:
+    answer: type[Answer]
+    """The stream's answer message (id=, response= or error=)."""
+    method: str
+    """The unary call each request stands for (metrics, logs)."""
+
+
+SEND = StreamKind(messaging_pb2.SendStreamResponse, "/rocketq.v1.Messaging/Send")
+PULL = StreamKind(messaging_pb2.PullStreamResponse, "/rocketq.v1.Messaging/Pull")
 
 
 class RequestContext:
@@ -84,19 +94,17 @@ def _internal(exc: Exception) -> messaging_pb2.SendStreamError:
 
 
 async def serve_request_stream(
+    kind: StreamKind,
     handle: Handle,
     requests: AsyncIterator[Any],
-    write: Callable[[Any], Awaitable[None]],
-    peer: str,
-    *,
-    answer_type: type[Answer],
-    method: str,
+    context: grpc.aio.ServicerContext[Any, Any],
 ) -> None:
-    """Handle one request stream: each request through ``handle``, each answer (an
-    ``answer_type`` with the request's id) through ``write``, one write at a time. ``method``
-    is the unary call a request stands for (metrics, logs). Returns once the client has
-    half-closed and every request is answered; an error of the stream itself (an undecodable
-    frame) propagates."""
+    """Handle one request stream of ``kind``: each request through ``handle``, each answer
+    (with the request's id) through ``context.write``, one write at a time. Returns once the
+    client has half-closed and every request is answered; an error of the stream itself (an
+    undecodable frame) propagates."""
+    answer_type, method = kind.answer, kind.method
+    write, peer = context.write, context.peer()
     answers: asyncio.Queue[Answer | None] = asyncio.Queue()
     slots = asyncio.Semaphore(STREAM_IN_FLIGHT_MAX)
     tasks: set[asyncio.Task[None]] = set()
