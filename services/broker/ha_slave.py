@@ -325,7 +325,8 @@ class ReplicationClient:
         acks: asyncio.Task[None] | None = None
         try:
             await call.write(replication_pb2.ReplicationStreamRequest(hello=self.replica.hello()))
-            first = await asyncio.wait_for(call.read(), idle_s)
+            async with asyncio.timeout(idle_s):  # not wait_for: a stop's cancel must not be lost
+                first = await call.read()
             if first is grpc.aio.EOF:
                 return
             if first.WhichOneof("command") != "truncate":

@@ -10,6 +10,7 @@ import pytest
 
 from rocketq.aio import wait_event
 from rocketq.client.consumer._rebalance import RebalanceService
+from services.broker.controller.session import EtcdSession
 
 pytestmark = pytest.mark.unit
 
@@ -60,3 +61,37 @@ async def test_a_rebalance_loop_woken_just_before_its_cancel_ends(turns: int) ->
     async with asyncio.timeout(HANG_GUARD_S):
         await asyncio.gather(task, return_exceptions=True)
     assert task.cancelled()
+
+
+@pytest.mark.parametrize("turns", range(4))
+async def test_an_etcd_call_completing_as_its_caller_is_cancelled_raises_the_cancel(
+    turns: int,
+) -> None:
+    """The broker's etcd session: a loop calling etcd (the ISR publisher) cancelled as its call
+    completed kept running under ``wait_for``, and the demotion awaiting it hung holding the
+    role lock. The call here is a future answered ``turns`` loop turns before the cancel."""
+    loop = asyncio.get_running_loop()
+    session = EtcdSession(["127.0.0.1:1"], call_timeout_s=5)  # fn never touches the client
+    answer: asyncio.Future[str] = loop.create_future()
+
+    async def fn(_client: object) -> str:
+        return await answer
+
+    async def caller() -> str:
+        return await session.call(fn, "publish")
+
+    task = asyncio.create_task(caller())
+    await asyncio.sleep(0)  # the call is waiting on its answer
+    answer.set_result("ok")
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    task.cancel()
+    try:
+        async with asyncio.timeout(HANG_GUARD_S):
+            result = await task
+    except asyncio.CancelledError:
+        result = "cancelled"
+    await session.close()
+    # Cancelled, or (the cancel came after the call returned) a normal result: never a
+    # cancel turned into a result while the caller was still inside the call.
+    assert result == "cancelled" or (turns > 0 and task.cancelling() == 0)

@@ -116,7 +116,13 @@ class EtcdSession:
         client = self.client()
         endpoint = self.endpoint
         try:
-            return await asyncio.wait_for(fn(client), timeout_s or self.call_timeout_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+            # arrives as the call completes (rocketq/aio.py), and the loops calling this (ISR
+            # publisher, lease keeper, main loop) then outlive their stop: a demotion awaiting
+            # the ISR publisher hung, holding the role lock, and the replica never campaigned
+            # again (a chaos run's "no in-sync replica alive").
+            async with asyncio.timeout(timeout_s or self.call_timeout_s):
+                return await fn(client)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():
