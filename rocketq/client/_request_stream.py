@@ -13,7 +13,9 @@ address, opened on first use:
 - when the stream breaks (broker gone, connection lost, server stopping) every request waiting
   on it fails with the error the unary call would have failed with (``from_rpc_error``), and
   the next request opens a new stream; a broker that does not serve the stream (UNIMPLEMENTED,
-  an older broker) is sent unary calls from then on (:class:`StreamUnsupported`).
+  an older broker) is sent unary calls from then on (:class:`StreamUnsupported`);
+- a stream already carrying its kind's ``pending_max`` unanswered requests, those given up on
+  included, takes no more (:class:`StreamFull`): the consumer sends that pull unary.
 
 Signed clients (an access key) never use them: the ACL checks each request's topic permissions,
 and a stream needs the admin role (rules.py).

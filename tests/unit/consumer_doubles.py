@@ -12,14 +12,16 @@ from rocketq.message import MessageQueue, ReceivedMessage
 MQ = MessageQueue("T", "broker-a", 0)
 
 
-def msg(offset: int, tags: str = "", topic: str = "T", body: bytes = b"x") -> ReceivedMessage:
-    """A pulled message at ``offset`` of queue 0 of ``topic`` (TAGS set when given)."""
+def msg(
+    offset: int, tags: str = "", topic: str = "T", body: bytes = b"x", *, queue_id: int = 0
+) -> ReceivedMessage:
+    """A pulled message at ``offset`` of queue ``queue_id`` of ``topic`` (TAGS set when given)."""
     props = {codec.Prop.TAGS: tags} if tags else {}
     return ReceivedMessage(
         topic=topic,
         body=body,
         properties=props,
-        queue_id=0,
+        queue_id=queue_id,
         queue_offset=offset,
         commitlog_offset=1000 + offset,
         msg_id=f"id{offset}",

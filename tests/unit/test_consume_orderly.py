@@ -31,6 +31,7 @@ from rocketq.client.consumer.offset_store import ReadOffsetType
 from rocketq.client.consumer.process_queue import ProcessQueue
 from rocketq.message import MessageQueue, ReceivedMessage
 from tests.support.until import until
+from tests.unit.consumer_doubles import msg
 
 # A test that hangs on a never-fired sleeper fails in 10 s, not at the suite-wide timeout.
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
@@ -40,24 +41,6 @@ MQ2 = MessageQueue("T", "broker-a", 1)
 SUCCESS = ConsumeOrderlyStatus.SUCCESS
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 LOCK_MAX_LIVE_MS = 30_000
-
-
-def msg(offset: int, queue_id: int = 0) -> ReceivedMessage:
-    return ReceivedMessage(
-        topic="T",
-        body=b"x",
-        properties={},
-        queue_id=queue_id,
-        queue_offset=offset,
-        commitlog_offset=1000 + offset,
-        msg_id=f"id{offset}",
-        offset_msg_id="",
-        born_timestamp_ms=0,
-        store_timestamp_ms=0,
-        born_host="",
-        store_host="",
-        broker_name="broker-a",
-    )
 
 
 class Offsets:
@@ -175,7 +158,7 @@ class Harness:
         return pq
 
     def put(self, pq: ProcessQueue, offsets: Iterable[int], mq: MessageQueue = MQ) -> bool:
-        msgs = [msg(o, mq.queue_id) for o in offsets]
+        msgs = [msg(o, queue_id=mq.queue_id) for o in offsets]
         dispatch = pq.put_messages(msgs)
         self.svc.submit(msgs, pq, mq, dispatch)
         return dispatch
