@@ -105,9 +105,12 @@ def stop_all(children: list[Process]) -> bool:
     return all([stop_child(c) for c in reversed(children)])
 
 
-def is_ours(pid: int, name: str) -> bool:
-    """Whether ``pid`` still runs our server (guards against recycled pids)."""
-    marker = ETCD_MEMBER if name == "etcd" else module_of(name)
+def is_ours(pid: int, name: str, base: Path) -> bool:
+    """Whether ``pid`` still runs server ``name`` of the instance in ``base``. Pids are recycled
+    (Linux's default pid_max is 32 768), and a recycled pid may well run the same kind of server
+    for another instance: only this instance's own argument tells (its ready file; etcd's data
+    directory)."""
+    marker = str(base / "etcd" / "data") if name == "etcd" else str(base / "run" / f"{name}.ready")
     return supervisor.cmdline_has(pid, marker)
 
 
@@ -127,21 +130,22 @@ def running(base: Path) -> dict[str, Any] | None:
         data: dict[str, Any] = json.loads(pids_file(base).read_text())
     except (OSError, ValueError):
         return None
-    alive = any(is_ours(int(p["pid"]), name) for name, p in data.get("processes", {}).items())
+    processes = data.get("processes", {})
+    alive = any(is_ours(int(p["pid"]), name, base) for name, p in processes.items())
     return data if alive else None
 
 
-def stop_recorded(processes: dict[str, Any]) -> bool:
+def stop_recorded(base: Path, processes: dict[str, Any]) -> bool:
     """``dev down``: stop the processes of pids.json (not our children) in dependency order."""
     clean = True
     for name in sorted(processes, key=stop_rank):
         pid = int(processes[name]["pid"])
-        clean = supervisor.stop_pid(pid, _ours_check(name), STOP_TIMEOUT_S) and clean
+        clean = supervisor.stop_pid(pid, _ours_check(name, base), STOP_TIMEOUT_S) and clean
     return clean
 
 
-def _ours_check(name: str) -> Callable[[int], bool]:
-    return lambda pid: is_ours(pid, name)
+def _ours_check(name: str, base: Path) -> Callable[[int], bool]:
+    return lambda pid: is_ours(pid, name, base)
 
 
 def supervise(children: list[Process], expendable: tuple[str, ...] = ()) -> None:

@@ -327,6 +327,6 @@ def dev_down(base: Path) -> None:
     if data is None:
         pids_file(base).unlink(missing_ok=True)
         raise click.ClickException(f"no detached RocketQ is running from {base}")
-    clean = stop_recorded(data["processes"])
+    clean = stop_recorded(base, data["processes"])
     pids_file(base).unlink(missing_ok=True)
     click.echo("RocketQ stopped" if clean else "RocketQ stopped (some processes were killed)")

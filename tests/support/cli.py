@@ -27,6 +27,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from services.cli._children import is_ours
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROCKETQ_SCRIPT = Path(sys.executable).with_name("rocketq")
 DEFAULT_TIMEOUT_S = 60.0
@@ -86,12 +88,13 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def dev_pids(base: Path) -> list[int]:
-    """The pid of every process ``dev up`` recorded in BASE/pids.json (none if unreadable)."""
+def dev_pids(base: Path) -> dict[str, int]:
+    """The pid of every process ``dev up`` recorded in BASE/pids.json, by name (none if
+    unreadable)."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         processes = json.loads((base / "pids.json").read_text())["processes"]
-        return [int(p["pid"]) for p in processes.values()]
-    return []
+        return {name: int(p["pid"]) for name, p in processes.items()}
+    return {}
 
 
 @contextlib.contextmanager
@@ -118,6 +121,10 @@ def dev_up(
     finally:
         pids = dev_pids(base)
         rocketq("dev", "down", "--dir", str(base), timeout_s=timeout_s, env=env)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        for name, pid in pids.items():
+            # Only a process still running this instance's server: after dev down its pid is
+            # free, and another test's nameserver or broker may have it already (a CI run
+            # lost two clusters so).
+            if is_ours(pid, name, base.resolve()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
