@@ -79,10 +79,6 @@ class GetResult:
     queue_offsets: list[int] = field(default_factory=list)
     suggest_pull_from_slave: bool = False
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(len(r) for r in self.records)
-
 
 TagsFilter = Callable[[int], bool]
 """Given a unit's tags code, True if the message may match (hash-level check). It must have
