@@ -12,8 +12,9 @@ For each of three setups, started fresh on loopback ports with data in a tempora
 | async + 1    | ASYNC_MASTER  | 1     |
 | sync + 1     | SYNC_MASTER   | 1     |
 
-it measures produce throughput with the same two loads - batches of 32 x 200 B (16 calls in
-flight) and single 200 B sends (64 in flight) - as msgs/s, call latency p50/p99 and the ratio
+it measures produce throughput with the same three loads - batches of 32 x 200 B (16 calls in
+flight), single 200 B sends (64 in flight) and one lone sender (one 200 B send at a time, whose
+latency is what replication adds to a send) - as msgs/s, call latency p50/p99 and the ratio
 to the no-slave setup (RocketMQ reports sync double write about 10 % slower), counting any
 send that is not SEND_OK. Then, with ASYNC_MASTER + 1 slave, it produces batches at a fixed
 rate of 50 000 msgs/s (``--rate``) and samples the master's GetRuntimeStats every 0.5 s: the
@@ -65,6 +66,7 @@ BODY_BYTES = 200
 BATCH_SIZE = 32
 BATCH_IN_FLIGHT = 16
 SINGLE_IN_FLIGHT = 64
+LONE_IN_FLIGHT = 1
 LAG_SAMPLE_INTERVAL_S = 0.5
 PACED_IN_FLIGHT_MAX = 64
 """Paced batches in flight at most; beyond it the rate is what the machine sustains."""
@@ -381,7 +383,11 @@ def run(
     roles = {"no slave": ("ASYNC_MASTER", False), "async + 1": ("ASYNC_MASTER", True)}
     roles["sync + 1"] = ("SYNC_MASTER", True)
     setups = [Setup(label, *roles[label]) for _ in range(rounds) for label in only]
-    loads = [("batch 32x200B", BATCH_SIZE, BATCH_IN_FLIGHT), ("single 200B", 1, SINGLE_IN_FLIGHT)]
+    loads = [
+        ("batch 32x200B", BATCH_SIZE, BATCH_IN_FLIGHT),
+        ("single 200B", 1, SINGLE_IN_FLIGHT),
+        ("lone 200B", 1, LONE_IN_FLIGHT),
+    ]
     results: dict[str, dict[str, list[LoadResult]]] = {name: {} for name, _, _ in loads}
     lag: LagResult | None = None
     print(f"loadavg at start: {os.getloadavg()[0]:.2f}, cores: {os.cpu_count()}", flush=True)
@@ -394,7 +400,8 @@ def run(
                 servers = {p.name: p.pid for p in setup.procs[1:]}
                 cpu0 = {who: cpu_s(pid) for who, pid in servers.items()}
                 client0 = client_cpu_s()
-                r = run_load(setup.master, batch, in_flight, duration_s, clients)
+                senders = clients if in_flight > 1 else 1  # a lone sender stays alone
+                r = run_load(setup.master, batch, in_flight, duration_s, senders)
                 r.cpu_us_per_msg["client"] = (client_cpu_s() - client0) * 1e6 / max(1, r.messages)
                 for who, pid in servers.items():
                     used_s = cpu_s(pid) - cpu0[who]
