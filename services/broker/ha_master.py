@@ -13,6 +13,8 @@ UNAVAILABLE NOT_MASTER, so a slave pointed at another slave learns why at once.
     ──▶ CommitLogChunk: store.read_replica(sent, n), n = min(haTransferBatchSize,
         haMaxInFlightBytes - (sent - acked)); nothing is read while the window is full, nor,
         while haSmallChunksInFlightMax chunks are unacked, while what is new fills no chunk
+        each chunk says how soon to ack it (``ack_pace_ms``: at once, or a few ms while this
+        broker's event loop is busy; ``ha_pacing``)
     ──▶ ConfirmOffset: whenever it (or the topic/group tables) changes, and every
         CONFIRM_HEARTBEAT_S; inside the chunk that goes out with it when the slave's hello
         set accepts_chunk_confirm (one stream message instead of two)
@@ -56,6 +58,7 @@ from rocketq._api.rocketq.v1 import (
 )
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
+from services.broker.ha_pacing import LoopLoad
 from services.broker.ha_sync_tables import SyncTables
 from services.broker.ha_tracker import (
     HaWaiter,
@@ -180,6 +183,8 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
             record_time_ms=self._record_time_ms,
         )
         self.tables = SyncTables(topics=topics, groups=groups, offsets=offsets, clock=clock)
+        self.load = LoopLoad(clock)
+        """How busy this broker's event loop is: sets each chunk's ack_pace_ms."""
         self.config_version = 0
         """Bumped on every topic or group table change; sent in ConfirmOffset."""
         topics.on_change.append(self._config_changed)
@@ -465,7 +470,10 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 link.chunk_ends.append(link.sent_offset)
                 yield replication_pb2.ReplicationStreamResponse(
                     chunk=replication_pb2.CommitLogChunk(
-                        physical_offset=offset, data=data, confirm=confirm_pb
+                        physical_offset=offset,
+                        data=data,
+                        confirm=confirm_pb,
+                        ack_pace_ms=self.load.ack_pace_ms(),
                     )
                 )
             elif confirm_pb is not None:

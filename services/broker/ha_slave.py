@@ -10,9 +10,10 @@ A slave's commitlog is written only here (its send paths refuse with NOT_MASTER)
     ◀── ConfirmOffset: bound what consumers may read                       │ 200 ms ... 5 s
     ... until the stream breaks, the master goes silent, or a chunk is bad ┘ and start over
 
-**Acks** (:class:`AckPacer`): one after each write, coalesced so that at most one is sent per
-``ACK_COALESCE_MS`` (a burst of chunks costs one ack, not one each), and one every
-``haSendHeartbeatInterval`` while idle so the master keeps the slave in its in-sync set. An ack
+**Acks** (:class:`AckPacer`): one after each write, at once or, when the chunk asks for a
+pace (``ack_pace_ms``: a busy master, ``ha_pacing``), that long after the previous ack, so one
+ack covers every chunk written meanwhile; and one every ``haSendHeartbeatInterval`` while idle
+so the master keeps the slave in its in-sync set. An ack
 carries the store's max offset (the proto's "one past the last byte written"; a partial record
 at the end counts as written) and its flushed offset. Acks are written by one task (a gRPC
 stream takes one writer at a time) while another reads.
@@ -52,6 +53,7 @@ from rocketq._api.rocketq.v1 import replication_pb2, replication_pb2_grpc
 from rocketq.aio import wait_event
 from rocketq.client.security import security_channel
 from services.broker.config import BrokerConfig
+from services.broker.ha_pacing import ACK_PACE_MAX_MS
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.grpc_server import PEER_CHANNEL_OPTIONS
 from services.store.epoch_file import EpochEntry
@@ -62,9 +64,6 @@ log = logging.getLogger(__name__)
 
 BACKOFF_INITIAL_MS = 100
 BACKOFF_MAX_MS = 5_000
-ACK_COALESCE_MS = 1
-"""At most one ack per this many ms while chunks stream in. A SYNC_MASTER sender waits for the
-ack, so this is added to its latency: at 10 ms back-to-back sync sends took ~15 ms each."""
 
 
 class ProtocolError(Exception):
@@ -80,13 +79,15 @@ class Backoff(backoff.Backoff):
 
 
 class AckPacer:
-    """When the next ack is due: after a write, ``coalesce_ms`` after the previous ack; while
-    idle, ``heartbeat_ms`` after it. Times are monotonic ms from the injected clock."""
+    """When the next ack is due: after a write, the last chunk's pace after the previous ack
+    (0: at once); while idle, ``heartbeat_ms`` after it. Times are monotonic ms from the
+    injected clock."""
 
-    def __init__(self, clock: Clock, heartbeat_ms: int, coalesce_ms: int = ACK_COALESCE_MS) -> None:
+    def __init__(self, clock: Clock, heartbeat_ms: int) -> None:
         self.clock = clock
         self.heartbeat_ms = heartbeat_ms
-        self.coalesce_ms = coalesce_ms
+        self.pace_ms = 0
+        """What the last chunk asked for (CommitLogChunk.ack_pace_ms), at most ACK_PACE_MAX_MS."""
         self.written = PhysicalOffset(0)
         self.acked = PhysicalOffset(-1)
         self._last_sent_ms: float | None = None
@@ -94,14 +95,15 @@ class AckPacer:
     def _now_ms(self) -> float:
         return self.clock.monotonic_s() * 1000
 
-    def note_written(self, offset: PhysicalOffset) -> None:
+    def note_written(self, offset: PhysicalOffset, pace_ms: int = 0) -> None:
         self.written = max(self.written, offset)
+        self.pace_ms = min(pace_ms, ACK_PACE_MAX_MS)
 
     def wait_ms(self) -> float:
         """Milliseconds until an ack is due (<= 0: send one now)."""
         if self._last_sent_ms is None:
             return 0.0
-        gap = self.coalesce_ms if self.written > self.acked else self.heartbeat_ms
+        gap = self.pace_ms if self.written > self.acked else self.heartbeat_ms
         return self._last_sent_ms + gap - self._now_ms()
 
     def sent(self, offset: PhysicalOffset) -> None:
@@ -363,7 +365,7 @@ class ReplicationClient:
         kind = msg.WhichOneof("command")
         if kind == "chunk":
             chunk = msg.chunk
-            pacer.note_written(self.replica.apply_chunk(chunk))
+            pacer.note_written(self.replica.apply_chunk(chunk), chunk.ack_pace_ms)
             self._written.set()
             if chunk.HasField("confirm"):  # sent with the data (accepts_chunk_confirm)
                 self.replica.apply_confirm(chunk.confirm)

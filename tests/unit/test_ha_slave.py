@@ -15,6 +15,7 @@ from rocketq.validation import PERM_READ, PERM_WRITE, TIMER_TOPIC
 from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.ha_config_sync import ConfigSync, SlaveOffsetCommits
+from services.broker.ha_pacing import ACK_PACE_MAX_MS
 from services.broker.ha_slave import AckPacer, Backoff, ProtocolError, SlaveReplica
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
 from services.broker.subscription_group_manager import SubscriptionGroupManager
@@ -50,24 +51,37 @@ def test_backoff_doubles_from_100_ms_to_5_s_and_resets() -> None:
     assert b.next_delay_ms() == 100
 
 
-def test_ack_pacer_first_ack_at_once_then_coalesced_then_heartbeat() -> None:
+def test_ack_pacer_acks_at_once_unless_the_chunk_asks_for_a_pace_then_heartbeat() -> None:
     clock = ManualClock()
-    pacer = AckPacer(clock, heartbeat_ms=5000, coalesce_ms=10)
+    pacer = AckPacer(clock, heartbeat_ms=5000)
     pacer.note_written(100)
     assert pacer.wait_ms() <= 0  # nothing sent yet on this stream: ack at once
     pacer.sent(100)
     assert pacer.wait_ms() == pytest.approx(5000)  # idle: the next one is the heartbeat
-    clock.advance_ms(3)
-    pacer.note_written(200)
-    pacer.note_written(300)  # a burst of writes ...
-    assert pacer.wait_ms() == pytest.approx(7)  # ... waits out the 10 ms since the last ack
-    clock.advance_ms(7)
+    clock.advance_ms(1)
+    pacer.note_written(200)  # an idle master's chunk (pace 0) ...
+    assert pacer.wait_ms() <= 0  # ... is acked at once, however recent the last ack
+    pacer.sent(200)
+    clock.advance_ms(1)
+    pacer.note_written(300, pace_ms=3)  # a busy master's chunks ...
+    pacer.note_written(400, pace_ms=3)
+    assert pacer.wait_ms() == pytest.approx(2)  # ... wait out 3 ms since the last ack
+    clock.advance_ms(2)
     assert pacer.wait_ms() <= 0
-    pacer.sent(300)  # ... and costs one ack
+    pacer.sent(400)  # ... and cost one ack
     clock.advance_ms(4999)
     assert pacer.wait_ms() == pytest.approx(1)
     clock.advance_ms(1)
     assert pacer.wait_ms() <= 0  # heartbeat while idle
+
+
+def test_ack_pacer_holds_no_ack_longer_than_its_cap_whatever_a_chunk_asks() -> None:
+    clock = ManualClock()
+    pacer = AckPacer(clock, heartbeat_ms=5000)
+    pacer.note_written(100)
+    pacer.sent(100)
+    pacer.note_written(200, pace_ms=60_000)
+    assert pacer.wait_ms() == pytest.approx(ACK_PACE_MAX_MS)
 
 
 def test_ack_pacer_written_offset_never_goes_back() -> None:

@@ -111,7 +111,9 @@ Global___SlaveHello: _TypeAlias = SlaveHello  # noqa: Y015
 
 @_typing.final
 class SlaveAck(_message.Message):
-    """Progress report, sent after each write and at least every 5 s while idle."""
+    """Progress report, sent after each write (paced as the chunk's ack_pace_ms asks) and at least
+    every 5 s while idle.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -207,6 +209,7 @@ class CommitLogChunk(_message.Message):
     PHYSICAL_OFFSET_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     CONFIRM_FIELD_NUMBER: _builtins.int
+    ACK_PACE_MS_FIELD_NUMBER: _builtins.int
     physical_offset: _builtins.int
     """Commitlog offset of data's first byte; always the slave's current max offset (chunks are
     contiguous and in order).
@@ -215,6 +218,13 @@ class CommitLogChunk(_message.Message):
     """Raw commitlog bytes, copied as stored (records and file-end BLANK fillers). At most 1 MiB per
     chunk; a chunk may end inside a record. A master may hold back a chunk that would be smaller
     than its batch size until the slave acks the chunks before it (haSmallChunksInFlightMax).
+    """
+    ack_pace_ms: _builtins.int
+    """How long after its previous ack the slave may hold the ack that covers this chunk, in ms;
+    0 asks for it at once. The master asks for a pause only while its event loop has no idle
+    time: every stream message then costs it throughput, and one ack after a short pause covers
+    the sends of several chunks. An idle master asks for acks at once, so a lone SYNC_MASTER
+    send waits one round trip and no more.
     """
     @_builtins.property
     def confirm(self) -> Global___ConfirmOffset:
@@ -228,10 +238,11 @@ class CommitLogChunk(_message.Message):
         physical_offset: _builtins.int = ...,
         data: _builtins.bytes = ...,
         confirm: Global___ConfirmOffset | None = ...,
+        ack_pace_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["confirm", b"confirm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirm", b"confirm", "data", b"data", "physical_offset", b"physical_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_pace_ms", b"ack_pace_ms", "confirm", b"confirm", "data", b"data", "physical_offset", b"physical_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
