@@ -162,6 +162,7 @@ except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
 __all__ = [
+    "GRPC_EXPERIMENTS_OFF",
     "AccumulatingProducer",
     "AccumulatingProducerConfig",
     "Admin",

@@ -215,9 +215,19 @@ async def test_group_offsets_commit_to_the_new_master_after_a_switchover(dev: De
     try:
         await wait_for({f"switch-{i}" for i in range(40)})
         await asyncio.to_thread(dev, "ha", "switchover", "broker-a", "--to", str(target))
+        # The new master's in-sync set starts empty: until a slave rejoins it, SYNC_MASTER
+        # answers SLAVE_NOT_AVAILABLE (a CI run sent all ten before that).
+        await asyncio.to_thread(
+            dev.wait_status,
+            "a slave in the new master's in-sync set",
+            lambda g: g["master_replica_id"] == target and len(g["in_sync_replica_ids"]) >= 2,
+            ISR_WAIT_S,
+        )
         later = [f"after-{i}" for i in range(10)]
         failed: list[str] = []
-        assert await _send_all(dev.namesrv, later, failed) == later
+        unreplicated: dict[str, SendStatus] = {}
+        sent = await _send_all(dev.namesrv, later, failed, unreplicated=unreplicated)
+        assert sent == later, (failed, unreplicated)
         await wait_for(set(later))
         # the offset persist rounds reach the new master (checked again below, after close)
         await until(no_lag, "the group's offsets committed to the new master", 15, 0.5)

@@ -22,9 +22,20 @@ def broker_of_instance_a(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     base = (tmp_path / "a").resolve()
     ready = base / "run" / "broker.ready"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", "--ready-file", str(ready)],
+        [
+            sys.executable,
+            "-c",
+            "import sys; print('up', flush=True); sys.stdin.read()",
+            "--ready-file",
+            str(ready),
+        ],
         stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
+    # Popen returns once the exec has begun, before the kernel has set up the new command
+    # line: /proc/PID/cmdline can still read empty then (a CI run saw it). The child's first
+    # line says it runs.
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
     try:
         yield proc.pid, base
     finally:
