@@ -15,22 +15,11 @@ record codec shared with the broker.
 
 from __future__ import annotations
 
-import os as _os
 import typing as _typing
 from importlib import import_module as _import_module
 from importlib.metadata import PackageNotFoundError, version
 
-#: grpc's experiments RocketQ turns off: grpcio 1.85's EventEngine client and listener add a
-#: thread hand-off to every call and stream message. With the older poller, one outstanding
-#: send took p50/p99 0.43-0.51/0.71-0.85 ms against 0.54-0.66/0.69-1.22, and a drain 264-266k
-#: against 216-236k msgs/s (``make bench-peers``, issue 16). grpc reads GRPC_EXPERIMENTS once,
-#: when it is first imported, so it is set here, in the package every RocketQ process imports
-#: before grpc (``services/__init__.py`` imports it first too). A process that sets
-#: GRPC_EXPERIMENTS itself (to "" for grpc's own defaults) keeps its value; one that imported
-#: grpc before rocketq keeps grpc's defaults. tests/unit/test_grpc_experiments.py fails if the
-#: installed grpc no longer knows these names.
-GRPC_EXPERIMENTS_OFF = "-event_engine_client,-event_engine_listener"
-_os.environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS_OFF)
+from rocketq import _grpc_env  # noqa: F401  (sets GRPC_EXPERIMENTS before any grpc import)
 
 #: Where each public name lives. ``from rocketq import Producer`` imports
 #: :mod:`rocketq.client` on first use (PEP 562), not when ``rocketq`` is imported: the store and
@@ -162,7 +151,6 @@ except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
 __all__ = [
-    "GRPC_EXPERIMENTS_OFF",
     "AccumulatingProducer",
     "AccumulatingProducerConfig",
     "Admin",

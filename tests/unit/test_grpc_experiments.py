@@ -1,4 +1,4 @@
-"""RocketQ processes start grpc with the experiments named in rocketq.GRPC_EXPERIMENTS_OFF off."""
+"""RocketQ processes start grpc with the experiments in rocketq._grpc_env.EXPERIMENTS_OFF off."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import rocketq
+from rocketq._grpc_env import EXPERIMENTS_OFF
 
 # Prints GRPC_EXPERIMENTS as it was when grpc was first imported (grpc reads it then, once).
 SPY = """
@@ -50,7 +50,7 @@ def test_the_experiments_are_set_before_grpc_is_first_imported_and_grpc_knows_th
 ) -> None:
     done = run(SPY.format(module=module), clean_env())
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == rocketq.GRPC_EXPERIMENTS_OFF
+    assert done.stdout.strip() == EXPERIMENTS_OFF
     # grpc names an experiment it does not know on stderr: a grpc upgrade that dropped (or
     # graduated) one of them shows here, and the setting should then go.
     assert "Unknown experiment" not in done.stderr, done.stderr
