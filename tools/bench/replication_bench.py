@@ -1,7 +1,7 @@
 """Replication benchmark (issue 7): what a slave costs the producer, and how far it lags.
 
     python -m tools.bench.replication_bench [--quick] [--duration S] [--clients N]
-        [--setups "no slave,sync + 1"] [--rounds R] [--lag-duration 0]
+        [--setups "no slave,sync + 1"] [--rounds R] [--lag-duration 0] [--loads "lone 200B"]
 
 For each of three setups, started fresh on loopback ports with data in a temporary directory
 (a nameserver, a master ``broker-a`` and, in the last two, its slave ``brokerId=1``):
@@ -12,14 +12,16 @@ For each of three setups, started fresh on loopback ports with data in a tempora
 | async + 1    | ASYNC_MASTER  | 1     |
 | sync + 1     | SYNC_MASTER   | 1     |
 
-it measures produce throughput with the same three loads - batches of 32 x 200 B (16 calls in
-flight), single 200 B sends (64 in flight) and one lone sender (one 200 B send at a time, whose
-latency is what replication adds to a send) - as msgs/s, call latency p50/p99 and the ratio
-to the no-slave setup (RocketMQ reports sync double write about 10 % slower), counting any
-send that is not SEND_OK. Then, with ASYNC_MASTER + 1 slave, it produces batches at a fixed
-rate of 50 000 msgs/s (``--rate``) and samples the master's GetRuntimeStats every 0.5 s: the
-slave's lag in bytes and seconds (SlaveStats.lag_bytes / lag_seconds). When the machine cannot
-sustain that rate the line says so and gives the rate actually produced.
+it measures produce throughput with the same four loads - batches of 32 x 200 B (16 calls in
+flight), single 200 B sends (64 in flight), one lone sender (one 200 B send at a time, whose
+latency is what replication adds to a send) and the SDK's batches (128 x 1 KiB encoded once
+as records, SendRequest.records, 8 calls in flight: issue 16's produce load) - as msgs/s,
+call latency p50/p99 and the ratio to the no-slave setup (RocketMQ reports sync double write
+about 10 % slower), counting any send that is not SEND_OK. Then, with ASYNC_MASTER + 1 slave,
+it produces batches at a fixed rate of 50 000 msgs/s (``--rate``) and samples the master's
+GetRuntimeStats every 0.5 s: the slave's lag in bytes and seconds (SlaveStats.lag_bytes /
+lag_seconds). When the machine cannot sustain that rate the line says so and gives the rate
+actually produced.
 
 Senders are raw gRPC Send calls (no SDK routing), from ``--clients`` processes (default 1), so
 the numbers are the broker's; on a small shared machine the client, master and slave compete
@@ -50,6 +52,7 @@ from pathlib import Path
 
 import grpc
 
+from rocketq import codec
 from rocketq._api.rocketq.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -57,6 +60,7 @@ from rocketq._api.rocketq.v1 import (
     messaging_pb2,
     messaging_pb2_grpc,
 )
+from rocketq.message import new_unique_ids
 from services.common import supervisor
 from services.common.supervisor import Process, StopTimeout
 
@@ -186,28 +190,65 @@ class LoadResult:
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _request(n: int, batch: int, body: bytes) -> messaging_pb2.SendRequest:
-    return messaging_pb2.SendRequest(
+@dataclass(frozen=True)
+class Load:
+    """One closed load: ``in_flight`` calls of ``batch`` messages of ``body_bytes`` each."""
+
+    name: str
+    batch: int
+    in_flight: int
+    body_bytes: int = BODY_BYTES
+    records: bool = False
+    """Sent as the SDK's ``send_batch`` sends them: records encoded once (SendRequest.records)
+    rather than a protobuf ``Message`` each."""
+
+
+LOADS = (
+    Load("batch 32x200B", BATCH_SIZE, BATCH_IN_FLIGHT),
+    Load("single 200B", 1, SINGLE_IN_FLIGHT),
+    Load("lone 200B", 1, LONE_IN_FLIGHT),
+    Load("SDK batch 128x1KiB", 128, 8, 1024, records=True),
+)
+
+
+def _request(n: int, load: Load) -> messaging_pb2.SendRequest:
+    """A request of ``load``'s messages; records each carry a UNIQ_KEY, as the SDK's do."""
+    body = b"b" * load.body_bytes
+    req = messaging_pb2.SendRequest(
         producer_group="replication-bench",
         queue_id=n % QUEUES,
-        messages=[common_pb2.Message(topic=TOPIC, body=body) for _ in range(batch)],
         born_timestamp_ms=int(time.time() * 1000),
     )
+    if load.records:
+        ids = new_unique_ids(load.batch)
+        props = [codec.encode_properties({codec.Prop.UNIQ_KEY: u}) for u in ids]
+        req.records = codec.encode_sent_batch(
+            TOPIC.encode(), [(body, p, 0) for p in props], req.born_timestamp_ms
+        )
+        req.compact_response = True
+    else:
+        req.messages.extend(common_pb2.Message(topic=TOPIC, body=body) for _ in range(load.batch))
+    return req
 
 
-async def _one(stub: messaging_pb2_grpc.MessagingStub, n: int, batch: int, out: LoadResult) -> None:
+async def _one(stub: messaging_pb2_grpc.MessagingStub, n: int, load: Load, out: LoadResult) -> None:
     t0 = time.monotonic()
     try:
-        resp = await stub.Send(_request(n, batch, b"b" * BODY_BYTES), timeout=10)
+        resp = await stub.Send(_request(n, load), timeout=10)
     except grpc.aio.AioRpcError:
         out.errors += 1
         return
     out.latencies_s.append(time.monotonic() - t0)
+    if resp.HasField("batch"):  # compact_response: one status for the whole batch
+        count = len(resp.batch.physical_offsets)
+        out.messages += count
+        out.not_ok += count if resp.batch.status != messaging_pb2.SEND_OK else 0
+        return
     out.messages += len(resp.results)
     out.not_ok += sum(1 for r in resp.results if r.status != messaging_pb2.SEND_OK)
 
 
-async def closed_loop(addr: str, batch: int, in_flight: int, duration_s: float) -> LoadResult:
+async def closed_loop(addr: str, load: Load, in_flight: int, duration_s: float) -> LoadResult:
     """``in_flight`` senders, each sending back to back for ``duration_s``."""
     out = LoadResult()
     async with grpc.aio.insecure_channel(addr) as ch:
@@ -218,7 +259,7 @@ async def closed_loop(addr: str, batch: int, in_flight: int, duration_s: float) 
         async def worker(w: int) -> None:
             n = w
             while time.monotonic() < end:
-                await _one(stub, n, batch, out)
+                await _one(stub, n, load, out)
                 n += in_flight
 
         await asyncio.gather(*(worker(w) for w in range(in_flight)))
@@ -227,20 +268,21 @@ async def closed_loop(addr: str, batch: int, in_flight: int, duration_s: float) 
 
 
 def _closed_loop_proc(
-    addr: str, batch: int, in_flight: int, duration_s: float, q: MpQueue[LoadResult]
+    addr: str, load: Load, in_flight: int, duration_s: float, q: MpQueue[LoadResult]
 ) -> None:
-    q.put(asyncio.run(closed_loop(addr, batch, in_flight, duration_s)))
+    q.put(asyncio.run(closed_loop(addr, load, in_flight, duration_s)))
 
 
-def run_load(addr: str, batch: int, in_flight: int, duration_s: float, clients: int) -> LoadResult:
-    """The closed-loop load from ``clients`` processes (in this one when 1)."""
-    if clients <= 1:
-        return asyncio.run(closed_loop(addr, batch, in_flight, duration_s))
+def run_load(addr: str, load: Load, duration_s: float, clients: int) -> LoadResult:
+    """``load`` from ``clients`` processes (in this one when 1; a lone sender stays alone)."""
+    in_flight = load.in_flight
+    if clients <= 1 or in_flight <= 1:
+        return asyncio.run(closed_loop(addr, load, in_flight, duration_s))
     ctx = mp.get_context("spawn")
     q: MpQueue[LoadResult] = ctx.Queue()
     per = max(1, in_flight // clients)
     workers = [
-        ctx.Process(target=_closed_loop_proc, args=(addr, batch, per, duration_s, q))
+        ctx.Process(target=_closed_loop_proc, args=(addr, load, per, duration_s, q))
         for _ in range(clients)
     ]
     for w in workers:
@@ -281,7 +323,7 @@ async def paced_with_lag(addr: str, rate: float, duration_s: float) -> LagResult
         while (now := time.monotonic()) < start + duration_s:
             due = int((now - start) * batches_per_s) - issued
             while due > 0 and len(in_flight) < PACED_IN_FLIGHT_MAX:
-                task = asyncio.create_task(_one(stub, issued, BATCH_SIZE, produced))
+                task = asyncio.create_task(_one(stub, issued, LOADS[0], produced))
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
                 issued += 1
@@ -377,18 +419,14 @@ def run(
     clients: int,
     only: tuple[str, ...] = SETUP_LABELS,
     rounds: int = 1,
+    loads: tuple[Load, ...] = LOADS,
 ) -> None:
     """``rounds`` > 1 interleaves the setups (no slave, sync + 1, no slave, ...) so a ratio
     compares runs made under the same machine load; the table shows each setup's median."""
     roles = {"no slave": ("ASYNC_MASTER", False), "async + 1": ("ASYNC_MASTER", True)}
     roles["sync + 1"] = ("SYNC_MASTER", True)
     setups = [Setup(label, *roles[label]) for _ in range(rounds) for label in only]
-    loads = [
-        ("batch 32x200B", BATCH_SIZE, BATCH_IN_FLIGHT),
-        ("single 200B", 1, SINGLE_IN_FLIGHT),
-        ("lone 200B", 1, LONE_IN_FLIGHT),
-    ]
-    results: dict[str, dict[str, list[LoadResult]]] = {name: {} for name, _, _ in loads}
+    results: dict[str, dict[str, list[LoadResult]]] = {load.name: {} for load in loads}
     lag: LagResult | None = None
     print(f"loadavg at start: {os.getloadavg()[0]:.2f}, cores: {os.cpu_count()}", flush=True)
     for setup in setups:
@@ -396,12 +434,12 @@ def run(
         try:
             setup.start(base)
             asyncio.run(prepare(setup))
-            for name, batch, in_flight in loads:
+            for load in loads:
+                name = load.name
                 servers = {p.name: p.pid for p in setup.procs[1:]}
                 cpu0 = {who: cpu_s(pid) for who, pid in servers.items()}
                 client0 = client_cpu_s()
-                senders = clients if in_flight > 1 else 1  # a lone sender stays alone
-                r = run_load(setup.master, batch, in_flight, duration_s, senders)
+                r = run_load(setup.master, load, duration_s, clients)
                 r.cpu_us_per_msg["client"] = (client_cpu_s() - client0) * 1e6 / max(1, r.messages)
                 for who, pid in servers.items():
                     used_s = cpu_s(pid) - cpu0[who]
@@ -416,12 +454,11 @@ def run(
             shutil.rmtree(base, ignore_errors=True)
     print()
     print("Produce throughput, ratio to no slave (RocketMQ: sync double write ~0.9x)")
-    for name, _, _ in loads:
+    for name, runs_of in results.items():
         print(f" {name}")
         for label in SETUP_LABELS:
-            if label in results[name]:
-                runs = len(results[name][label])
-                runs_of = results[name]
+            if label in runs_of:
+                runs = len(runs_of[label])
                 mid = _median(runs_of[label])
                 assert mid is not None
                 line = _line(label, mid, _median(runs_of.get("no slave")))
@@ -444,6 +481,11 @@ def main() -> None:
         "--setups", default=",".join(SETUP_LABELS), help="comma-separated setups to run"
     )
     parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each setup")
+    parser.add_argument(
+        "--loads",
+        default=",".join(load.name for load in LOADS),
+        help="comma-separated loads to run",
+    )
     args = parser.parse_args()
     if args.quick:
         args.duration, args.lag_duration = 3.0, 8.0
@@ -451,7 +493,14 @@ def main() -> None:
     unknown = [label for label in only if label not in SETUP_LABELS]
     if unknown:
         parser.error(f"unknown setup(s) {unknown}; choose from {list(SETUP_LABELS)}")
-    run(args.duration, args.lag_duration, args.rate, args.clients, only, max(1, args.rounds))
+    by_name = {load.name: load for load in LOADS}
+    loads = tuple(by_name.get(name.strip()) for name in args.loads.split(","))
+    if None in loads:
+        parser.error(f"unknown load(s) in {args.loads!r}; choose from {list(by_name)}")
+    chosen = tuple(load for load in loads if load is not None)
+    run(
+        args.duration, args.lag_duration, args.rate, args.clients, only, max(1, args.rounds), chosen
+    )
 
 
 if __name__ == "__main__":
