@@ -71,9 +71,11 @@ class PullOffsets:
         if out.status == messaging_pb2.FOUND:
             yield svc.PullMessageResponse(status=status())
             for stored in out.messages:
-                yield svc.PullMessageResponse(
-                    message=message_of(stored, request.message_queue.topic)
-                )
+                resp = svc.PullMessageResponse()
+                # CopyFrom, not message= in the constructor: upb merges a message given there
+                # by serializing and re-parsing it.
+                resp.message.CopyFrom(message_of(stored, request.message_queue.topic))
+                yield resp
         elif out.status == messaging_pb2.OFFSET_ILLEGAL:
             yield svc.PullMessageResponse(
                 status=status(

@@ -423,9 +423,9 @@ class GatewayService(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 self.renew.add(client_id, pop.consumer_group, pop.topic, m.receipt_handle)
         yield svc.ReceiveMessageResponse(status=status())
         for m in popped.messages:
-            yield svc.ReceiveMessageResponse(
-                message=self._message(m, invisible_ms, request.message_queue.topic)
-            )
+            resp = svc.ReceiveMessageResponse()  # CopyFrom: see pull.py
+            resp.message.CopyFrom(self._message(m, invisible_ms, request.message_queue.topic))
+            yield resp
         now = self.messaging.clock.now_ms()
         yield svc.ReceiveMessageResponse(delivery_timestamp=_timestamp(now))
 
