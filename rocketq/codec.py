@@ -255,7 +255,10 @@ def encode_sent_record(
     )  # fmt: skip
 
 
-_SENT_FIXED_AND_BODY_LEN = struct.Struct(_fixed_format(False, False) + _F_BODY_LEN)
+V4_FIXED_AND_BODY_LEN = struct.Struct(_fixed_format(False, False) + _F_BODY_LEN)
+"""Every fixed field of an IPv4 record (hosts as 4-byte address + port), then BODYLENGTH: one
+``unpack_from`` for a loop that needs most of a record's header (a slave's replicated chunks)."""
+_SENT_FIXED_AND_BODY_LEN = V4_FIXED_AND_BODY_LEN
 _TOPIC_LEN = struct.Struct(">" + _F_TOPIC_LEN)
 _PROPS_LEN = struct.Struct(">" + _F_PROPS_LEN)
 

@@ -54,7 +54,11 @@ _HEADER_BYTES = codec.SIZE_MAGIC.size
 _TAGS = (codec.Prop.TAGS + codec.NAME_VALUE_SEPARATOR).encode()
 _KEYS = (codec.Prop.KEYS + codec.NAME_VALUE_SEPARATOR).encode()
 _UNIQ = (codec.Prop.UNIQ_KEY + codec.NAME_VALUE_SEPARATOR).encode()
+_TAGS_LEN, _UNIQ_LEN = len(_TAGS), len(_UNIQ)
 _LONG = struct.Struct(">q")
+_V4 = codec.V4_FIXED_AND_BODY_LEN
+_V4_BODY_AT = _V4.size
+"""Where an IPv4 record's body starts: its fixed fields, then BODYLENGTH."""
 _HOST_BITS = codec.HOST_V6_BITS
 _HOST_BIT_VALUES = (0, codec.SysFlag.BORNHOST_V6, codec.SysFlag.STOREHOST_V6, _HOST_BITS)
 # The codec's field offsets for each host family, looked up per record without a call.
@@ -145,6 +149,8 @@ def decode_chunk(
     long_at = _LONG.unpack_from
     find = buf.find
     tags_hash = codec.tags_hash
+    v4 = _V4.unpack_from
+    crc32 = codec.crc32
     while n - pos >= _HEADER_BYTES:
         here = base + pos
         room = file_size_bytes - here % file_size_bytes
@@ -162,20 +168,56 @@ def decode_chunk(
             return pos, reqs, f"at {here}: TOTALSIZE {size} does not fit ({room} bytes left)"
         if n - pos < size:
             break
-        _size, _magic, crc, queue_id, _flag, queue_offset, phys, sys_flag = head(buf, pos)
-        if phys != here:
-            return pos, reqs, f"at {here}: the record says it is at {phys}"
         end = pos + size
-        checked = _variable_part(buf, mv, pos, size, sys_flag, crc, topics)
-        if isinstance(checked, str):
-            return pos, reqs, f"at {here}: {checked}"
-        topic, cur = checked
+        # The IPv4 layout, checked inline: one unpack for the whole header; anything that does
+        # not add up takes the general path below, which names the problem.
+        (_s, _m, crc, queue_id, _f, queue_offset, phys, sys_flag, _bt, _bh, _bp, store_ts,
+         _sh, _sp, _rt, prepared, body_len) = v4(buf, pos)  # fmt: skip
+        topic = None
+        if not sys_flag & _HOST_BITS and phys == here and body_len > 0:
+            body_at = pos + _V4_BODY_AT
+            body_end = body_at + body_len
+            if body_end + 3 <= end:
+                topic_end = body_end + 1 + buf[body_end]
+                cur = topic_end + 2
+                if (
+                    cur <= end
+                    and cur + ((buf[topic_end] << 8) | buf[topic_end + 1]) == end
+                    and crc32(mv[body_at:body_end]) & 0x7FFFFFFF == crc
+                ):
+                    topic = topics.get(buf[body_end + 1 : topic_end])
+        if topic is None:  # another layout, a topic not seen yet, or a problem
+            _size, _magic, crc, queue_id, _flag, queue_offset, phys, sys_flag = head(buf, pos)
+            if phys != here:
+                return pos, reqs, f"at {here}: the record says it is at {phys}"
+            checked = _variable_part(buf, mv, pos, size, sys_flag, crc, topics)
+            if isinstance(checked, str):
+                return pos, reqs, f"at {here}: {checked}"
+            topic, cur = checked
+            store_ts = long_at(buf, pos + _STORE_TS_AT[sys_flag & _HOST_BITS])[0]
+            prepared = long_at(buf, pos + _PREPARED_AT[sys_flag & _HOST_BITS])[0]
+        # The three properties dispatch needs, by byte search; the usual hit (the name starts
+        # an item) is read here, anything else by _prop (a call per property costs a tenth
+        # of the record).
+        tags_code = 0
         i = find(_TAGS, cur, end)
-        tags_code = tags_hash(_prop(buf, _TAGS, i, cur, end)) if i >= 0 else 0
+        if i >= 0:
+            if i == cur or buf[i - 1] == 2:
+                ve = find(b"\x02", i + _TAGS_LEN, end)
+                tags = buf[i + _TAGS_LEN : ve if ve >= 0 else end].decode("utf-8", "replace")
+            else:
+                tags = _prop(buf, _TAGS, i, cur, end)
+            tags_code = tags_hash(tags)
         i = find(_KEYS, cur, end)
         keys = _prop(buf, _KEYS, i, cur, end) if i >= 0 else ""
+        uniq = ""
         i = find(_UNIQ, cur, end)
-        uniq = _prop(buf, _UNIQ, i, cur, end) if i >= 0 else ""
+        if i >= 0:
+            if i == cur or buf[i - 1] == 2:
+                ve = find(b"\x02", i + _UNIQ_LEN, end)
+                uniq = buf[i + _UNIQ_LEN : ve if ve >= 0 else end].decode("utf-8", "replace")
+            else:
+                uniq = _prop(buf, _UNIQ, i, cur, end)
         reqs.append(
             DispatchRequest(
                 topic,
@@ -183,12 +225,12 @@ def decode_chunk(
                 PhysicalOffset(here),
                 size,
                 tags_code,
-                long_at(buf, pos + _STORE_TS_AT[sys_flag & _HOST_BITS])[0],
+                store_ts,
                 QueueOffset(queue_offset),
                 keys,
                 uniq,
                 sys_flag,
-                long_at(buf, pos + _PREPARED_AT[sys_flag & _HOST_BITS])[0],
+                prepared,
             )
         )
         pos = end
