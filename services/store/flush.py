@@ -43,8 +43,8 @@ class FlushService:
     """Owns the flush tasks of one store.
 
     ``flush_commitlog`` and ``flush_logics`` are called in a worker thread and return the
-    commitlog offset now durable / nothing; ``after_logics`` runs on the loop afterwards
-    (it writes the checkpoint).
+    commitlog offset now durable / nothing; ``before_logics`` runs on the loop just before each
+    logics flush (the store writes its queued index entries there).
     """
 
     def __init__(
@@ -53,6 +53,7 @@ class FlushService:
         flush_disk_type: FlushDiskType,
         flush_commitlog: Callable[[], int],
         flush_logics: Callable[[], None],
+        before_logics: Callable[[], None] = lambda: None,
         flush_interval_commitlog_ms: int = 500,
         flush_interval_consume_queue_ms: int = 1000,
         sync_flush_timeout_ms: int = 5000,
@@ -60,6 +61,7 @@ class FlushService:
         self.flush_disk_type = flush_disk_type
         self._flush_commitlog = flush_commitlog
         self._flush_logics = flush_logics
+        self._before_logics = before_logics
         self.flush_interval_commitlog_ms = flush_interval_commitlog_ms
         self.flush_interval_consume_queue_ms = flush_interval_consume_queue_ms
         self.sync_flush_timeout_ms = sync_flush_timeout_ms
@@ -99,6 +101,7 @@ class FlushService:
         self._tasks = []
         loop = asyncio.get_running_loop()
         self.flushed_offset = await loop.run_in_executor(self._cl_executor, self._flush_cl_once)
+        self._before_logics()
         await loop.run_in_executor(self._cq_executor, self._flush_logics)
         self._release(self.flushed_offset)
         for _, fut, _deadline in self._waiters:
@@ -194,6 +197,7 @@ class FlushService:
         while True:
             await asyncio.sleep(self.flush_interval_consume_queue_ms / 1000)
             try:
+                self._before_logics()
                 await loop.run_in_executor(self._cq_executor, self._flush_logics)
             except OSError as exc:
                 log.error("consume queue / index flush failed: %s", exc)

@@ -119,6 +119,7 @@ class MessageStore:
             flush_disk_type=config.flush_disk_type,
             flush_commitlog=self._flush_commitlog,
             flush_logics=self._flush_logics,
+            before_logics=self._write_queued_index,
             flush_interval_commitlog_ms=config.flush_interval_commitlog_ms,
             flush_interval_consume_queue_ms=config.flush_interval_consume_queue_ms,
             sync_flush_timeout_ms=config.sync_flush_timeout_ms,
@@ -207,9 +208,10 @@ class MessageStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retention_task
         if self.flusher.running:
-            await self.flusher.stop()
+            await self.flusher.stop()  # writes the queued index entries first
         else:
             self._flush_commitlog()
+            self._write_queued_index()
             self._flush_logics()
         self.close_files()
         self.config.abort_path.unlink(missing_ok=True)
@@ -241,6 +243,16 @@ class MessageStore:
         self.checkpoint.physic_msg_timestamp_ms = ts
         self.checkpoint.master_flushed_offset = flushed
         return flushed
+
+    def _write_queued_index(self) -> None:
+        """Write the index entries dispatch queued (IndexService.PENDING_KEYS_MAX), on the loop.
+        A full volume leaves them queued; recovery would rebuild them anyway."""
+        if self.index is None:
+            return
+        try:
+            self.index.drain()
+        except DiskFullError as exc:
+            log.warning("index entries stay queued: %s", exc)
 
     def _flush_logics(self) -> None:
         ts = self.commitlog.last_store_timestamp_ms

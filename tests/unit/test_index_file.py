@@ -7,7 +7,6 @@ import random
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +20,6 @@ from rocketq.java_hash import (
 )
 from services.common import failpoints
 from services.common.clock import ManualClock
-from services.store import index_service
 from services.store.index_file import (
     DEFAULT_INDEX_NUM,
     DEFAULT_SLOT_NUM,
@@ -435,6 +433,7 @@ def test_torn_write_then_redispatch_has_no_self_loop(
     assert f.index_count == n  # not committed
     assert service.query("T", "k", 10, 0, FAR_FUTURE_MS) == [0]  # the torn entry is invisible
     service.build_index(_req(100, T0_MS, keys="k"))  # the re-dispatch
+    service.drain()  # write it now: the file is read directly below
     entry = f.read_entry(n)
     assert entry.prev_index_no == 1 and entry.phy_offset == 100
     assert _chain(f, index_key_hash("T#k") % f.slot_num) == [2, 1]
@@ -530,20 +529,21 @@ def test_random_puts_match_model_and_batch_equals_single(
     batch = IndexService(base / "batch", clock=ManualClock(T0_MS), **geometry)
     for r in reqs:
         single.build_index(r)
-    # Small batches normally take the per-record path; force the numpy path for every size.
-    with mock.patch.object(index_service, "_SCALAR_BATCH_MAX", 0):
-        i, sizes = 0, iter(batch_sizes * 40)
-        while i < len(reqs):
-            step = next(sizes)
-            batch.build_index_batch(reqs[i : i + step])
-            i += step
-        # Same requests through either path: byte-identical files.
-        assert [f.path.name for f in single.files] == [f.path.name for f in batch.files]
-        for a, b in zip(single.files, batch.files, strict=True):
-            assert a.path.read_bytes() == b.path.read_bytes()
-        # Recovery re-dispatches a suffix: only the last indexed record goes in again.
-        suffix = reqs[max(0, len(reqs) - redispatch) :]
-        batch.build_index_batch(suffix)
+        single.drain()  # each record written on its own
+    i, sizes = 0, iter(batch_sizes * 40)
+    while i < len(reqs):
+        step = next(sizes)
+        batch.build_index_batch(reqs[i : i + step])
+        if step % 2:  # queued entries written at varied points, several batches at once
+            batch.drain()
+        i += step
+    # Same requests, written in different groups: byte-identical files.
+    assert [f.path.name for f in single.files] == [f.path.name for f in batch.files]
+    for a, b in zip(single.files, batch.files, strict=True):
+        assert a.path.read_bytes() == b.path.read_bytes()
+    # Recovery re-dispatches a suffix: only the last indexed record goes in again.
+    suffix = reqs[max(0, len(reqs) - redispatch) :]
+    batch.build_index_batch(suffix)
     indexed = [r for r in reqs if (r.sys_flag & 0xC) != 0xC and index_keys_of(r)]
     again = len(index_keys_of(indexed[-1])) if indexed and indexed[-1] in suffix else 0
     count = sum(f.entry_count for f in single.files)
