@@ -3,8 +3,9 @@
 RocketMQ runs this as a background ReputMessageService that re-reads the commitlog. Here the
 commitlog hands dispatch the :class:`DispatchRequest` values it has just written, and dispatch
 runs in the same event-loop step as the append (DESIGN.md §4), so a message is pullable the
-moment its send is acknowledged and no record is ever read back just to be indexed. Recovery
-uses the same entry point with requests decoded from disk.
+moment its send is acknowledged and no record is ever read back just to be indexed (index
+keys are queued and written in bulk: see index_service.py). Recovery uses the same entry point
+with requests decoded from disk.
 
 Arrival listeners run last; the broker registers one to wake long-polled pulls (SPEC §6.9).
 """

@@ -5,6 +5,11 @@ The byte layout of one file, and why its writes are ordered as they are, is in
 when to roll to a new file, how files are named (``yyyyMMddHHmmssSSS`` creation time, UTC, so
 names sort in creation order even when local time steps back), and which files a query or
 retention run touches.
+
+Dispatch queues a record's keys and they are written in bulk (``PENDING_KEYS_MAX``): every
+reader writes the queue first, so a query finds a key the moment its send is acknowledged; the
+files may lag the commitlog by the queue, as after a crash, and recovery closes that gap the
+same way (it re-dispatches from the last file's endPhyoffset).
 """
 
 from __future__ import annotations
