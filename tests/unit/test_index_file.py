@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import struct
@@ -20,6 +21,7 @@ from rocketq.java_hash import (
 )
 from services.common import failpoints
 from services.common.clock import ManualClock
+from services.store import index_service
 from services.store.index_file import (
     DEFAULT_INDEX_NUM,
     DEFAULT_SLOT_NUM,
@@ -36,6 +38,7 @@ from services.store.index_service import (
     index_keys_of,
     parse_index_file_name,
 )
+from services.store.mapped_file import DiskFullError
 from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
 
 pytestmark = pytest.mark.unit
@@ -669,3 +672,51 @@ def test_truncate_deletes_files_wholly_past_the_cut(service: IndexService) -> No
     service.truncate(first_of_second)
     assert len(service.files) == 1
     assert service.query("T", f"k{n - 1}", 10, 0, FAR_FUTURE_MS) == []
+
+
+# --- keys are queued and written in bulk ----------------------------------------------------
+
+
+def test_keys_wait_in_the_queue_until_it_fills_or_a_reader_needs_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(index_service, "PENDING_KEYS_MAX", 4)
+    svc = IndexService(tmp_path / "index", clock=ManualClock(T0_MS), **SMALL)
+    for i in range(3):
+        svc.build_index(_req(i * 100, T0_MS, keys=f"k{i}"))
+    assert not (tmp_path / "index").exists()  # queued: no file written yet
+
+    svc.build_index(_req(300, T0_MS, keys="k3"))  # the fourth key fills the queue
+    (written,) = (tmp_path / "index").iterdir()
+    reader = IndexFile(written, SMALL["slot_num"], SMALL["index_num"], readonly=True)
+    assert reader.entry_count == 4 and reader.end_phy_offset == 300
+
+    svc.build_index(_req(400, T0_MS, keys="k1"))  # queued again
+    assert svc.query("T", "k1", 10, 0, FAR_FUTURE_MS) == [400, 100]  # a query writes it first
+    svc.build_index(_req(400, T0_MS, keys="k1"))  # a re-dispatch of the record at the end
+    svc.build_index(_req(300, T0_MS, keys="k3"))  # below it: already indexed, skipped
+    assert svc.max_indexed_offset == 400
+    assert sum(f.entry_count for f in svc.files) == 6
+    svc.close()
+
+
+def test_a_full_volume_keeps_the_queue_for_the_next_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc = IndexService(tmp_path / "index", clock=ManualClock(T0_MS), slot_num=8, index_num=3)
+    svc.build_index(_req(0, T0_MS, keys="a b"))
+    svc.drain()  # the first file is full: the next key needs a new one
+    svc.build_index(_req(100, T0_MS, keys="c d e"))
+
+    def no_room() -> None:
+        raise DiskFullError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(svc, "_new_file_name", no_room)
+    with pytest.raises(DiskFullError):
+        svc.drain()
+    assert len(list((tmp_path / "index").iterdir())) == 1
+    svc.truncate(PhysicalOffset(200))  # undoing a later write keeps what came before it
+    monkeypatch.undo()
+    assert svc.query("T", "e", 10, 0, FAR_FUTURE_MS) == [100]
+    assert [f.entry_count for f in svc.files] == [2, 2, 1]
+    svc.close()
