@@ -54,7 +54,6 @@ _HEADER_BYTES = codec.SIZE_MAGIC.size
 _TAGS = (codec.Prop.TAGS + codec.NAME_VALUE_SEPARATOR).encode()
 _KEYS = (codec.Prop.KEYS + codec.NAME_VALUE_SEPARATOR).encode()
 _UNIQ = (codec.Prop.UNIQ_KEY + codec.NAME_VALUE_SEPARATOR).encode()
-_TAGS_LEN, _UNIQ_LEN = len(_TAGS), len(_UNIQ)
 _LONG = struct.Struct(">q")
 _V4 = codec.V4_FIXED_AND_BODY_LEN
 _V4_BODY_AT = _V4.size
@@ -196,28 +195,13 @@ def decode_chunk(
             topic, cur = checked
             store_ts = long_at(buf, pos + _STORE_TS_AT[sys_flag & _HOST_BITS])[0]
             prepared = long_at(buf, pos + _PREPARED_AT[sys_flag & _HOST_BITS])[0]
-        # The three properties dispatch needs, by byte search; the usual hit (the name starts
-        # an item) is read here, anything else by _prop (a call per property costs a tenth
-        # of the record).
-        tags_code = 0
+        # The three properties dispatch needs, by byte search (a miss costs no call).
         i = find(_TAGS, cur, end)
-        if i >= 0:
-            if i == cur or buf[i - 1] == 2:
-                ve = find(b"\x02", i + _TAGS_LEN, end)
-                tags = buf[i + _TAGS_LEN : ve if ve >= 0 else end].decode("utf-8", "replace")
-            else:
-                tags = _prop(buf, _TAGS, i, cur, end)
-            tags_code = tags_hash(tags)
+        tags_code = tags_hash(_prop(buf, _TAGS, i, cur, end)) if i >= 0 else 0
         i = find(_KEYS, cur, end)
         keys = _prop(buf, _KEYS, i, cur, end) if i >= 0 else ""
-        uniq = ""
         i = find(_UNIQ, cur, end)
-        if i >= 0:
-            if i == cur or buf[i - 1] == 2:
-                ve = find(b"\x02", i + _UNIQ_LEN, end)
-                uniq = buf[i + _UNIQ_LEN : ve if ve >= 0 else end].decode("utf-8", "replace")
-            else:
-                uniq = _prop(buf, _UNIQ, i, cur, end)
+        uniq = _prop(buf, _UNIQ, i, cur, end) if i >= 0 else ""
         reqs.append(
             DispatchRequest(
                 topic,
