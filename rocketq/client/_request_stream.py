@@ -128,7 +128,7 @@ class _Stream:
         self._pending[rid] = fut
         envelope = self._kind.request(id=rid)
         # CopyFrom, not request= in the constructor: upb merges a message given there by
-        # serializing and re-parsing it (150 us for a 128 x 1 KiB batch, against 4 us).
+        # serializing and re-parsing it (135-150 us for a 128 x 1 KiB batch, against 5-20 us).
         envelope.request.CopyFrom(request)
         self._outbox.put_nowait(envelope)
         try:
