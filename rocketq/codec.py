@@ -258,7 +258,6 @@ def encode_sent_record(
 V4_FIXED_AND_BODY_LEN = struct.Struct(_fixed_format(False, False) + _F_BODY_LEN)
 """Every fixed field of an IPv4 record (hosts as 4-byte address + port), then BODYLENGTH: one
 ``unpack_from`` for a loop that needs most of a record's header (a slave's replicated chunks)."""
-_SENT_FIXED_AND_BODY_LEN = V4_FIXED_AND_BODY_LEN
 _TOPIC_LEN = struct.Struct(">" + _F_TOPIC_LEN)
 _PROPS_LEN = struct.Struct(">" + _F_PROPS_LEN)
 
@@ -271,8 +270,8 @@ def encode_sent_batch(
     with SYSFLAG 0, made in one pass. Each body is copied once, by the final join (packing a
     whole record copied it once more), and the topic's bytes are shared by every record."""
     topic_part = _TOPIC_LEN.pack(len(topic_bytes)) + topic_bytes
-    fixed = _SENT_FIXED_AND_BODY_LEN.size + len(topic_part) + _PROPS_LEN.size
-    pack_head, pack_props_len = _SENT_FIXED_AND_BODY_LEN.pack, _PROPS_LEN.pack
+    fixed = V4_FIXED_AND_BODY_LEN.size + len(topic_part) + _PROPS_LEN.size
+    pack_head, pack_props_len = V4_FIXED_AND_BODY_LEN.pack, _PROPS_LEN.pack
     crc, magic, no_host = crc32, MESSAGE_MAGIC, _NO_HOST
     parts: list[bytes] = []
     add = parts.append

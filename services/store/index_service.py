@@ -74,13 +74,18 @@ def parse_index_file_name(name: str) -> int | None:
     return int(moment.timestamp()) * _SECOND_MS + int(name[14:])
 
 
-def index_keys_of(req: DispatchRequest) -> list[str]:
+def index_keys(topic: str, uniq_key: str, keys: str) -> list[str]:
     """The index keys of one record: ``topic#uniqKey`` (if any), then ``topic#key`` per KEYS key."""
-    prefix = req.topic + "#"
-    keys = [prefix + req.uniq_key] if req.uniq_key else []
-    if req.keys:
-        keys.extend(prefix + k for k in req.keys.split(" ") if k)
-    return keys
+    prefix = topic + "#"
+    out = [prefix + uniq_key] if uniq_key else []
+    if keys:
+        out.extend(prefix + k for k in keys.split(" ") if k)
+    return out
+
+
+def index_keys_of(req: DispatchRequest) -> list[str]:
+    """:func:`index_keys` of a dispatched record."""
+    return index_keys(req.topic, req.uniq_key, req.keys)
 
 
 class IndexService:
@@ -241,10 +246,10 @@ class IndexService:
             self.build_index_batch(appended.requests(batch))  # a re-dispatch: skip what is in
             return
         failpoints.inject("dispatch_before_index")
-        prefix = batch.topic + "#"
         uniq_keys = batch.uniq_keys
         now = appended.store_timestamp_ms
         if all(uniq_keys) and not any(batch.keys):  # the common case: one key per record
+            prefix = batch.topic + "#"
             self._keys.extend([prefix + u for u in uniq_keys])
             self._offsets.extend(phys)
             self._stamps.extend([now] * len(phys))
@@ -252,9 +257,7 @@ class IndexService:
             return
         end = self._indexed_end()
         for uniq, more, offset in zip(uniq_keys, batch.keys, phys, strict=True):
-            mine = [prefix + uniq] if uniq else []
-            if more:
-                mine.extend(prefix + k for k in more.split(" ") if k)
+            mine = index_keys(batch.topic, uniq, more)
             if mine:
                 self._keys.extend(mine)
                 self._offsets.extend([offset] * len(mine))

@@ -203,8 +203,10 @@ class Load:
     rather than a protobuf ``Message`` each."""
 
 
+BATCH_LOAD = Load("batch 32x200B", BATCH_SIZE, BATCH_IN_FLIGHT)
+"""Also what the lag run sends, at its fixed rate."""
 LOADS = (
-    Load("batch 32x200B", BATCH_SIZE, BATCH_IN_FLIGHT),
+    BATCH_LOAD,
     Load("single 200B", 1, SINGLE_IN_FLIGHT),
     Load("lone 200B", 1, LONE_IN_FLIGHT),
     Load("SDK batch 128x1KiB", 128, 8, 1024, records=True),
@@ -323,7 +325,7 @@ async def paced_with_lag(addr: str, rate: float, duration_s: float) -> LagResult
         while (now := time.monotonic()) < start + duration_s:
             due = int((now - start) * batches_per_s) - issued
             while due > 0 and len(in_flight) < PACED_IN_FLIGHT_MAX:
-                task = asyncio.create_task(_one(stub, issued, LOADS[0], produced))
+                task = asyncio.create_task(_one(stub, issued, BATCH_LOAD, produced))
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
                 issued += 1
