@@ -131,6 +131,11 @@ class BrokerConfig:
     ha_master_address: str = ""
     """[haMasterAddress] For a slave: its master's replication address ``host:port``. Empty =
     the address the nameservers report for brokerId 0 of this brokerName."""
+    ha_listen_port: int = 0
+    """[haListenPort] The master's replication data socket (services/broker/ha_wire.py): a TCP
+    port on listenAddress that carries chunks and acks with no gRPC message each. 0 = any free
+    port (each stream's TruncateTo names it), -1 = none (the data stays on the gRPC stream, as
+    it also does when TLS is on)."""
     ha_transfer_batch_size: int = 256 * 1024
     """[haTransferBatchSize] Most commitlog bytes in one replication chunk (<= 1 MiB)."""
     ha_max_in_flight_bytes: int = 4 * 1024 * 1024
@@ -303,6 +308,8 @@ class BrokerConfig:
             raise ValueError("transactionCheckInterval must be 100..86400000 ms")
         if not 1 <= self.transaction_check_max <= 1000:
             raise ValueError("transactionCheckMax must be 1..1000")
+        if not -1 <= self.ha_listen_port <= 65535:
+            raise ValueError("haListenPort must be -1 (no data socket), 0 (any port) or a port")
         if not 4096 <= self.ha_transfer_batch_size <= 1024 * 1024:
             raise ValueError("haTransferBatchSize must be 4096..1048576 bytes")
         if self.ha_max_in_flight_bytes < self.ha_transfer_batch_size:
@@ -478,6 +485,7 @@ TABLE = KeyTable(
         Key("transactionCheckInterval", "transaction_check_interval_ms", int),
         Key("transactionCheckMax", "transaction_check_max", int),
         Key("haMasterAddress", "ha_master_address"),
+        Key("haListenPort", "ha_listen_port", int),
         Key("haTransferBatchSize", "ha_transfer_batch_size", int),
         Key("haMaxInFlightBytes", "ha_max_in_flight_bytes", int),
         Key("haSendHeartbeatInterval", "ha_send_heartbeat_interval_ms", int),

@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -52,6 +52,7 @@ from rocketq import backoff
 from rocketq._api.rocketq.v1 import replication_pb2, replication_pb2_grpc
 from rocketq.aio import wait_event
 from rocketq.client.security import security_channel
+from services.broker import ha_wire
 from services.broker.config import BrokerConfig
 from services.broker.ha_pacing import ACK_PACE_MAX_MS
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -153,21 +154,21 @@ class SlaveReplica:
         self.store.set_confirm_offset(target if bound is None else min(bound, target))
         self.master_known_offset = max(self.master_known_offset, target)
 
-    def apply_chunk(self, msg: replication_pb2.CommitLogChunk) -> PhysicalOffset:
-        """Write the chunk at our max offset; returns the new max offset."""
+    def apply_chunk(self, physical_offset: int, data: bytes) -> PhysicalOffset:
+        """Write a chunk's data at our max offset; returns the new max offset."""
         ours = self.store.commitlog.max_offset
-        if msg.physical_offset != ours:
+        if physical_offset != ours:
             raise ProtocolError(
-                f"chunk at {msg.physical_offset} but this slave's commitlog ends at {ours}"
+                f"chunk at {physical_offset} but this slave's commitlog ends at {ours}"
             )
-        new_max = self.store.append_replica(ours, msg.data)  # == msg.physical_offset
+        new_max = self.store.append_replica(ours, data)  # == physical_offset
         self.master_known_offset = max(self.master_known_offset, new_max)
         if self.confirm_offset is not None:
             self._bound_reads()  # a confirm that ran ahead of our data covers more now
         return new_max
 
-    def apply_confirm(self, msg: replication_pb2.ConfirmOffset) -> None:
-        self.confirm_offset = PhysicalOffset(msg.confirm_offset)
+    def apply_confirm(self, confirm_offset: int) -> None:
+        self.confirm_offset = PhysicalOffset(confirm_offset)
         self.master_known_offset = max(self.master_known_offset, self.confirm_offset)
         self._bound_reads()
 
@@ -226,6 +227,8 @@ class ReplicationClient:
         self._call: Any = None
         self._call_addr = ""
         self._repointed = asyncio.Event()
+        self._no_data_socket = ""
+        """A master address whose data socket could not be reached: no offer to take it."""
 
     def close(self) -> None:
         """Stop replicating: end the current stream and let ``run`` return. Needed besides
@@ -326,7 +329,9 @@ class ReplicationClient:
         pacer = AckPacer(self.clock, self.config.ha_send_heartbeat_interval_ms)
         acks: asyncio.Task[None] | None = None
         try:
-            await call.write(replication_pb2.ReplicationStreamRequest(hello=self.replica.hello()))
+            hello = self.replica.hello()
+            hello.accepts_data_socket = addr != self._no_data_socket
+            await call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
             async with asyncio.timeout(idle_s):  # not wait_for: a stop's cancel must not be lost
                 first = await call.read()
             if first is grpc.aio.EOF:
@@ -336,7 +341,14 @@ class ReplicationClient:
             self.replica.apply_truncate(first.truncate)
             self._on_connected(addr)
             pacer.note_written(self.store_max)
-            acks = asyncio.create_task(self._ack_loop(call, pacer), name="ha-slave-acks")
+            if first.truncate.data_port:
+                await self._data_socket(call, addr, first.truncate, pacer, idle_s)
+                return
+
+            async def send_ack(ack: replication_pb2.SlaveAck) -> None:
+                await call.write(replication_pb2.ReplicationStreamRequest(ack=ack))
+
+            acks = asyncio.create_task(self._ack_loop(send_ack, pacer), name="ha-slave-acks")
             loop = asyncio.get_running_loop()
             # One deadline moved per message, not a wait_for per read: wait_for makes a task
             # and a timer for every chunk, a tenth of a busy slave's CPU.
@@ -357,6 +369,74 @@ class ReplicationClient:
             call.cancel()
             self._call = None
 
+    async def _data_socket(
+        self,
+        call: Any,
+        addr: str,
+        truncate: replication_pb2.TruncateTo,
+        pacer: AckPacer,
+        idle_s: float,
+    ) -> None:
+        """Replicate over the master's data socket (ha_wire) until either side closes it;
+        the stream, which carries nothing more, then says how it ended."""
+        host = addr.rsplit(":", 1)[0].strip("[]")
+        try:
+            async with asyncio.timeout(min(idle_s, ha_wire.TOKEN_WAIT_S)):
+                reader, writer = await asyncio.open_connection(
+                    host, truncate.data_port, limit=ha_wire.READ_LIMIT_BYTES
+                )
+        except (OSError, TimeoutError) as exc:
+            # A master reached through a proxy or a port mapping: its data port may not be
+            # reachable at that host. Replicate on the stream from the next connection on.
+            self._no_data_socket = addr
+            raise ProtocolError(
+                f"the master's replication data socket {host}:{truncate.data_port} is not "
+                f"reachable ({type(exc).__name__}: {exc}); the data stays on the stream"
+            ) from None
+        ha_wire.no_delay(writer)
+        writer.write(truncate.data_token)
+        ended = asyncio.ensure_future(call.read())
+        ended.add_done_callback(lambda _: ha_wire.close(writer))  # the read below sees EOF
+
+        async def send_ack(ack: replication_pb2.SlaveAck) -> None:
+            writer.write(ha_wire.ACK.pack(ack.max_physical_offset, ack.flushed_offset))
+            await writer.drain()
+
+        acks = asyncio.create_task(self._ack_loop(send_ack, pacer), name="ha-slave-acks")
+        loop = asyncio.get_running_loop()
+        read, unpack, head_size = reader.readexactly, ha_wire.FRAME.unpack, ha_wire.FRAME.size
+        try:
+            async with asyncio.timeout(loop.time() + idle_s) as silence:
+                while True:
+                    try:
+                        head = await read(head_size)
+                        kind, offset, length, pace_ms, confirm, version = unpack(head)
+                        if length > ha_wire.CHUNK_BYTES_MAX or (kind == ha_wire.CONFIRM and length):
+                            raise ProtocolError(f"data socket frame of kind {kind}, {length} bytes")
+                        data = await read(length) if length else b""
+                    except (asyncio.IncompleteReadError, ConnectionError):
+                        break
+                    silence.reschedule(loop.time() + idle_s)
+                    if kind == ha_wire.CHUNK:
+                        self._apply_chunk(offset, data, pace_ms, pacer)
+                    elif kind != ha_wire.CONFIRM:
+                        raise ProtocolError(f"data socket frame of unknown kind {kind}")
+                    if confirm != ha_wire.NO_CONFIRM:
+                        self._apply_confirm(confirm, version)
+                    if acks.done():  # the writer failed: surface its error
+                        await acks
+            # The socket ended: the stream says why (EOF after a clean end, else the status).
+            async with asyncio.timeout(idle_s):
+                last = await ended
+            if last is not grpc.aio.EOF:
+                raise ProtocolError("the master sent a stream message after the data socket")
+        finally:
+            acks.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await acks
+            ended.cancel()
+            ha_wire.close(writer)
+
     @property
     def store_max(self) -> PhysicalOffset:
         return self.replica.store.commitlog.max_offset
@@ -365,21 +445,26 @@ class ReplicationClient:
         kind = msg.WhichOneof("command")
         if kind == "chunk":
             chunk = msg.chunk
-            pacer.note_written(self.replica.apply_chunk(chunk), chunk.ack_pace_ms)
-            self._written.set()
+            self._apply_chunk(chunk.physical_offset, chunk.data, chunk.ack_pace_ms, pacer)
             if chunk.HasField("confirm"):  # sent with the data (accepts_chunk_confirm)
-                self.replica.apply_confirm(chunk.confirm)
-                self._note_config_version(chunk.confirm.config_version)
-            if self._store_full:
-                self._store_full = False
-                self._backoff.reset()
-                self._last_problem = ""
-                log.info("replication resumed: the store has room again")
+                self._apply_confirm(chunk.confirm.confirm_offset, chunk.confirm.config_version)
         elif kind == "confirm":
-            self.replica.apply_confirm(msg.confirm)
-            self._note_config_version(msg.confirm.config_version)
+            self._apply_confirm(msg.confirm.confirm_offset, msg.confirm.config_version)
         else:
             raise ProtocolError(f"unexpected {kind} after the stream started")
+
+    def _apply_chunk(self, offset: int, data: bytes, pace_ms: int, pacer: AckPacer) -> None:
+        pacer.note_written(self.replica.apply_chunk(offset, data), pace_ms)
+        self._written.set()
+        if self._store_full:
+            self._store_full = False
+            self._backoff.reset()
+            self._last_problem = ""
+            log.info("replication resumed: the store has room again")
+
+    def _apply_confirm(self, confirm_offset: int, config_version: int) -> None:
+        self.replica.apply_confirm(confirm_offset)
+        self._note_config_version(config_version)
 
     def _note_config_version(self, version: int) -> None:
         """The first version of a stream only sets the baseline (connecting syncs anyway)."""
@@ -408,7 +493,9 @@ class ReplicationClient:
             except Exception:
                 log.exception("replication on_connected callback failed")
 
-    async def _ack_loop(self, call: Any, pacer: AckPacer) -> None:
+    async def _ack_loop(
+        self, send: Callable[[replication_pb2.SlaveAck], Awaitable[None]], pacer: AckPacer
+    ) -> None:
         while True:
             wait_ms = pacer.wait_ms()
             if wait_ms > 0 and pacer.written > pacer.acked:
@@ -423,7 +510,7 @@ class ReplicationClient:
                         await self._written.wait()
                 continue
             ack = self.replica.ack()
-            await call.write(replication_pb2.ReplicationStreamRequest(ack=ack))
+            await send(ack)
             pacer.sent(PhysicalOffset(ack.max_physical_offset))
 
     # -- stats -----------------------------------------------------------------------------

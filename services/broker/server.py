@@ -100,6 +100,7 @@ class Broker:
         await self.store.start()
         await self.server.start()
         await self._start_gateway(admin)
+        await self.replication.open_data_socket()  # on every broker: a slave may be promoted
         self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
         self._start_background(admin)
         broker_metrics.install(lambda: runtime_stats(admin), self.offsets, self.store)

@@ -1,7 +1,8 @@
 """The network between a SYNC_MASTER and its slave cut and healed (issue 7), with real processes.
 
 The slave dials its master through a TCP proxy the test controls
-(tests/integration/workers/tcp_proxy.py, ``haMasterAddress`` = the proxy). The master waits
+(tests/integration/workers/tcp_proxy.py, ``haMasterAddress`` = the proxy), which cannot reach
+the master's data socket, so the data stays on the stream (ha_wire's fallback). The master waits
 ``syncFlushTimeout`` = 1 s for a slave's ack and drops a slave silent for
 ``haHousekeepingInterval`` = 4 s. Two kinds of cut, as the design (issue7 design, HaWaiter) says:
 
@@ -49,6 +50,7 @@ TOPIC = "HaCut"
 QUEUES = 2
 SYNC_FLUSH_TIMEOUT_MS = 1000
 HOUSEKEEPING_MS = 4000
+PROXY_HOST = "127.0.0.2"
 
 
 class Sender:
@@ -93,7 +95,10 @@ async def test_cut_gives_flush_slave_timeout_then_slave_not_available_and_heals(
         syncFlushTimeout=SYNC_FLUSH_TIMEOUT_MS,
         haHousekeepingInterval=HOUSEKEEPING_MS,
     )
-    proxy, ctl = start_proxy(tmp_path, master.addr)
+    # The proxy listens on another loopback address than the master (127.0.0.1), so the
+    # master's data socket is not reachable at the proxy's host: the slave falls back to
+    # replicating on the stream, and every replicated byte crosses the proxy.
+    proxy, ctl = start_proxy(tmp_path, master.addr, listen=f"{PROXY_HOST}:0")
     slave = start_ha_slave(tmp_path, [ns.addr], haMasterAddress=proxy.addr)
 
     async def healed(sender: Sender) -> None:

@@ -4,7 +4,8 @@ A real broker process is the master; the "slave" is this test: it opens Replicat
 sends hellos and acks of its choosing and checks every answer - the hello statuses, TruncateTo
 for empty / behind / ahead / diverged histories, contiguous chunks equal to the master's
 commitlog bytes, the in-flight cap while it does not ack, ConfirmOffset, SYNC_MASTER statuses,
-the silent-slave drop, and SyncConfig (tables by version, slave offsets merged where ahead).
+the silent-slave drop, SyncConfig (tables by version, slave offsets merged where ahead), and the
+data socket (ha_wire: frames, acks, tokens, its refusals as stream statuses).
 Real master+slave system tests are elsewhere (test_replication*.py).
 """
 
@@ -25,6 +26,7 @@ from rocketq._api.rocketq.v1 import (
     messaging_pb2,
     replication_pb2,
 )
+from services.broker import ha_wire
 from tests.integration.cluster import ServiceProcess, start_broker, start_slave
 from tests.support.raw_client import RawClient, refused
 from tests.support.until import until
@@ -63,6 +65,7 @@ class FakeSlave:
         self.start = 0
         self.confirms: list[int] = []
         self.accepts_chunk_confirm = False
+        self.accepts_data_socket = False
         self.chunk_confirms = 0
         """Confirms that came inside a chunk."""
         self._pending: asyncio.Future[Any] | None = None
@@ -75,6 +78,7 @@ class FakeSlave:
             max_physical_offset=max_offset,
             epochs=list(epochs),
             accepts_chunk_confirm=self.accepts_chunk_confirm,
+            accepts_data_socket=self.accepts_data_socket,
         )
         await self.call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
         first = await self.read()
@@ -516,3 +520,131 @@ async def test_sync_config_tables_and_slave_offsets(
             messaging_pb2.QueryConsumerOffsetRequest(consumer_group="g1", topic=TOPIC, queue_id=0)
         )
         assert query.offset == 15
+
+
+# -- the data socket (services/broker/ha_wire.py) -------------------------------------------------
+
+
+class SocketSlave:
+    """A FakeSlave's stream, then the master's data socket for chunks, confirms and acks."""
+
+    def __init__(self, slave: FakeSlave, truncate: Any) -> None:
+        self.slave = slave
+        self.truncate = truncate
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def connect(self, token: bytes | None = None) -> None:
+        self.reader, self.writer = await asyncio.open_connection(
+            "127.0.0.1", self.truncate.data_port
+        )
+        self.writer.write(self.truncate.data_token if token is None else token)
+
+    async def frame(self) -> tuple[int, int, bytes, int] | None:
+        """(kind, offset, data, confirm offset) of the next frame; None once closed."""
+        assert self.reader is not None
+        try:
+            head = await asyncio.wait_for(self.reader.readexactly(ha_wire.FRAME.size), 10)
+            kind, offset, length, _pace, confirm, _version = ha_wire.FRAME.unpack(head)
+            data = await asyncio.wait_for(self.reader.readexactly(length), 10)
+        except asyncio.IncompleteReadError:
+            return None
+        return kind, offset, data, confirm
+
+    def ack(self, offset: int) -> None:
+        assert self.writer is not None
+        self.writer.write(ha_wire.ACK.pack(offset, offset))
+
+    async def receive_until(self, done: Callable[[], bool]) -> None:
+        """Take frames into the FakeSlave's data and confirms, acking each chunk."""
+        slave = self.slave
+        while not done():
+            got = await self.frame()
+            assert got is not None, "the master closed the data socket"
+            kind, offset, data, confirm = got
+            if kind == ha_wire.CHUNK:
+                assert offset == slave.end, "chunks must be contiguous"
+                slave.data += data
+                self.ack(slave.end)
+            else:
+                assert kind == ha_wire.CONFIRM and not data, kind
+            if confirm != ha_wire.NO_CONFIRM:
+                slave.confirms.append(confirm)
+
+
+async def _socket_slave(c: RawClient) -> SocketSlave:
+    slave = FakeSlave(c)
+    slave.accepts_data_socket = True
+    truncate = await slave.hello()
+    assert truncate.data_port > 0 and len(truncate.data_token) == ha_wire.TOKEN_BYTES
+    return SocketSlave(slave, truncate)
+
+
+async def test_the_data_socket_carries_chunks_confirms_and_acks(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory(brokerRole="SYNC_MASTER")
+
+    end = await _produce(master.addr, 50)
+    async with RawClient(master.addr) as c:
+        wrong = await _socket_slave(c)
+        await wrong.connect(token=bytes(ha_wire.TOKEN_BYTES))
+        assert await wrong.frame() is None  # an unknown token: closed at once
+        wrong.slave.call.cancel()
+
+        sock = await _socket_slave(c)
+        await sock.connect()
+        slave = sock.slave
+        await sock.receive_until(lambda: slave.end >= end and end in slave.confirms)
+        assert bytes(slave.data) == _commitlog_bytes(master, 0, end)
+        await until(lambda: _in_sync(c), "the slave in sync after its socket acks")
+        # SYNC_MASTER sends are answered once this slave acks them on the socket.
+        sent = asyncio.ensure_future(_send(c, 3))
+        await sock.receive_until(sent.done)
+        assert await sent == [messaging_pb2.SEND_OK] * 3
+        end2 = await _max_offset(c)
+        await sock.receive_until(lambda: end2 in slave.confirms)
+        assert bytes(slave.data) == _commitlog_bytes(master, 0, end2)
+        # Nothing arrives on the stream meanwhile: it only says how replication ends.
+        assert await slave.poll(0.2) is None
+
+
+async def test_data_socket_protocol_errors_end_the_stream_with_a_status(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory(haHousekeepingInterval=2000, haSendHeartbeatInterval=500)
+
+    end = await _produce(master.addr, 5)
+    async with RawClient(master.addr) as c:
+        # An ack beyond what was sent.
+        sock = await _socket_slave(c)
+        await sock.connect()
+        await sock.receive_until(lambda: sock.slave.end >= end)
+        sock.ack(end + (1 << 20))
+        code, _, details = await refused(sock.slave.read())
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        # A stream message after taking the socket.
+        sock = await _socket_slave(c)
+        await sock.connect()
+        await sock.slave.ack(0)
+        code, _, details = await refused(sock.slave.read())
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "data socket" in details, details
+        # No connection within the housekeeping interval.
+        sock = await _socket_slave(c)
+        code, _, details = await refused(sock.slave.read())
+        assert code == grpc.StatusCode.UNAVAILABLE and "did not connect" in details, details
+
+
+async def test_no_data_socket_with_ha_listen_port_off(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    master = master_factory(haListenPort=-1)
+
+    end = await _produce(master.addr, 5)
+    async with RawClient(master.addr) as c:
+        slave = FakeSlave(c)
+        slave.accepts_data_socket = True
+        truncate = await slave.hello()
+        assert truncate.data_port == 0 and not truncate.data_token
+        await slave.receive_until(lambda: slave.end >= end, ack=True)
+        assert bytes(slave.data) == _commitlog_bytes(master, 0, end)

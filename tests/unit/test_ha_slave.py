@@ -145,7 +145,7 @@ def copy_in_chunks(
     while (pos := replica.store.commitlog.max_offset) < end:
         data = master.read_replica(pos, min(chunk_bytes, end - pos))
         assert data
-        replica.apply_chunk(replication_pb2.CommitLogChunk(physical_offset=pos, data=data))
+        replica.apply_chunk(pos, data)
 
 
 def bodies(store: MessageStore, topic: str = "T", queue_id: int = 0) -> list[bytes]:
@@ -186,11 +186,9 @@ def test_chunks_ending_mid_record_are_served_up_to_the_confirm_offset(
     # Connected but nothing confirmed yet: the slave serves nothing new.
     assert slave.get_messages("T", 0, 0, 10).status == GetStatus.OFFSET_OVERFLOW_ONE
     tenth = codec.decode_record(master.get_messages("T", 0, 9, 1).records[0])
-    replica.apply_confirm(
-        replication_pb2.ConfirmOffset(confirm_offset=tenth.physical_offset + tenth.total_size)
-    )
+    replica.apply_confirm(tenth.physical_offset + tenth.total_size)
     assert len(bodies(slave)) == 10
-    replica.apply_confirm(replication_pb2.ConfirmOffset(confirm_offset=master.commitlog.max_offset))
+    replica.apply_confirm(master.commitlog.max_offset)
     assert bodies(slave) == bodies(master)
     ack = replica.ack()
     assert ack.max_physical_offset == master.commitlog.max_offset
@@ -207,7 +205,7 @@ def test_confirm_beyond_the_slave_bounds_at_its_dispatched_offset(
     replica.apply_truncate(replication_pb2.TruncateTo(physical_offset=0))
     half = master.commitlog.max_offset // 2
     copy_in_chunks(master, replica, 100, upto=half)
-    replica.apply_confirm(replication_pb2.ConfirmOffset(confirm_offset=master.commitlog.max_offset))
+    replica.apply_confirm(master.commitlog.max_offset)
     assert slave.confirm_offset == slave.replica_dispatched_offset <= half
     assert replica.behind_bytes() == master.commitlog.max_offset - slave.replica_dispatched_offset
     copy_in_chunks(master, replica, 100)  # the rest arrives: the earlier confirm covers it
@@ -223,7 +221,7 @@ def test_truncate_drops_the_diverged_tail_and_takes_the_masters_epochs(
     replica = SlaveReplica(slave_config(), slave, "")
     replica.apply_truncate(replication_pb2.TruncateTo(physical_offset=0))
     copy_in_chunks(master, replica, 1000)
-    replica.apply_confirm(replication_pb2.ConfirmOffset(confirm_offset=master.commitlog.max_offset))
+    replica.apply_confirm(master.commitlog.max_offset)
     assert slave.max_offset("T", 0) == 10
     # The master's history and this slave's part at the 6th record (a failover, say).
     sixth = codec.decode_record(master.get_messages("T", 0, 5, 1).records[0])
@@ -242,7 +240,7 @@ def test_truncate_drops_the_diverged_tail_and_takes_the_masters_epochs(
     assert slave.confirm_offset == sixth.physical_offset  # never beyond what is left
     assert len(bodies(slave)) == 5
     copy_in_chunks(master, replica, 1000)  # and it streams on from there
-    replica.apply_confirm(replication_pb2.ConfirmOffset(confirm_offset=master.commitlog.max_offset))
+    replica.apply_confirm(master.commitlog.max_offset)
     assert bodies(slave) == bodies(master)
 
 
@@ -257,7 +255,7 @@ def test_stream_contract_violations_are_protocol_errors(
     replica.apply_truncate(replication_pb2.TruncateTo(physical_offset=0))
     data = master.read_replica(0, 4096)
     with pytest.raises(ProtocolError):  # a chunk must start at the slave's max offset
-        replica.apply_chunk(replication_pb2.CommitLogChunk(physical_offset=8, data=data))
+        replica.apply_chunk(8, data)
 
 
 # -- config sync ---------------------------------------------------------------------------

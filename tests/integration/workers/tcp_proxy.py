@@ -250,13 +250,15 @@ class ProxyControl:
 
 
 def start_proxy(
-    tmp_path: Path, target: str, name: str = "proxy"
+    tmp_path: Path, target: str, name: str = "proxy", listen: str = "127.0.0.1:0"
 ) -> tuple[ServiceProcess, ProxyControl]:
-    """Start a proxy to ``target``; its ``.addr`` is where peers should dial instead."""
+    """Start a proxy to ``target``, listening on ``listen``; its ``.addr`` is where peers
+    should dial instead."""
     from tests.integration.cluster import spawn
 
     workdir = tmp_path / name
-    sp = spawn(name, "tests.integration.workers.tcp_proxy", ["--target", target], workdir, env=None)
+    args = ["--target", target, "--listen", listen]
+    sp = spawn(name, "tests.integration.workers.tcp_proxy", args, workdir, env=None)
     ready = json.loads((workdir / f"{name}.ready").read_text())
     return sp, ProxyControl(str(ready["control"]))
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rocketq._api.rocketq.v1 import common_pb2 as rocketq_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crocketq/v1/replication.proto\x12\nrocketq.v1\x1a\x17rocketq/v1/common.proto\"1\n\nEpochEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\"\xad\x01\n\nSlaveHello\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62roker_addr\x18\x03 \x01(\t\x12\x1b\n\x13max_physical_offset\x18\x04 \x01(\x03\x12&\n\x06\x65pochs\x18\x05 \x03(\x0b\x32\x16.rocketq.v1.EpochEntry\x12\x1d\n\x15\x61\x63\x63\x65pts_chunk_confirm\x18\x06 \x01(\x08\"?\n\x08SlaveAck\x12\x1b\n\x13max_physical_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x02 \x01(\x03\"s\n\x18ReplicationStreamRequest\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.rocketq.v1.SlaveHelloH\x00\x12#\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x14.rocketq.v1.SlaveAckH\x00\x42\t\n\x07\x63ommand\"M\n\nTruncateTo\x12\x17\n\x0fphysical_offset\x18\x01 \x01(\x03\x12&\n\x06\x65pochs\x18\x02 \x03(\x0b\x32\x16.rocketq.v1.EpochEntry\"x\n\x0e\x43ommitLogChunk\x12\x17\n\x0fphysical_offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12*\n\x07\x63onfirm\x18\x03 \x01(\x0b\x32\x19.rocketq.v1.ConfirmOffset\x12\x13\n\x0b\x61\x63k_pace_ms\x18\x04 \x01(\r\"?\n\rConfirmOffset\x12\x16\n\x0e\x63onfirm_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x63onfig_version\x18\x02 \x01(\x03\"\xad\x01\n\x19ReplicationStreamResponse\x12*\n\x08truncate\x18\x01 \x01(\x0b\x32\x16.rocketq.v1.TruncateToH\x00\x12+\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1a.rocketq.v1.CommitLogChunkH\x00\x12,\n\x07\x63onfirm\x18\x03 \x01(\x0b\x32\x19.rocketq.v1.ConfirmOffsetH\x00\x42\t\n\x07\x63ommand\"\xd5\x02\n\x11SyncConfigRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12/\n\x0etopics_version\x18\x03 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12<\n\x1bsubscription_groups_version\x18\x04 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x39\n\x18\x63onsumer_offsets_version\x18\x05 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x36\n\x15timer_offsets_version\x18\x06 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x36\n\rslave_offsets\x18\x07 \x03(\x0b\x32\x1f.rocketq.v1.ConsumerOffsetEntry\"d\n\nTopicTable\x12-\n\x0c\x64\x61ta_version\x18\x01 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\'\n\x06topics\x18\x02 \x03(\x0b\x32\x17.rocketq.v1.TopicConfig\"|\n\x16SubscriptionGroupTable\x12-\n\x0c\x64\x61ta_version\x18\x01 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x33\n\x06groups\x18\x02 \x03(\x0b\x32#.rocketq.v1.SubscriptionGroupConfig\"v\n\x13\x43onsumerOffsetTable\x12-\n\x0c\x64\x61ta_version\x18\x01 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x30\n\x07offsets\x18\x02 \x03(\x0b\x32\x1f.rocketq.v1.ConsumerOffsetEntry\"\xbd\x01\n\x10TimerOffsetTable\x12-\n\x0c\x64\x61ta_version\x18\x01 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x45\n\rqueue_offsets\x18\x02 \x03(\x0b\x32..rocketq.v1.TimerOffsetTable.QueueOffsetsEntry\x1a\x33\n\x11QueueOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xed\x01\n\x12SyncConfigResponse\x12&\n\x06topics\x18\x01 \x01(\x0b\x32\x16.rocketq.v1.TopicTable\x12?\n\x13subscription_groups\x18\x02 \x01(\x0b\x32\".rocketq.v1.SubscriptionGroupTable\x12\x39\n\x10\x63onsumer_offsets\x18\x03 \x01(\x0b\x32\x1f.rocketq.v1.ConsumerOffsetTable\x12\x33\n\rtimer_offsets\x18\x04 \x01(\x0b\x32\x1c.rocketq.v1.TimerOffsetTable2\xb5\x01\n\x0bReplication\x12Y\n\x06Stream\x12$.rocketq.v1.ReplicationStreamRequest\x1a%.rocketq.v1.ReplicationStreamResponse(\x01\x30\x01\x12K\n\nSyncConfig\x12\x1d.rocketq.v1.SyncConfigRequest\x1a\x1e.rocketq.v1.SyncConfigResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crocketq/v1/replication.proto\x12\nrocketq.v1\x1a\x17rocketq/v1/common.proto\"1\n\nEpochEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\"\xca\x01\n\nSlaveHello\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62roker_addr\x18\x03 \x01(\t\x12\x1b\n\x13max_physical_offset\x18\x04 \x01(\x03\x12&\n\x06\x65pochs\x18\x05 \x03(\x0b\x32\x16.rocketq.v1.EpochEntry\x12\x1d\n\x15\x61\x63\x63\x65pts_chunk_confirm\x18\x06 \x01(\x08\x12\x1b\n\x13\x61\x63\x63\x65pts_data_socket\x18\x07 \x01(\x08\"?\n\x08SlaveAck\x12\x1b\n\x13max_physical_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x66lushed_offset\x18\x02 \x01(\x03\"s\n\x18ReplicationStreamRequest\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.rocketq.v1.SlaveHelloH\x00\x12#\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x14.rocketq.v1.SlaveAckH\x00\x42\t\n\x07\x63ommand\"t\n\nTruncateTo\x12\x17\n\x0fphysical_offset\x18\x01 \x01(\x03\x12&\n\x06\x65pochs\x18\x02 \x03(\x0b\x32\x16.rocketq.v1.EpochEntry\x12\x11\n\tdata_port\x18\x03 \x01(\r\x12\x12\n\ndata_token\x18\x04 \x01(\x0c\"x\n\x0e\x43ommitLogChunk\x12\x17\n\x0fphysical_offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12*\n\x07\x63onfirm\x18\x03 \x01(\x0b\x32\x19.rocketq.v1.ConfirmOffset\x12\x13\n\x0b\x61\x63k_pace_ms\x18\x04 \x01(\r\"?\n\rConfirmOffset\x12\x16\n\x0e\x63onfirm_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x63onfig_version\x18\x02 \x01(\x03\"\xad\x01\n\x19ReplicationStreamResponse\x12*\n\x08truncate\x18\x01 \x01(\x0b\x32\x16.rocketq.v1.TruncateToH\x00\x12+\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1a.rocketq.v1.CommitLogChunkH\x00\x12,\n\x07\x63onfirm\x18\x03 \x01(\x0b\x32\x19.rocketq.v1.ConfirmOffsetH\x00\x42\t\n\x07\x63ommand\"\xd5\x02\n\x11SyncConfigRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12/\n\x0etopics_version\x18\x03 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12<\n\x1bsubscription_groups_version\x18\x04 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x39\n\x18\x63onsumer_offsets_version\x18\x05 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x36\n\x15timer_offsets_version\x18\x06 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x36\n\rslave_offsets\x18\x07 \x03(\x0b\x32\x1f.rocketq.v1.ConsumerOffsetEntry\"d\n\nTopicTable\x12-\n\x0c\x64\x61ta_version\x18\x01 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\'\n\x06topics\x18\x02 \x03(\x0b\x32\x17.rocketq.v1.TopicConfig\"|\n\x16SubscriptionGroupTable\x12-\n\x0c\x64\x61ta_version\x18\x01 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x33\n\x06groups\x18\x02 \x03(\x0b\x32#.rocketq.v1.SubscriptionGroupConfig\"v\n\x13\x43onsumerOffsetTable\x12-\n\x0c\x64\x61ta_version\x18\x01 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x30\n\x07offsets\x18\x02 \x03(\x0b\x32\x1f.rocketq.v1.ConsumerOffsetEntry\"\xbd\x01\n\x10TimerOffsetTable\x12-\n\x0c\x64\x61ta_version\x18\x01 \x01(\x0b\x32\x17.rocketq.v1.DataVersion\x12\x45\n\rqueue_offsets\x18\x02 \x03(\x0b\x32..rocketq.v1.TimerOffsetTable.QueueOffsetsEntry\x1a\x33\n\x11QueueOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xed\x01\n\x12SyncConfigResponse\x12&\n\x06topics\x18\x01 \x01(\x0b\x32\x16.rocketq.v1.TopicTable\x12?\n\x13subscription_groups\x18\x02 \x01(\x0b\x32\".rocketq.v1.SubscriptionGroupTable\x12\x39\n\x10\x63onsumer_offsets\x18\x03 \x01(\x0b\x32\x1f.rocketq.v1.ConsumerOffsetTable\x12\x33\n\rtimer_offsets\x18\x04 \x01(\x0b\x32\x1c.rocketq.v1.TimerOffsetTable2\xb5\x01\n\x0bReplication\x12Y\n\x06Stream\x12$.rocketq.v1.ReplicationStreamRequest\x1a%.rocketq.v1.ReplicationStreamResponse(\x01\x30\x01\x12K\n\nSyncConfig\x12\x1d.rocketq.v1.SyncConfigRequest\x1a\x1e.rocketq.v1.SyncConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,33 +37,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EPOCHENTRY']._serialized_start=69
   _globals['_EPOCHENTRY']._serialized_end=118
   _globals['_SLAVEHELLO']._serialized_start=121
-  _globals['_SLAVEHELLO']._serialized_end=294
-  _globals['_SLAVEACK']._serialized_start=296
-  _globals['_SLAVEACK']._serialized_end=359
-  _globals['_REPLICATIONSTREAMREQUEST']._serialized_start=361
-  _globals['_REPLICATIONSTREAMREQUEST']._serialized_end=476
-  _globals['_TRUNCATETO']._serialized_start=478
-  _globals['_TRUNCATETO']._serialized_end=555
-  _globals['_COMMITLOGCHUNK']._serialized_start=557
-  _globals['_COMMITLOGCHUNK']._serialized_end=677
-  _globals['_CONFIRMOFFSET']._serialized_start=679
-  _globals['_CONFIRMOFFSET']._serialized_end=742
-  _globals['_REPLICATIONSTREAMRESPONSE']._serialized_start=745
-  _globals['_REPLICATIONSTREAMRESPONSE']._serialized_end=918
-  _globals['_SYNCCONFIGREQUEST']._serialized_start=921
-  _globals['_SYNCCONFIGREQUEST']._serialized_end=1262
-  _globals['_TOPICTABLE']._serialized_start=1264
-  _globals['_TOPICTABLE']._serialized_end=1364
-  _globals['_SUBSCRIPTIONGROUPTABLE']._serialized_start=1366
-  _globals['_SUBSCRIPTIONGROUPTABLE']._serialized_end=1490
-  _globals['_CONSUMEROFFSETTABLE']._serialized_start=1492
-  _globals['_CONSUMEROFFSETTABLE']._serialized_end=1610
-  _globals['_TIMEROFFSETTABLE']._serialized_start=1613
-  _globals['_TIMEROFFSETTABLE']._serialized_end=1802
-  _globals['_TIMEROFFSETTABLE_QUEUEOFFSETSENTRY']._serialized_start=1751
-  _globals['_TIMEROFFSETTABLE_QUEUEOFFSETSENTRY']._serialized_end=1802
-  _globals['_SYNCCONFIGRESPONSE']._serialized_start=1805
-  _globals['_SYNCCONFIGRESPONSE']._serialized_end=2042
-  _globals['_REPLICATION']._serialized_start=2045
-  _globals['_REPLICATION']._serialized_end=2226
+  _globals['_SLAVEHELLO']._serialized_end=323
+  _globals['_SLAVEACK']._serialized_start=325
+  _globals['_SLAVEACK']._serialized_end=388
+  _globals['_REPLICATIONSTREAMREQUEST']._serialized_start=390
+  _globals['_REPLICATIONSTREAMREQUEST']._serialized_end=505
+  _globals['_TRUNCATETO']._serialized_start=507
+  _globals['_TRUNCATETO']._serialized_end=623
+  _globals['_COMMITLOGCHUNK']._serialized_start=625
+  _globals['_COMMITLOGCHUNK']._serialized_end=745
+  _globals['_CONFIRMOFFSET']._serialized_start=747
+  _globals['_CONFIRMOFFSET']._serialized_end=810
+  _globals['_REPLICATIONSTREAMRESPONSE']._serialized_start=813
+  _globals['_REPLICATIONSTREAMRESPONSE']._serialized_end=986
+  _globals['_SYNCCONFIGREQUEST']._serialized_start=989
+  _globals['_SYNCCONFIGREQUEST']._serialized_end=1330
+  _globals['_TOPICTABLE']._serialized_start=1332
+  _globals['_TOPICTABLE']._serialized_end=1432
+  _globals['_SUBSCRIPTIONGROUPTABLE']._serialized_start=1434
+  _globals['_SUBSCRIPTIONGROUPTABLE']._serialized_end=1558
+  _globals['_CONSUMEROFFSETTABLE']._serialized_start=1560
+  _globals['_CONSUMEROFFSETTABLE']._serialized_end=1678
+  _globals['_TIMEROFFSETTABLE']._serialized_start=1681
+  _globals['_TIMEROFFSETTABLE']._serialized_end=1870
+  _globals['_TIMEROFFSETTABLE_QUEUEOFFSETSENTRY']._serialized_start=1819
+  _globals['_TIMEROFFSETTABLE_QUEUEOFFSETSENTRY']._serialized_end=1870
+  _globals['_SYNCCONFIGRESPONSE']._serialized_start=1873
+  _globals['_SYNCCONFIGRESPONSE']._serialized_end=2110
+  _globals['_REPLICATION']._serialized_start=2113
+  _globals['_REPLICATION']._serialized_end=2294
 # @@protoc_insertion_point(module_scope)

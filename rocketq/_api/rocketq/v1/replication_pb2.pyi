@@ -75,6 +75,7 @@ class SlaveHello(_message.Message):
     MAX_PHYSICAL_OFFSET_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
     ACCEPTS_CHUNK_CONFIRM_FIELD_NUMBER: _builtins.int
+    ACCEPTS_DATA_SOCKET_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     """Broker group name; must be the master's."""
     broker_id: _builtins.int
@@ -86,6 +87,10 @@ class SlaveHello(_message.Message):
     accepts_chunk_confirm: _builtins.bool
     """The slave reads CommitLogChunk.confirm: the master may then send a confirm offset with the
     data instead of in a message of its own (one stream message fewer per ack under load).
+    """
+    accepts_data_socket: _builtins.bool
+    """The slave can take the data over a data socket (TruncateTo.data_port): the master may then
+    send chunks and confirm offsets there, and take acks from there, instead of on this stream.
     """
     @_builtins.property
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEntry]:
@@ -100,10 +105,11 @@ class SlaveHello(_message.Message):
         max_physical_offset: _builtins.int = ...,
         epochs: _abc.Iterable[Global___EpochEntry] | None = ...,
         accepts_chunk_confirm: _builtins.bool = ...,
+        accepts_data_socket: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_chunk_confirm", b"accepts_chunk_confirm", "broker_addr", b"broker_addr", "broker_id", b"broker_id", "broker_name", b"broker_name", "epochs", b"epochs", "max_physical_offset", b"max_physical_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepts_chunk_confirm", b"accepts_chunk_confirm", "accepts_data_socket", b"accepts_data_socket", "broker_addr", b"broker_addr", "broker_id", b"broker_id", "broker_name", b"broker_name", "epochs", b"epochs", "max_physical_offset", b"max_physical_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -177,11 +183,25 @@ class TruncateTo(_message.Message):
 
     PHYSICAL_OFFSET_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
+    DATA_PORT_FIELD_NUMBER: _builtins.int
+    DATA_TOKEN_FIELD_NUMBER: _builtins.int
     physical_offset: _builtins.int
     """The slave must discard every commitlog byte at or beyond this offset (and the consume queue
     and index entries built from them) before accepting chunks. Equal to the slave's max offset
     when nothing needs discarding.
     """
+    data_port: _builtins.int
+    """Set only for a slave whose hello set accepts_data_socket, by a master that has a data
+    socket: a TCP port on the master's host (the host the slave reached this stream on). The
+    slave connects there, sends data_token, and from then on the master's chunks and confirm
+    offsets and the slave's acks travel on that socket, framed as services/broker/ha_wire.py
+    lays out, and nothing more on this stream: it only carries how replication ends (its
+    status). A stream message costs each side a gRPC write or read (~150 us of CPU on a small
+    machine) and every byte ~1 us per KiB more; the socket costs a system call.
+    0: the data stays on this stream.
+    """
+    data_token: _builtins.bytes
+    """16 random bytes naming this stream on the data socket; good for one connection."""
     @_builtins.property
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEntry]:
         """The master's epoch history, oldest first. The slave replaces its own with it."""
@@ -191,10 +211,12 @@ class TruncateTo(_message.Message):
         *,
         physical_offset: _builtins.int = ...,
         epochs: _abc.Iterable[Global___EpochEntry] | None = ...,
+        data_port: _builtins.int = ...,
+        data_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epochs", b"epochs", "physical_offset", b"physical_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_port", b"data_port", "data_token", b"data_token", "epochs", b"epochs", "physical_offset", b"physical_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
