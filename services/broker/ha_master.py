@@ -19,6 +19,13 @@ UNAVAILABLE NOT_MASTER, so a slave pointed at another slave learns why at once.
         CONFIRM_HEARTBEAT_S; inside the chunk that goes out with it when the slave's hello
         set accepts_chunk_confirm (one stream message instead of two)
 
+**The data socket** (``ha_wire``): when the hello offers to take it and this broker has one
+(haListenPort, no TLS), TruncateTo names its port and a token; the slave connects there, and
+the chunks, confirm offsets and acks above travel on that socket as frames, not as stream
+messages. The stream stays open with nothing more on it and ends as before, its status saying
+why (an ack refused on the socket is INVALID_ARGUMENT here; a slave that does not connect within
+haHousekeepingInterval, UNAVAILABLE).
+
 The sender sleeps on its link's ``wake`` event, set by a store arrival listener (new bytes),
 by acks (window opened) and by confirm changes; it never polls. The arrival listener costs the
 send path one event set per connected slave: a slow slave only falls behind, it never slows a
@@ -401,6 +408,7 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                     yield _response(out)
             else:
                 socket_reader, writer = await self._data_connection(link, connected, reader)
+                link.on_close.append(writer.transport.abort)  # unblocks a stuck drain
                 acks = asyncio.create_task(
                     self._read_acks(ha_wire.read_acks(socket_reader), link, failure)
                 )

@@ -18,6 +18,12 @@ carries the store's max offset (the proto's "one past the last byte written"; a 
 at the end counts as written) and its flushed offset. Acks are written by one task (a gRPC
 stream takes one writer at a time) while another reads.
 
+**The data socket.** When TruncateTo names a data port (``ha_wire``), the slave connects to it
+at the host it reached the master on and takes chunks and confirm offsets there, acking on the
+same socket; the stream then only says how replication ended. A master whose socket cannot be
+reached there (a proxy, a port mapping) gets no offer from this slave again: the data stays on
+the stream.
+
 **Confirm offset.** On connecting, the slave bounds reads at the point the master agreed to
 (nothing it receives from now on is served before the master confirms it); each ConfirmOffset
 raises the bound to min(confirm, what this slave has dispatched). A slave that never connects

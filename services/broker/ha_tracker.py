@@ -221,6 +221,9 @@ class SlaveLink:
     """Its hello set accepts_chunk_confirm: a confirm may travel inside a chunk."""
     chunk_ends: deque[PhysicalOffset] = field(default_factory=deque)
     """End offsets of the chunks sent and not yet acked, oldest first."""
+    on_close: list[Callable[[], None]] = field(default_factory=list)
+    """Called once when the link closes: a data socket's sender may be blocked writing to a
+    slave that stopped reading, where no wake reaches it; closing the socket does."""
 
     def __post_init__(self) -> None:
         self.sent_offset = self.start_offset
@@ -486,6 +489,8 @@ class ReplicaTracker:
             link.closed = True
             link.close_reason = reason
             link.wake.set()
+            for callback in link.on_close:
+                callback()
         if self.links.get(link.broker_id) is link:
             del self.links[link.broker_id]
             log.info("slave %d (%s) disconnected: %s", link.broker_id, link.broker_addr, reason)

@@ -648,3 +648,32 @@ async def test_no_data_socket_with_ha_listen_port_off(
         assert truncate.data_port == 0 and not truncate.data_token
         await slave.receive_until(lambda: slave.end >= end, ack=True)
         assert bytes(slave.data) == _commitlog_bytes(master, 0, end)
+
+
+async def test_a_slave_that_stops_reading_its_data_socket_is_dropped(
+    master_factory: Callable[..., ServiceProcess],
+) -> None:
+    # A window far beyond what the sockets buffer: the master's writes block on this slave,
+    # which reads nothing and never acks. The housekeeping drop must still end the stream.
+    master = master_factory(
+        haSendHeartbeatInterval=200,
+        haHousekeepingInterval=1000,
+        haMaxInFlightBytes=64 << 20,
+        haTransferBatchSize=1 << 20,
+    )
+
+    async with RawClient(master.addr) as c:
+        await _produce(master.addr, 1)
+        body = b"s" * 4000
+        for _ in range(24):  # 24 MiB
+            resp = await c.messaging.Send(
+                messaging_pb2.SendRequest(
+                    queue_id=0, messages=[common_pb2.Message(topic=TOPIC, body=body)] * 256
+                )
+            )
+            assert resp.results[0].status == messaging_pb2.SEND_OK
+        sock = await _socket_slave(c)
+        await sock.connect()
+        code, _, details = await refused(sock.slave.read(timeout_s=15))
+        assert code == grpc.StatusCode.UNAVAILABLE and "no ack" in details, details
+        assert not (await _stats(c)).slaves
