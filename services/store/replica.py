@@ -33,8 +33,11 @@ invariant recovery restores after a torn tail.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterable
+
+import numpy as np
 
 from rocketq import codec
 from rocketq.codec import BLANK_MAGIC, MESSAGE_MAGIC
@@ -63,6 +66,35 @@ _HOST_BIT_VALUES = (0, codec.SysFlag.BORNHOST_V6, codec.SysFlag.STOREHOST_V6, _H
 # The codec's field offsets for each host family, looked up per record without a call.
 _STORE_TS_AT = {bits: codec.store_timestamp_offset(bits) for bits in _HOST_BIT_VALUES}
 _PREPARED_AT = {bits: codec.prepared_transaction_offset_at(bits) for bits in _HOST_BIT_VALUES}
+
+
+_V4_FIELDS = (
+    "size", "magic", "crc", "queue_id", "flag", "queue_offset", "phys", "sys_flag", "born_ts",
+    "born_ip", "born_port", "store_ts", "store_ip", "store_port", "reconsume", "prepared",
+    "body_len",
+)  # fmt: skip
+"""The names of ``codec.V4_FIXED_AND_BODY_LEN``'s fields, in order."""
+
+
+def _numpy_dtype(fmt: str, names: tuple[str, ...]) -> np.dtype:
+    """A structured numpy dtype with the layout of the big-endian struct format ``fmt``."""
+    kinds = {"i": ">i4", "I": ">u4", "q": ">i8", "h": ">i2", "H": ">u2", "B": "u1"}
+    fields = [
+        (f"S{count}" if code == "s" else kinds[code])
+        for count, code in re.findall(r"(\d*)([a-zA-Z])", fmt.lstrip(">"))
+        for _ in range(1 if code == "s" else int(count or 1))
+    ]
+    assert len(fields) == len(names), (fmt, names)
+    return np.dtype(list(zip(names, fields, strict=True)))
+
+
+_V4_DTYPE = _numpy_dtype(_V4.format, _V4_FIELDS)
+assert _V4_DTYPE.itemsize == _V4.size
+_V4_BYTES = np.arange(_V4.size)
+FAST_RECORDS_MIN = 8
+"""From this many whole records on, a chunk's headers are read and checked by numpy (one gather
+of every header, ~35 µs per chunk) rather than one unpack and a dozen comparisons per record;
+below it the fixed cost does not pay."""
 
 
 def read_replica(commitlog: CommitLog, physical_offset: PhysicalOffset, max_bytes: int) -> bytes:
@@ -130,19 +162,136 @@ def _variable_part(
     return topic, props_at
 
 
+def _whole_records(buf: bytes) -> list[int]:
+    """Where each whole message record at the start of ``buf`` begins (up to a BLANK, a bad
+    magic or size, or a partial record)."""
+    size_magic = codec.SIZE_MAGIC.unpack_from
+    n = len(buf)
+    pos = 0
+    starts: list[int] = []
+    add = starts.append
+    while n - pos >= _HEADER_BYTES:
+        size, magic = size_magic(buf, pos)
+        if magic != MESSAGE_MAGIC or size < codec.RECORD_MIN_BYTES or n - pos < size:
+            break
+        add(pos)
+        pos += size
+    return starts
+
+
+def _decode_fast(
+    buf: bytes, base: int, file_size_bytes: int, topics: dict[bytes, str], tag_codes: TagCodes
+) -> tuple[int, list[DispatchRequest]] | None:
+    """The whole message records at the start of ``buf``, checked as :func:`decode_chunk`
+    checks them, with every header read by one numpy gather; None when there are too few to
+    pay, or when any check fails (:func:`decode_chunk` then reads them one by one and names the
+    problem). Returns (where they end, their dispatch requests)."""
+    starts = _whole_records(buf)
+    if len(starts) < FAST_RECORDS_MIN:
+        return None
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    at = np.array(starts, dtype=np.int64)
+    head = raw[at[:, None] + _V4_BYTES].view(_V4_DTYPE).ravel()
+    size = head["size"].astype(np.int64)
+    here = at + base
+    room = file_size_bytes - here % file_size_bytes
+    body_end = at + _V4_BODY_AT + head["body_len"]
+    ends = at + size
+    if not (
+        (head["phys"] == here).all()
+        and not (head["sys_flag"] & _HOST_BITS).any()
+        and (head["body_len"] > 0).all()
+        and (size <= room).all()
+        and not ((room - size > 0) & (room - size < _HEADER_BYTES)).any()
+        and (body_end + 3 <= ends).all()
+    ):
+        return None
+    topic_end = body_end + 1 + raw[body_end]
+    props_at = topic_end + 2
+    if not (props_at <= ends).all():
+        return None
+    props_len = (raw[topic_end].astype(np.int64) << 8) | raw[topic_end + 1]
+    if not (props_at + props_len == ends).all():
+        return None
+    mv = memoryview(buf)
+    crc32 = codec.crc32
+    find = buf.find
+    reqs: list[DispatchRequest] = []
+    add = reqs.append
+    n_tags, n_uniq = len(_TAGS), len(_UNIQ)
+    # Lists from numpy are typed Any: the offsets go into DispatchRequest without a NewType
+    # call each (~0.1 µs per record).
+    for phys, size_, end, body_at, b_end, t_end, cur, crc, qid, qoff, sys_flag, store_ts, \
+            prepared in zip(
+        here.tolist(), size.tolist(), ends.tolist(), (at + _V4_BODY_AT).tolist(),
+        body_end.tolist(), topic_end.tolist(), props_at.tolist(), head["crc"].tolist(),
+        head["queue_id"].tolist(), head["queue_offset"].tolist(), head["sys_flag"].tolist(),
+        head["store_ts"].tolist(), head["prepared"].tolist(), strict=True,
+    ):  # fmt: skip
+        if crc32(mv[body_at:b_end]) & 0x7FFFFFFF != crc:
+            return None
+        topic = topics.get(buf[b_end + 1 : t_end])
+        if topic is None:
+            return None  # a topic not seen yet: the slow path decodes and checks it
+        # TAGS, KEYS and UNIQ_KEY by byte search; a value that starts the properties or follows
+        # a \x02 is read here, anything else by _prop. A TAGS value's code is cached by its
+        # bytes (a queue's records mostly share one tag).
+        i = find(_TAGS, cur, end)
+        if i < 0:
+            tags_code = 0
+        elif i == cur or buf[i - 1] == 2:
+            ve = find(b"\x02", i + n_tags, end)
+            value = buf[i + n_tags : ve if ve >= 0 else end]
+            tags_code = tag_codes.get(value, -1)
+            if tags_code == -1:
+                tags_code = tag_codes.learn(value)
+        else:
+            tags_code = codec.tags_hash(_prop(buf, _TAGS, i, cur, end))
+        i = find(_KEYS, cur, end)
+        keys = "" if i < 0 else _prop(buf, _KEYS, i, cur, end)
+        i = find(_UNIQ, cur, end)
+        if i < 0:
+            uniq = ""
+        elif i == cur or buf[i - 1] == 2:
+            ve = find(b"\x02", i + n_uniq, end)
+            uniq = buf[i + n_uniq : ve if ve >= 0 else end].decode("utf-8", "replace")
+        else:
+            uniq = _prop(buf, _UNIQ, i, cur, end)
+        add(
+            DispatchRequest(topic, qid, phys, size_, tags_code, store_ts, qoff, keys, uniq,
+                            sys_flag, prepared)
+        )  # fmt: skip
+    return ends[-1].item(), reqs
+
+
+class TagCodes(dict[bytes, int]):
+    """TAGS values (bytes, as stored) to their consume-queue tags codes, bounded."""
+
+    def learn(self, value: bytes) -> int:
+        code = codec.tags_hash(value.decode("utf-8", "replace"))
+        if len(self) < TOPIC_CACHE_MAX:
+            self[value] = code
+        return code
+
+
 def decode_chunk(
-    buf: bytes, base: int, file_size_bytes: int, topics: dict[bytes, str]
+    buf: bytes,
+    base: int,
+    file_size_bytes: int,
+    topics: dict[bytes, str],
+    tag_codes: TagCodes | None = None,
 ) -> tuple[int, list[DispatchRequest], str | None]:
     """Check the whole records and BLANKs at the start of ``buf`` (which lands at ``base``).
 
     Returns (bytes that are whole and good, their dispatch requests, problem or None). With no
     problem the rest of ``buf`` is a partial tail; with one, the rest starts with bad bytes.
-    ``topics`` caches decoded topic names.
+    ``topics`` caches decoded topic names, ``tag_codes`` TAGS codes.
     """
-    reqs: list[DispatchRequest] = []
+    fast = _decode_fast(buf, base, file_size_bytes, topics, tag_codes if tag_codes is not None
+                        else TagCodes())  # fmt: skip
+    pos, reqs = fast if fast is not None else (0, [])
     mv = memoryview(buf)
     n = len(buf)
-    pos = 0
     head = codec.RECORD_HEAD.unpack_from
     size_magic = codec.SIZE_MAGIC.unpack_from
     long_at = _LONG.unpack_from
@@ -230,6 +379,7 @@ class ReplicaWriter:
         self.pending = b""
         """The partial tail: the bytes between the last whole record and the commitlog's end."""
         self._topics: dict[bytes, str] = {}
+        self._tag_codes = TagCodes()
         self.records_appended = 0
 
     @property
@@ -259,7 +409,9 @@ class ReplicaWriter:
             return received
         data = bytes(data)
         buf = self.pending + data if self.pending else data
-        good, reqs, problem = decode_chunk(buf, whole_end, cl.file_size_bytes, self._topics)
+        good, reqs, problem = decode_chunk(
+            buf, whole_end, cl.file_size_bytes, self._topics, self._tag_codes
+        )
         cl.append_raw(received, data)
         if good and self.pending:  # the old partial is whole now: give it its header back
             _write_at(cl, whole_end, buf[: min(_HEADER_BYTES, len(self.pending))])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from rocketq import codec
 from rocketq.validation import TRANS_HALF_TOPIC
 from services.common.clock import ManualClock
+from services.store import replica
 from services.store.commitlog import MessageToStore
 from services.store.config import StoreConfig
 from services.store.message_store import (
@@ -54,6 +56,8 @@ class Pair:
         self.slave = self.open("slave")
         self.seq = 0
         self.keys: list[str] = []
+        self.plain = False
+        """Only IPv4 hosts and non-empty bodies: the records numpy reads in one gather."""
 
     def config(self, name: str) -> StoreConfig:
         return StoreConfig(
@@ -104,13 +108,13 @@ class Pair:
         return MessageToStore(
             topic=topic,
             queue_id=rng.randrange(4),
-            body=rng.randbytes(rng.choice([0, 1, 10, 200, 200, 700, 1500])),
+            body=rng.randbytes(rng.choice([0, 1, 10, 200, 200, 700, 1500][self.plain :])),
             properties=codec.encode_properties(props),
             tags_code=codec.tags_hash(tags),
             keys=keys,
             uniq_key=props[codec.Prop.UNIQ_KEY],
             sys_flag=sys_flag,
-            born_host=V6_HOST if rng.random() < 0.2 else codec.LOCALHOST,
+            born_host=V6_HOST if rng.random() < 0.2 and not self.plain else codec.LOCALHOST,
             prepared_transaction_offset=prepared,
         )
 
@@ -526,3 +530,84 @@ async def test_any_interleaving_ends_identical(
             await pair.restart_slave(crash=action == "crash")
     pair.copy()
     pair.assert_identical()
+
+
+_FIELDS = ("size", "magic", "crc", "physical_offset", "sys_flag", "body_length", "body",
+           "topic_length", "topic", "properties_length", "properties", "last")  # fmt: skip
+
+
+def _field_at(store: MessageStore, offset: int, name: str) -> int:
+    """Where field ``name`` of the record at ``offset`` lies, from the record's start (the
+    last byte of a multi-byte number, so that a low bit flips)."""
+    raw = store.commitlog.read(offset, 8)
+    assert raw is not None
+    total = int.from_bytes(raw[:4], "big")
+    rec = bytes(store.commitlog.read(offset, total) or b"")
+    sys_flag = int.from_bytes(rec[36:40], "big")
+    body_at, body_end, topic_at, _topic_end, props_at = codec.record_spans(rec, 0, total, sys_flag)
+    return {
+        "size": 3, "magic": 7, "crc": 11, "physical_offset": 35, "sys_flag": 39,
+        "body_length": body_at - 1, "body": body_at, "topic_length": body_end,
+        "topic": topic_at, "properties_length": props_at - 1, "properties": props_at,
+        "last": total - 1,
+    }[name]  # fmt: skip
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    seed=st.integers(0, 10_000),
+    start=st.integers(0, 1 << 20),
+    size=st.integers(1, 64 * 1024),
+    flip=st.one_of(
+        st.none(),
+        st.tuples(st.integers(0, 1 << 20), st.sampled_from(_FIELDS), st.integers(0, 7)),
+        st.tuples(st.integers(0, 1 << 20), st.sampled_from(_FIELDS), st.integers(0, 7)),
+    ),
+    plain=st.sampled_from([True, True, True, False]),
+)
+def test_chunks_decode_alike_with_and_without_the_numpy_header_read(
+    make_pair: Callable[..., Pair],
+    seed: int,
+    start: int,
+    size: int,
+    flip: tuple[int, str, int] | None,
+    plain: bool,
+) -> None:
+    pair = make_pair(seed=seed)
+    pair.plain = plain
+    pair.write(30)
+    m = pair.master
+    bounds = pair.boundaries()
+    at = bounds[start % len(bounds)]
+    buf = bytearray(m.read_replica(at, size))
+    records = [b - at for b in bounds if at <= b < at + len(buf) and not _is_blank(m, b)]
+    if flip is not None and records:  # one bit of one field of one record
+        pick, name, bit = flip
+        rec = records[pick % len(records)]
+        buf[min(len(buf) - 1, rec + _field_at(m, at + rec, name))] ^= 1 << bit
+    data = bytes(buf)
+    file_bytes = m.commitlog.file_size_bytes
+
+    def decode(fast_min: int) -> tuple[int, list[DispatchRequest], str | None]:
+        topics = {t.encode(): t for t in (*TOPICS, TRANS_HALF_TOPIC)}  # as if seen before
+        with mock.patch.object(replica, "FAST_RECORDS_MIN", fast_min):
+            return replica.decode_chunk(data, at, file_bytes, topics, replica.TagCodes())
+
+    assert decode(replica.FAST_RECORDS_MIN) == decode(1 << 30)
+    if plain and flip is None:
+        # The numpy read took every whole record of a plain chunk of enough records.
+        ends = [*bounds[1:], m.commitlog.max_offset]
+        whole = 0
+        for b, end in zip(bounds, ends, strict=True):
+            if b < at:
+                continue
+            if end > at + len(data) or _is_blank(m, b):
+                break
+            whole += 1
+        topics = {t.encode(): t for t in (*TOPICS, TRANS_HALF_TOPIC)}
+        fast = replica._decode_fast(data, at, file_bytes, topics, replica.TagCodes())
+        assert (fast is not None) == (whole >= replica.FAST_RECORDS_MIN), whole
