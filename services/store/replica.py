@@ -242,9 +242,8 @@ def _decode_fast(
         elif i == cur or buf[i - 1] == 2:
             ve = find(b"\x02", i + n_tags, end)
             value = buf[i + n_tags : ve if ve >= 0 else end]
-            tags_code = tag_codes.get(value, -1)
-            if tags_code == -1:
-                tags_code = tag_codes.learn(value)
+            cached = tag_codes.get(value)
+            tags_code = cached if cached is not None else tag_codes.learn(value)
         else:
             tags_code = codec.tags_hash(_prop(buf, _TAGS, i, cur, end))
         i = find(_KEYS, cur, end)
