@@ -144,6 +144,8 @@ async def test_mutual_tls_round_trip_through_every_port(env: Env) -> None:
         return await _max_offsets(env, env.slave.addr, "tls-orders") == master
 
     await until(replicated, "the slave caught up over the TLS replication stream", 15)
+    # The bytes themselves went over TLS too: a TLS master opens no plaintext data socket.
+    assert "replication data socket on" not in env.broker.log_path.read_text()
 
 
 async def test_plaintext_and_certless_clients_are_refused_with_a_clear_error(env: Env) -> None:
