@@ -213,29 +213,48 @@ def _decode_fast(
     props_len = (raw[topic_end].astype(np.int64) << 8) | raw[topic_end + 1]
     if not (props_at + props_len == ends).all():
         return None
+    props = _uniform_properties(buf, raw, props_at, ends, tag_codes) or _properties(
+        buf, props_at.tolist(), ends.tolist(), tag_codes
+    )
     mv = memoryview(buf)
     crc32 = codec.crc32
-    find = buf.find
     reqs: list[DispatchRequest] = []
     add = reqs.append
-    n_tags, n_uniq = len(_TAGS), len(_UNIQ)
     # Lists from numpy are typed Any: the offsets go into DispatchRequest without a NewType
     # call each (~0.1 µs per record).
-    for phys, size_, end, body_at, b_end, t_end, cur, crc, qid, qoff, sys_flag, store_ts, \
-            prepared in zip(
-        here.tolist(), size.tolist(), ends.tolist(), (at + _V4_BODY_AT).tolist(),
-        body_end.tolist(), topic_end.tolist(), props_at.tolist(), head["crc"].tolist(),
-        head["queue_id"].tolist(), head["queue_offset"].tolist(), head["sys_flag"].tolist(),
-        head["store_ts"].tolist(), head["prepared"].tolist(), strict=True,
+    for phys, size_, body_at, b_end, t_end, crc, qid, qoff, sys_flag, store_ts, prepared, \
+            tags_code, keys, uniq in zip(
+        here.tolist(), size.tolist(), (at + _V4_BODY_AT).tolist(), body_end.tolist(),
+        topic_end.tolist(), head["crc"].tolist(), head["queue_id"].tolist(),
+        head["queue_offset"].tolist(), head["sys_flag"].tolist(), head["store_ts"].tolist(),
+        head["prepared"].tolist(), *props, strict=True,
     ):  # fmt: skip
         if crc32(mv[body_at:b_end]) & 0x7FFFFFFF != crc:
             return None
         topic = topics.get(buf[b_end + 1 : t_end])
         if topic is None:
             return None  # a topic not seen yet: the slow path decodes and checks it
-        # TAGS, KEYS and UNIQ_KEY by byte search; a value that starts the properties or follows
-        # a \x02 is read here, anything else by _prop. A TAGS value's code is cached by its
-        # bytes (a queue's records mostly share one tag).
+        add(
+            DispatchRequest(topic, qid, phys, size_, tags_code, store_ts, qoff, keys, uniq,
+                            sys_flag, prepared)
+        )  # fmt: skip
+    return ends[-1].item(), reqs
+
+
+Properties = tuple[list[int], list[str], list[str]]
+"""Per record: the TAGS code, the KEYS value and the UNIQ_KEY value."""
+
+
+def _properties(buf: bytes, starts: list[int], ends: list[int], tag_codes: TagCodes) -> Properties:
+    """TAGS, KEYS and UNIQ_KEY of each record's properties ``buf[start:end]``, by byte search;
+    a value that starts the properties or follows a \\x02 is read here, anything else by
+    _prop. A TAGS value's code is cached by its bytes (a queue's records mostly share one)."""
+    find = buf.find
+    n_tags, n_uniq = len(_TAGS), len(_UNIQ)
+    tags_codes: list[int] = []
+    keys_values: list[str] = []
+    uniq_values: list[str] = []
+    for cur, end in zip(starts, ends, strict=True):
         i = find(_TAGS, cur, end)
         if i < 0:
             tags_code = 0
@@ -246,8 +265,9 @@ def _decode_fast(
             tags_code = cached if cached is not None else tag_codes.learn(value)
         else:
             tags_code = codec.tags_hash(_prop(buf, _TAGS, i, cur, end))
+        tags_codes.append(tags_code)
         i = find(_KEYS, cur, end)
-        keys = "" if i < 0 else _prop(buf, _KEYS, i, cur, end)
+        keys_values.append("" if i < 0 else _prop(buf, _KEYS, i, cur, end))
         i = find(_UNIQ, cur, end)
         if i < 0:
             uniq = ""
@@ -256,11 +276,50 @@ def _decode_fast(
             uniq = buf[i + n_uniq : ve if ve >= 0 else end].decode("utf-8", "replace")
         else:
             uniq = _prop(buf, _UNIQ, i, cur, end)
-        add(
-            DispatchRequest(topic, qid, phys, size_, tags_code, store_ts, qoff, keys, uniq,
-                            sys_flag, prepared)
-        )  # fmt: skip
-    return ends[-1].item(), reqs
+        uniq_values.append(uniq)
+    return tags_codes, keys_values, uniq_values
+
+
+def _uniform_properties(
+    buf: bytes, raw: np.ndarray, starts: np.ndarray, ends: np.ndarray, tag_codes: TagCodes
+) -> Properties | None:
+    """:func:`_properties` for records whose properties are the same bytes but for an ASCII
+    UNIQ_KEY value of one length (a producer's batch: same tags and keys, a unique id each):
+    the first record's TAGS and KEYS stand for all, the ids are cut from one decoded string.
+    None for any other records.
+
+    Why one search stands for all: with no \\x01 or \\x02 inside the ids, every name search
+    finds in each record what it finds in the first (a match cannot start or end inside an
+    id), and the bytes around the ids are equal."""
+    lengths = ends - starts
+    length = int(lengths[0])
+    if not (lengths == length).all():
+        return None
+    cur = int(starts[0])
+    end = cur + length
+    i = buf.find(_UNIQ, cur, end)
+    while i > cur and buf[i - 1] != 2:  # as _prop: the name must start an item
+        i = buf.find(_UNIQ, i + 1, end)
+    if i < 0:
+        return None
+    value_at = i + len(_UNIQ) - cur
+    value_end = buf.find(b"\x02", cur + value_at, end)
+    value_end = (value_end if value_end >= 0 else end) - cur
+    grid = raw[starts[:, None] + np.arange(length)]
+    ids = grid[:, value_at:value_end]
+    if not (
+        (grid[:, :value_at] == grid[0, :value_at]).all()
+        and (grid[:, value_end:] == grid[0, value_end:]).all()
+        and (ids < 0x80).all()
+        and not ((ids == 1) | (ids == 2)).any()
+    ):
+        return None
+    width = value_end - value_at
+    text = ids.tobytes().decode("ascii")
+    tags, keys, _ = _properties(buf, [cur], [end], tag_codes)
+    n = len(lengths)
+    uniqs = [text[k : k + width] for k in range(0, n * width, width)] if width else [""] * n
+    return tags * n, keys * n, uniqs
 
 
 class TagCodes(dict[bytes, int]):

@@ -58,6 +58,8 @@ class Pair:
         self.keys: list[str] = []
         self.plain = False
         """Only IPv4 hosts and non-empty bodies: the records numpy reads in one gather."""
+        self.uniform = False
+        """Every record's properties the same but for its UNIQ_KEY (read once for a chunk)."""
 
     def config(self, name: str) -> StoreConfig:
         return StoreConfig(
@@ -97,6 +99,13 @@ class Pair:
             self.keys.extend(keys.split(" "))
         if rng.random() < 0.3:
             props["userProp"] = "v" * rng.randrange(40)
+        if self.uniform:  # a producer's batch: one tag and key set, a unique id each
+            tags, keys = "TagA", "k1 k2"
+            props = {
+                codec.Prop.TAGS: tags,
+                codec.Prop.KEYS: keys,
+                codec.Prop.UNIQ_KEY: f"U{self.seq:06d}",
+            }
         topic, sys_flag, prepared = rng.choice(TOPICS), 0, 0
         kind = rng.random()
         if kind < 0.1:
@@ -567,7 +576,7 @@ def _field_at(store: MessageStore, offset: int, name: str) -> int:
         st.tuples(st.integers(0, 1 << 20), st.sampled_from(_FIELDS), st.integers(0, 7)),
         st.tuples(st.integers(0, 1 << 20), st.sampled_from(_FIELDS), st.integers(0, 7)),
     ),
-    plain=st.sampled_from([True, True, True, False]),
+    kind=st.sampled_from(["plain", "uniform", "uniform", "mixed"]),
 )
 def test_chunks_decode_alike_with_and_without_the_numpy_header_read(
     make_pair: Callable[..., Pair],
@@ -575,10 +584,11 @@ def test_chunks_decode_alike_with_and_without_the_numpy_header_read(
     start: int,
     size: int,
     flip: tuple[int, str, int] | None,
-    plain: bool,
+    kind: str,
 ) -> None:
     pair = make_pair(seed=seed)
-    pair.plain = plain
+    pair.plain = kind != "mixed"
+    pair.uniform = kind == "uniform"
     pair.write(30)
     m = pair.master
     bounds = pair.boundaries()
@@ -598,7 +608,7 @@ def test_chunks_decode_alike_with_and_without_the_numpy_header_read(
             return replica.decode_chunk(data, at, file_bytes, topics, replica.TagCodes())
 
     assert decode(replica.FAST_RECORDS_MIN) == decode(1 << 30)
-    if plain and flip is None:
+    if pair.plain and flip is None:
         # The numpy read took every whole record of a plain chunk of enough records.
         ends = [*bounds[1:], m.commitlog.max_offset]
         whole = 0
