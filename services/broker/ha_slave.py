@@ -21,8 +21,8 @@ stream takes one writer at a time) while another reads.
 **The data socket.** When TruncateTo names a data port (``ha_wire``), the slave connects to it
 at the host it reached the master on and takes chunks and confirm offsets there, acking on the
 same socket; the stream then only says how replication ended. A master whose socket cannot be
-reached there (a proxy, a port mapping) gets no offer from this slave again: the data stays on
-the stream.
+reached there (a proxy, a port mapping) gets no offer from this slave for DATA_SOCKET_RETRY_S:
+the data stays on the stream meanwhile.
 
 **Confirm offset.** On connecting, the slave bounds reads at the point the master agreed to
 (nothing it receives from now on is served before the master confirms it); each ConfirmOffset
@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_INITIAL_MS = 100
 BACKOFF_MAX_MS = 5_000
+DATA_SOCKET_RETRY_S = 300.0
+"""How long a slave keeps the data on the stream after its master's data socket could not be
+reached, before it offers to take the socket again."""
 
 
 class ProtocolError(Exception):
@@ -116,6 +119,29 @@ class AckPacer:
     def sent(self, offset: PhysicalOffset) -> None:
         self.acked = offset
         self._last_sent_ms = self._now_ms()
+
+
+class DataSocketOffers:
+    """Whether a hello offers to take the master's data socket: yes, but for a master address
+    whose socket could not be reached, for :data:`DATA_SOCKET_RETRY_S` (a proxy or a port
+    mapping keeps it unreachable; a network cut at the wrong moment does not)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._unreachable: dict[str, float] = {}
+        """Master address -> when to offer again (monotonic s)."""
+
+    def offer(self, addr: str) -> bool:
+        again_s = self._unreachable.get(addr)
+        if again_s is None:
+            return True
+        if self._clock.monotonic_s() < again_s:
+            return False
+        del self._unreachable[addr]
+        return True
+
+    def unreachable(self, addr: str) -> None:
+        self._unreachable[addr] = self._clock.monotonic_s() + DATA_SOCKET_RETRY_S
 
 
 class SlaveReplica:
@@ -233,8 +259,7 @@ class ReplicationClient:
         self._call: Any = None
         self._call_addr = ""
         self._repointed = asyncio.Event()
-        self._no_data_socket = ""
-        """A master address whose data socket could not be reached: no offer to take it."""
+        self._data_socket_offers = DataSocketOffers(clock)
 
     def close(self) -> None:
         """Stop replicating: end the current stream and let ``run`` return. Needed besides
@@ -336,7 +361,7 @@ class ReplicationClient:
         acks: asyncio.Task[None] | None = None
         try:
             hello = self.replica.hello()
-            hello.accepts_data_socket = addr != self._no_data_socket
+            hello.accepts_data_socket = self._data_socket_offers.offer(addr)
             await call.write(replication_pb2.ReplicationStreamRequest(hello=hello))
             async with asyncio.timeout(idle_s):  # not wait_for: a stop's cancel must not be lost
                 first = await call.read()
@@ -394,7 +419,7 @@ class ReplicationClient:
         except (OSError, TimeoutError) as exc:
             # A master reached through a proxy or a port mapping: its data port may not be
             # reachable at that host. Replicate on the stream from the next connection on.
-            self._no_data_socket = addr
+            self._data_socket_offers.unreachable(addr)
             raise ProtocolError(
                 f"the master's replication data socket {host}:{truncate.data_port} is not "
                 f"reachable ({type(exc).__name__}: {exc}); the data stays on the stream"

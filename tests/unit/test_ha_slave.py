@@ -16,7 +16,14 @@ from services.broker.config import BrokerConfig
 from services.broker.consumer_offset_manager import ConsumerOffsetManager
 from services.broker.ha_config_sync import ConfigSync, SlaveOffsetCommits
 from services.broker.ha_pacing import ACK_PACE_MAX_MS
-from services.broker.ha_slave import AckPacer, Backoff, ProtocolError, SlaveReplica
+from services.broker.ha_slave import (
+    DATA_SOCKET_RETRY_S,
+    AckPacer,
+    Backoff,
+    DataSocketOffers,
+    ProtocolError,
+    SlaveReplica,
+)
 from services.broker.model import SubscriptionGroupConfig, TopicConfig
 from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.timer_put import TIMER_CONSUMER_GROUP
@@ -89,6 +96,18 @@ def test_ack_pacer_written_offset_never_goes_back() -> None:
     pacer.note_written(500)
     pacer.note_written(400)
     assert pacer.written == 500
+
+
+def test_a_master_whose_data_socket_was_unreachable_gets_no_offer_for_a_while() -> None:
+    clock = ManualClock()
+    offers = DataSocketOffers(clock)
+    assert offers.offer("m:1") and offers.offer("m:2")
+    offers.unreachable("m:1")
+    assert not offers.offer("m:1") and offers.offer("m:2")
+    clock.advance_ms(int(DATA_SOCKET_RETRY_S * 1000) - 1)
+    assert not offers.offer("m:1")
+    clock.advance_ms(1)
+    assert offers.offer("m:1") and offers.offer("m:1")
 
 
 # -- what the stream does to a real store ---------------------------------------------------
