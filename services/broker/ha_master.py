@@ -633,13 +633,14 @@ async def _nothing_more(
 def _write_frame(writer: asyncio.StreamWriter, out: Outgoing) -> None:
     confirm = ha_wire.NO_CONFIRM if out.confirm is None else out.confirm
     if out.data:
-        head = ha_wire.frame(
+        head = ha_wire.FRAME.pack(
             ha_wire.CHUNK, out.offset, len(out.data), out.ack_pace_ms, confirm, out.config_version
         )
         writer.write(head)
         writer.write(out.data)
     else:
-        writer.write(ha_wire.frame(ha_wire.CONFIRM, out.offset, 0, 0, confirm, out.config_version))
+        head = ha_wire.FRAME.pack(ha_wire.CONFIRM, out.offset, 0, 0, confirm, out.config_version)
+        writer.write(head)
 
 
 def _response(out: Outgoing) -> replication_pb2.ReplicationStreamResponse:

@@ -139,10 +139,6 @@ class DataListener:
         future.set_result((reader, writer))
 
 
-def frame(kind: int, offset: int, length: int, pace_ms: int, confirm: int, version: int) -> bytes:
-    return FRAME.pack(kind, offset, length, pace_ms, confirm, version)
-
-
 async def read_acks(reader: asyncio.StreamReader) -> AsyncIterator[tuple[int, int]]:
     """(max_physical_offset, flushed_offset) per ack until the slave closes the socket."""
     unpack = ACK.unpack

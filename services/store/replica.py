@@ -213,9 +213,10 @@ def _decode_fast(
     props_len = (raw[topic_end].astype(np.int64) << 8) | raw[topic_end + 1]
     if not (props_at + props_len == ends).all():
         return None
-    props = _uniform_properties(buf, raw, props_at, ends, tag_codes) or _properties(
-        buf, props_at.tolist(), ends.tolist(), tag_codes
-    )
+    props = _uniform_properties(buf, raw, props_at, ends, tag_codes) or [
+        _record_properties(buf, cur, end, tag_codes)
+        for cur, end in zip(props_at.tolist(), ends.tolist(), strict=True)
+    ]
     mv = memoryview(buf)
     crc32 = codec.crc32
     reqs: list[DispatchRequest] = []
@@ -223,11 +224,11 @@ def _decode_fast(
     # Lists from numpy are typed Any: the offsets go into DispatchRequest without a NewType
     # call each (~0.1 µs per record).
     for phys, size_, body_at, b_end, t_end, crc, qid, qoff, sys_flag, store_ts, prepared, \
-            tags_code, keys, uniq in zip(
+            (tags_code, keys, uniq) in zip(
         here.tolist(), size.tolist(), (at + _V4_BODY_AT).tolist(), body_end.tolist(),
         topic_end.tolist(), head["crc"].tolist(), head["queue_id"].tolist(),
         head["queue_offset"].tolist(), head["sys_flag"].tolist(), head["store_ts"].tolist(),
-        head["prepared"].tolist(), *props, strict=True,
+        head["prepared"].tolist(), props, strict=True,
     ):  # fmt: skip
         if crc32(mv[body_at:b_end]) & 0x7FFFFFFF != crc:
             return None
@@ -241,52 +242,48 @@ def _decode_fast(
     return ends[-1].item(), reqs
 
 
-Properties = tuple[list[int], list[str], list[str]]
+Properties = list[tuple[int, str, str]]
 """Per record: the TAGS code, the KEYS value and the UNIQ_KEY value."""
 
 
-def _properties(buf: bytes, starts: list[int], ends: list[int], tag_codes: TagCodes) -> Properties:
-    """TAGS, KEYS and UNIQ_KEY of each record's properties ``buf[start:end]``, by byte search;
-    a value that starts the properties or follows a \\x02 is read here, anything else by
-    _prop. A TAGS value's code is cached by its bytes (a queue's records mostly share one)."""
+def _record_properties(buf: bytes, cur: int, end: int, tag_codes: TagCodes) -> tuple[int, str, str]:
+    """The TAGS code, KEYS and UNIQ_KEY of the properties ``buf[cur:end]``, by byte search (a
+    miss costs no call); a value that starts the properties or follows a \\x02 is read here,
+    anything else by _prop. A TAGS value's code is cached by its bytes (a queue's records
+    mostly share one)."""
     find = buf.find
-    n_tags, n_uniq = len(_TAGS), len(_UNIQ)
-    tags_codes: list[int] = []
-    keys_values: list[str] = []
-    uniq_values: list[str] = []
-    for cur, end in zip(starts, ends, strict=True):
-        i = find(_TAGS, cur, end)
-        if i < 0:
-            tags_code = 0
-        elif i == cur or buf[i - 1] == 2:
-            ve = find(b"\x02", i + n_tags, end)
-            value = buf[i + n_tags : ve if ve >= 0 else end]
-            cached = tag_codes.get(value)
-            tags_code = cached if cached is not None else tag_codes.learn(value)
-        else:
-            tags_code = codec.tags_hash(_prop(buf, _TAGS, i, cur, end))
-        tags_codes.append(tags_code)
-        i = find(_KEYS, cur, end)
-        keys_values.append("" if i < 0 else _prop(buf, _KEYS, i, cur, end))
-        i = find(_UNIQ, cur, end)
-        if i < 0:
-            uniq = ""
-        elif i == cur or buf[i - 1] == 2:
-            ve = find(b"\x02", i + n_uniq, end)
-            uniq = buf[i + n_uniq : ve if ve >= 0 else end].decode("utf-8", "replace")
-        else:
-            uniq = _prop(buf, _UNIQ, i, cur, end)
-        uniq_values.append(uniq)
-    return tags_codes, keys_values, uniq_values
+    i = find(_TAGS, cur, end)
+    if i < 0:
+        tags_code = 0
+    elif i == cur or buf[i - 1] == 2:
+        at = i + len(_TAGS)
+        ve = find(b"\x02", at, end)
+        value = buf[at : ve if ve >= 0 else end]
+        cached = tag_codes.get(value)
+        tags_code = cached if cached is not None else tag_codes.learn(value)
+    else:
+        tags_code = codec.tags_hash(_prop(buf, _TAGS, i, cur, end))
+    i = find(_KEYS, cur, end)
+    keys = "" if i < 0 else _prop(buf, _KEYS, i, cur, end)
+    i = find(_UNIQ, cur, end)
+    if i < 0:
+        uniq = ""
+    elif i == cur or buf[i - 1] == 2:
+        at = i + len(_UNIQ)
+        ve = find(b"\x02", at, end)
+        uniq = buf[at : ve if ve >= 0 else end].decode("utf-8", "replace")
+    else:
+        uniq = _prop(buf, _UNIQ, i, cur, end)
+    return tags_code, keys, uniq
 
 
 def _uniform_properties(
     buf: bytes, raw: np.ndarray, starts: np.ndarray, ends: np.ndarray, tag_codes: TagCodes
 ) -> Properties | None:
-    """:func:`_properties` for records whose properties are the same bytes but for an ASCII
-    UNIQ_KEY value of one length (a producer's batch: same tags and keys, a unique id each):
-    the first record's TAGS and KEYS stand for all, the ids are cut from one decoded string.
-    None for any other records.
+    """:func:`_record_properties` of records whose properties are the same bytes but for an
+    ASCII UNIQ_KEY value of one length (a producer's batch: same tags and keys, a unique id
+    each): the first record's TAGS and KEYS stand for all, the ids are cut from one decoded
+    string. None for any other records.
 
     Why one search stands for all: with no \\x01 or \\x02 inside the ids, every name search
     finds in each record what it finds in the first (a match cannot start or end inside an
@@ -316,10 +313,10 @@ def _uniform_properties(
         return None
     width = value_end - value_at
     text = ids.tobytes().decode("ascii")
-    tags, keys, _ = _properties(buf, [cur], [end], tag_codes)
+    tags_code, keys, _ = _record_properties(buf, cur, end, tag_codes)
     n = len(lengths)
     uniqs = [text[k : k + width] for k in range(0, n * width, width)] if width else [""] * n
-    return tags * n, keys * n, uniqs
+    return [(tags_code, keys, uniq) for uniq in uniqs]
 
 
 class TagCodes(dict[bytes, int]):
@@ -345,16 +342,14 @@ def decode_chunk(
     problem the rest of ``buf`` is a partial tail; with one, the rest starts with bad bytes.
     ``topics`` caches decoded topic names, ``tag_codes`` TAGS codes.
     """
-    fast = _decode_fast(buf, base, file_size_bytes, topics, tag_codes if tag_codes is not None
-                        else TagCodes())  # fmt: skip
+    codes = tag_codes if tag_codes is not None else TagCodes()
+    fast = _decode_fast(buf, base, file_size_bytes, topics, codes)
     pos, reqs = fast if fast is not None else (0, [])
     mv = memoryview(buf)
     n = len(buf)
     head = codec.RECORD_HEAD.unpack_from
     size_magic = codec.SIZE_MAGIC.unpack_from
     long_at = _LONG.unpack_from
-    find = buf.find
-    tags_hash = codec.tags_hash
     v4 = _V4.unpack_from
     crc32 = codec.crc32
     while n - pos >= _HEADER_BYTES:
@@ -402,13 +397,7 @@ def decode_chunk(
             topic, cur = checked
             store_ts = long_at(buf, pos + _STORE_TS_AT[sys_flag & _HOST_BITS])[0]
             prepared = long_at(buf, pos + _PREPARED_AT[sys_flag & _HOST_BITS])[0]
-        # The three properties dispatch needs, by byte search (a miss costs no call).
-        i = find(_TAGS, cur, end)
-        tags_code = tags_hash(_prop(buf, _TAGS, i, cur, end)) if i >= 0 else 0
-        i = find(_KEYS, cur, end)
-        keys = _prop(buf, _KEYS, i, cur, end) if i >= 0 else ""
-        i = find(_UNIQ, cur, end)
-        uniq = _prop(buf, _UNIQ, i, cur, end) if i >= 0 else ""
+        tags_code, keys, uniq = _record_properties(buf, cur, end, codes)
         reqs.append(
             DispatchRequest(
                 topic,
