@@ -32,7 +32,7 @@ from rocketq.codec import BLANK_MAGIC, END_FILE_MIN_BLANK_BYTES, HostAddress
 from services.common import failpoints
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.store.mapped_file import DiskFullError, MappedFile, MappedFileQueue
-from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
+from services.store.types import DispatchRequest, DispatchRun, PhysicalOffset, QueueOffset
 
 DEFAULT_COMMITLOG_FILE_BYTES = 1024 * 1024 * 1024
 TRANSACTION_MASK = codec.SysFlag.TRANSACTION_MASK
@@ -100,22 +100,21 @@ class SentAppend(NamedTuple):
     end_offset: int
     """Just past the last record."""
 
-    def requests(self, batch: SentBatch) -> list[DispatchRequest]:
-        """What :meth:`CommitLog.append_batch` would hand dispatch for these records."""
-        topic, qid, q0, now = (
+    def run(self, batch: SentBatch) -> DispatchRun:
+        """What dispatch takes for these records: the batch's columns, no object per record."""
+        return DispatchRun(
             batch.topic,
             batch.queue_id,
-            self.first_queue_offset,
-            self.store_timestamp_ms,
+            QueueOffset(self.first_queue_offset),
+            self.physical_offsets,
+            batch.size,
+            batch.tags_codes,
+            [self.store_timestamp_ms] * len(self.physical_offsets),
+            batch.keys,
+            batch.uniq_keys,
+            batch.sys_flag,
+            PhysicalOffset(self.end_offset),
         )
-        return [
-            DispatchRequest(topic, qid, PhysicalOffset(phys), size, tags, now, QueueOffset(q0 + i),
-                            keys, uniq, sys_flag, 0)
-            for i, (phys, size, tags, keys, uniq, sys_flag) in enumerate(
-                zip(self.physical_offsets, batch.size, batch.tags_codes, batch.keys,
-                    batch.uniq_keys, batch.sys_flag, strict=True)
-            )
-        ]  # fmt: skip
 
     def results(self, batch: SentBatch, store_host: HostAddress) -> list[AppendResult]:
         """What :meth:`CommitLog.append_batch` would return for these records."""
@@ -265,8 +264,8 @@ class CommitLog:
         """Append a producer-encoded batch: stamp queue id, offsets, hosts and times into each
         record in place and write the bytes with one copy per file they land in (a record never
         spans two files). Same contract as :meth:`append_batch`, but the answer is columns
-        (:class:`SentAppend`), not an object per record; dispatch it with
-        ``Dispatcher.dispatch_sent``."""
+        (:class:`SentAppend`), not an object per record; dispatch its ``run``
+        with ``Dispatcher.dispatch_run``."""
         if self.store_host.is_v6 or batch.born_host.is_v6:
             raise ValueError("sent batches are IPv4 records; the caller re-encodes for IPv6")
         limit = self.file_size_bytes - END_FILE_MIN_BLANK_BYTES

@@ -18,17 +18,17 @@ from typing import overload
 import numpy as np
 
 from services.common import failpoints
-from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK, SentAppend, SentBatch
+from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK
 from services.store.consume_queue import CQ_UNIT
 from services.store.consume_queue_store import ConsumeQueueStore
 from services.store.index_service import IndexService
-from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
+from services.store.types import DispatchRequest, DispatchRun, PhysicalOffset
 
 ArrivalListener = Callable[[Sequence[DispatchRequest]], None]
 """Called with every dispatched batch, after its units are readable."""
 
 _UNITS_BY_NUMPY_MIN = 16
-"""From this many records on, a sent batch's units are packed by numpy (one call, ~10 µs)
+"""From this many records on, a run's units are packed by numpy (one call, ~10 µs)
 rather than one ``pack`` per record (~0.3 µs each)."""
 _UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 assert _UNIT_DTYPE.itemsize == CQ_UNIT.size
@@ -57,11 +57,11 @@ class Dispatcher:
         for listener in self.listeners:
             listener(requests)
 
-    def dispatch_sent(self, batch: SentBatch, appended: SentAppend) -> None:
-        """:meth:`dispatch` for a batch appended by ``CommitLog.append_sent``: the same units,
-        index entries and listener calls, from the batch's columns. Every record is of one
-        queue, none transactional, so the units are one run."""
-        phys = appended.physical_offsets
+    def dispatch_run(self, run: DispatchRun) -> None:
+        """:meth:`dispatch` for records given as columns (a producer's batch, a slave's run of
+        replicated records): the same units, index entries and listener calls. The records are
+        of one queue at consecutive offsets, so their units are one write."""
+        phys = run.physical_offsets
         if not phys:
             return
         failpoints.inject("dispatch_before_consume_queue")
@@ -69,22 +69,21 @@ class Dispatcher:
         if n >= _UNITS_BY_NUMPY_MIN:
             arr = np.empty(n, dtype=_UNIT_DTYPE)
             arr["offset"] = phys
-            arr["size"] = batch.size
-            arr["tags"] = batch.tags_codes
+            arr["size"] = run.sizes
+            arr["tags"] = run.tags_codes
             units = arr.tobytes()
         else:
             pack = CQ_UNIT.pack
             units = b"".join(
-                [pack(p, s, t) for p, s, t in zip(phys, batch.size, batch.tags_codes, strict=True)]
+                [pack(p, s, t) for p, s, t in zip(phys, run.sizes, run.tags_codes, strict=True)]
             )
-        cq = self.queues.find_or_create(batch.topic, batch.queue_id)
-        end = PhysicalOffset(appended.end_offset)
-        cq.put_many(QueueOffset(appended.first_queue_offset), units, end)
+        cq = self.queues.find_or_create(run.topic, run.queue_id)
+        cq.put_many(run.first_queue_offset, units, run.end_offset)
         if self.index is not None:
-            self.index.build_index_sent(batch, appended)
-        self.dispatched_offset = max(self.dispatched_offset, end)
+            self.index.build_index_run(run)
+        self.dispatched_offset = max(self.dispatched_offset, run.end_offset)
         if self.listeners:
-            requests = _SentRequests(batch, appended)
+            requests = _RunRequests(run)
             for listener in self.listeners:
                 listener(requests)
 
@@ -114,24 +113,23 @@ class Dispatcher:
             i = j
 
 
-class _SentRequests(Sequence[DispatchRequest]):
-    """The DispatchRequests of a sent batch, built only if a listener reads them (most calls
-    find no held pull and read none)."""
+class _RunRequests(Sequence[DispatchRequest]):
+    """The DispatchRequests of a run, built only if a listener reads them (most calls find no
+    held pull and read none)."""
 
-    __slots__ = ("_appended", "_batch", "_built")
+    __slots__ = ("_built", "_run")
 
-    def __init__(self, batch: SentBatch, appended: SentAppend) -> None:
-        self._batch = batch
-        self._appended = appended
+    def __init__(self, run: DispatchRun) -> None:
+        self._run = run
         self._built: list[DispatchRequest] | None = None
 
     def _list(self) -> list[DispatchRequest]:
         if self._built is None:
-            self._built = self._appended.requests(self._batch)
+            self._built = self._run.requests()
         return self._built
 
     def __len__(self) -> int:
-        return len(self._appended.physical_offsets)
+        return len(self._run.physical_offsets)
 
     @overload
     def __getitem__(self, index: int) -> DispatchRequest: ...

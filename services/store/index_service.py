@@ -19,7 +19,6 @@ import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,10 +32,7 @@ from services.store.index_file import (
     IndexFile,
 )
 from services.store.mapped_file import DiskFullError, refused_when_full
-from services.store.types import DispatchRequest, PhysicalOffset
-
-if TYPE_CHECKING:
-    from services.store.commitlog import SentAppend, SentBatch
+from services.store.types import DispatchRequest, DispatchRun, PhysicalOffset
 
 _log = logging.getLogger(__name__)
 
@@ -237,31 +233,32 @@ class IndexService:
                 end = offset
         self._queued_and_maybe_written(end)
 
-    def build_index_sent(self, batch: SentBatch, appended: SentAppend) -> None:
-        """:meth:`build_index_batch` for a batch appended by ``CommitLog.append_sent``, from its
-        columns: the same keys, files and order, without a DispatchRequest per record."""
-        phys = appended.physical_offsets
+    def build_index_run(self, run: DispatchRun) -> None:
+        """:meth:`build_index_batch` for records given as columns: the same keys, files and
+        order, without a DispatchRequest per record."""
+        phys = run.physical_offsets
         self._ensure_loaded()
         if not phys or phys[0] < self._indexed_end():
-            self.build_index_batch(appended.requests(batch))  # a re-dispatch: skip what is in
+            self.build_index_batch(run.requests())  # a re-dispatch: skip what is in
             return
         failpoints.inject("dispatch_before_index")
-        uniq_keys = batch.uniq_keys
-        now = appended.store_timestamp_ms
-        if all(uniq_keys) and not any(batch.keys):  # the common case: one key per record
-            prefix = batch.topic + "#"
+        uniq_keys = run.uniq_keys
+        if all(uniq_keys) and not any(run.keys):  # the common case: one key per record
+            prefix = run.topic + "#"
             self._keys.extend([prefix + u for u in uniq_keys])
             self._offsets.extend(phys)
-            self._stamps.extend([now] * len(phys))
+            self._stamps.extend(run.store_timestamps_ms)
             self._queued_and_maybe_written(phys[-1])
             return
         end = self._indexed_end()
-        for uniq, more, offset in zip(uniq_keys, batch.keys, phys, strict=True):
-            mine = index_keys(batch.topic, uniq, more)
+        for uniq, more, offset, stamp in zip(
+            uniq_keys, run.keys, phys, run.store_timestamps_ms, strict=True
+        ):
+            mine = index_keys(run.topic, uniq, more)
             if mine:
                 self._keys.extend(mine)
                 self._offsets.extend([offset] * len(mine))
-                self._stamps.extend([now] * len(mine))
+                self._stamps.extend([stamp] * len(mine))
                 end = offset
         self._queued_and_maybe_written(end)
 

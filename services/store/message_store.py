@@ -276,11 +276,11 @@ class MessageStore:
         appended: SentAppend | None = None
         try:
             appended = self.commitlog.append_sent(batch)  # undoes its own offsets
-            self.dispatcher.dispatch_sent(batch, appended)
+            self.dispatcher.dispatch_run(appended.run(batch))
         except DiskFullError as exc:
             self.replica.truncate(start, self.queues)  # bytes, units and index entries
             if appended is not None:  # refused by dispatch: give the offsets back
-                self.commitlog.unassign_queue_offsets(appended.requests(batch)[:1])
+                self.commitlog.unassign_queue_offsets(appended.run(batch).requests()[:1])
             raise self._full(exc, f"{len(batch.pos)} message(s) not stored") from exc
         self._disk_has_room()
         return appended

@@ -9,7 +9,7 @@ its own ``NewType`` and every variable says which it is.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NewType
+from typing import NamedTuple, NewType
 
 PhysicalOffset = NewType("PhysicalOffset", int)
 """Byte position in the commitlog, counted from the start of its first-ever file."""
@@ -42,3 +42,35 @@ class DispatchRequest:
     """The client-generated unique message id (UNIQ_KEY property), or ``""``."""
     sys_flag: int = 0
     prepared_transaction_offset: int = 0
+
+
+class DispatchRun(NamedTuple):
+    """Records of one queue at consecutive queue offsets, none of them a transaction's half or
+    rollback, as columns: what dispatch needs without a :class:`DispatchRequest` per record. A
+    producer's batch on a master (``SentAppend.run``), and runs of replicated records on a
+    slave. Column i describes the record at queue offset ``first_queue_offset + i``."""
+
+    topic: str
+    queue_id: int
+    first_queue_offset: QueueOffset
+    physical_offsets: list[int]
+    sizes: list[int]
+    tags_codes: list[int]
+    store_timestamps_ms: list[int]
+    keys: list[str]
+    uniq_keys: list[str]
+    sys_flags: list[int]
+    end_offset: PhysicalOffset
+    """Just past the last record."""
+
+    def requests(self) -> list[DispatchRequest]:
+        """The same records as DispatchRequests (for a listener or a re-dispatch)."""
+        topic, qid, q0 = self.topic, self.queue_id, self.first_queue_offset
+        return [
+            DispatchRequest(topic, qid, PhysicalOffset(phys), size, tags, stamp,
+                            QueueOffset(q0 + i), keys, uniq, sys_flag, 0)
+            for i, (phys, size, tags, stamp, keys, uniq, sys_flag) in enumerate(
+                zip(self.physical_offsets, self.sizes, self.tags_codes, self.store_timestamps_ms,
+                    self.keys, self.uniq_keys, self.sys_flags, strict=True)
+            )
+        ]  # fmt: skip

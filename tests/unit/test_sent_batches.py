@@ -89,7 +89,7 @@ def test_append_sent_writes_what_append_batch_writes_across_files(tmp_path: Path
     sent = _open(tmp_path / "sent")
     appended = sent.append_sent(sent_batch)
     results = appended.results(sent_batch, STORE_HOST)
-    requests = appended.requests(sent_batch)
+    requests = appended.run(sent_batch).requests()
     plain = _open(tmp_path / "plain")
     expected, _ = plain.append_batch(
         [

@@ -2,6 +2,7 @@
 
     python -m tools.bench.replication_bench [--quick] [--duration S] [--clients N]
         [--setups "no slave,sync + 1"] [--rounds R] [--lag-duration 0] [--loads "lone 200B"]
+        [--set haSmallChunksInFlightMax=0 ...]
 
 For each of three setups, started fresh on loopback ports with data in a temporary directory
 (a nameserver, a master ``broker-a`` and, in the last two, its slave ``brokerId=1``):
@@ -111,6 +112,8 @@ class Setup:
     label: str
     role: str
     slave: bool
+    keys: dict[str, str] = field(default_factory=dict)
+    """Broker config keys (``--set``) for master and slave alike."""
     procs: list[Process] = field(default_factory=list)
 
     @property
@@ -122,10 +125,12 @@ class Setup:
             "namesrv", "services.nameserver", ["--listen", "127.0.0.1:0"], base / "ns"
         )
         self.procs.append(ns)
-        args = broker_args(base / "master" / "store", ns.addr, brokerRole=self.role)
+        args = broker_args(base / "master" / "store", ns.addr, brokerRole=self.role, **self.keys)
         self.procs.append(supervisor.spawn("master", "services.broker", args, base / "master"))
         if self.slave:
-            args = broker_args(base / "slave" / "store", ns.addr, brokerId=1, brokerRole="SLAVE")
+            args = broker_args(
+                base / "slave" / "store", ns.addr, brokerId=1, brokerRole="SLAVE", **self.keys
+            )
             self.procs.append(supervisor.spawn("slave", "services.broker", args, base / "slave"))
 
     def stop(self) -> None:
@@ -422,12 +427,14 @@ def run(
     only: tuple[str, ...] = SETUP_LABELS,
     rounds: int = 1,
     loads: tuple[Load, ...] = LOADS,
+    keys: dict[str, str] | None = None,
 ) -> None:
     """``rounds`` > 1 interleaves the setups (no slave, sync + 1, no slave, ...) so a ratio
     compares runs made under the same machine load; the table shows each setup's median."""
     roles = {"no slave": ("ASYNC_MASTER", False), "async + 1": ("ASYNC_MASTER", True)}
     roles["sync + 1"] = ("SYNC_MASTER", True)
-    setups = [Setup(label, *roles[label]) for _ in range(rounds) for label in only]
+    keys = dict(keys or {})
+    setups = [Setup(label, *roles[label], keys) for _ in range(rounds) for label in only]
     results: dict[str, dict[str, list[LoadResult]]] = {load.name: {} for load in loads}
     lag: LagResult | None = None
     print(f"loadavg at start: {os.getloadavg()[0]:.2f}, cores: {os.cpu_count()}", flush=True)
@@ -488,7 +495,17 @@ def main() -> None:
         default=",".join(load.name for load in LOADS),
         help="comma-separated loads to run",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a broker config key for master and slave (repeatable), e.g. haListenPort=-1",
+    )
     args = parser.parse_args()
+    keys = dict(item.split("=", 1) for item in args.set if "=" in item)
+    if len(keys) != len(args.set):
+        parser.error("--set takes KEY=VALUE")
     if args.quick:
         args.duration, args.lag_duration = 3.0, 8.0
     only = tuple(label.strip() for label in args.setups.split(","))
@@ -501,7 +518,14 @@ def main() -> None:
         parser.error(f"unknown load(s) in {args.loads!r}; choose from {list(by_name)}")
     chosen = tuple(load for load in loads if load is not None)
     run(
-        args.duration, args.lag_duration, args.rate, args.clients, only, max(1, args.rounds), chosen
+        args.duration,
+        args.lag_duration,
+        args.rate,
+        args.clients,
+        only,
+        max(1, args.rounds),
+        chosen,
+        keys,
     )
 
 
