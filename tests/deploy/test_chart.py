@@ -305,6 +305,29 @@ def test_masters_drain_before_stopping_within_their_grace_and_new_groups_learn_t
         assert "lifecycle" not in c
 
 
+@pytest.mark.parametrize(
+    ("values", "port"),
+    [
+        ({}, 10912),
+        ({"broker": {"haListenPort": -1}}, None),
+        (VALUE_SETS["tls"], None),  # the plain TCP socket is not opened with TLS
+    ],
+)
+def test_brokers_declare_the_replication_data_port(
+    values: dict[str, Any], port: int | None
+) -> None:
+    """haListenPort (RocketMQ's 10912 by default; each broker is a pod of its own, so a fixed
+    port cannot clash): every broker's env, and its container port when the socket opens."""
+    for sts_name, sts in by_kind(render(values), "StatefulSet").items():
+        if "-broker" not in sts_name:
+            continue
+        container = next(containers(sts))
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports.get("ha") == port
+        expected = "-1" if values.get("broker", {}).get("haListenPort") == -1 else "10912"
+        assert env_of(container)["ROCKETQ_BROKER_HALISTENPORT"] == expected
+
+
 @pytest.mark.parametrize("gateway_port", [8081, 0])
 def test_brokers_serve_the_rocketmq5_gateway_on_its_declared_port_or_not_at_all(
     gateway_port: int,

@@ -116,6 +116,10 @@ def test_messages_round_trip_and_the_slave_catches_up(cluster: PodNetwork) -> No
         timeout_s=60,
         interval_s=1,
     )
+    # ... over the data port the chart pins (haListenPort), never falling back to the stream
+    slave = cluster.pods[f"{RELEASE}-rocketq-broker-slave-1-0"]
+    assert "replication data socket on 0.0.0.0:10912" in cluster.logs(master)
+    assert "is not reachable" not in cluster.logs(slave)
 
 
 def slave_in_step(net: PodNetwork, broker: str) -> bool:

@@ -130,6 +130,10 @@ livenessProbe:
 - name: gateway
   containerPort: {{ .gatewayPort }}
 {{- end }}
+{{- if gt (int (.haPort | default 0)) 0 }}
+- name: ha
+  containerPort: {{ .haPort }}
+{{- end }}
 {{- if gt (int .root.Values.metrics.port) 0 }}
 - name: metrics
   containerPort: {{ .root.Values.metrics.port }}
