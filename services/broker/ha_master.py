@@ -407,7 +407,9 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
                 async for out in self._send_loop(link):
                     yield _response(out)
             else:
-                socket_reader, writer = await self._data_connection(link, connected, reader)
+                socket_reader, writer = await self._data_connection(
+                    link, connected, reader, failure
+                )
                 link.on_close.append(writer.transport.abort)  # unblocks a stuck drain
                 acks = asyncio.create_task(
                     self._read_acks(ha_wire.read_acks(socket_reader), link, failure)
@@ -442,15 +444,19 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         link: SlaveLink,
         connected: asyncio.Future[ha_wire.Connection],
         stream_reader: asyncio.Task[None],
+        failure: list[ServiceError],
     ) -> ha_wire.Connection:
         """The slave's data socket, once it connects with its token; UNAVAILABLE if it does
-        not within haHousekeepingInterval (or its stream ends first)."""
+        not within haHousekeepingInterval (or its stream ends first), the stream reader's
+        error if the slave broke the protocol there first."""
         wait_s = self.config.ha_housekeeping_interval_ms / 1000
         done, _ = await asyncio.wait(
             (connected, stream_reader), timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
         )
         if connected in done:
             return connected.result()
+        if failure:  # e.g. a stream message sent before its token reached this broker
+            raise failure[0]
         port = self.data_listener.port if self.data_listener is not None else 0
         reason = link.close_reason or (
             f"the slave did not connect to the replication data socket (port {port}) within "

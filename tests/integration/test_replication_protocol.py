@@ -623,12 +623,14 @@ async def test_data_socket_protocol_errors_end_the_stream_with_a_status(
         sock.ack(end + (1 << 20))
         code, _, details = await refused(sock.slave.read())
         assert code == grpc.StatusCode.INVALID_ARGUMENT, details
-        # A stream message after taking the socket.
-        sock = await _socket_slave(c)
-        await sock.connect()
-        await sock.slave.ack(0)
-        code, _, details = await refused(sock.slave.read())
-        assert code == grpc.StatusCode.INVALID_ARGUMENT and "data socket" in details, details
+        # A stream message after taking the socket, or before its token arrives.
+        for connect_first in (True, False):
+            sock = await _socket_slave(c)
+            if connect_first:
+                await sock.connect()
+            await sock.slave.ack(0)
+            code, _, details = await refused(sock.slave.read())
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "data socket" in details, details
         # No connection within the housekeeping interval.
         sock = await _socket_slave(c)
         code, _, details = await refused(sock.slave.read())
