@@ -450,9 +450,15 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         not within haHousekeepingInterval (or its stream ends first), the stream reader's
         error if the slave broke the protocol there first."""
         wait_s = self.config.ha_housekeeping_interval_ms / 1000
-        done, _ = await asyncio.wait(
-            (connected, stream_reader), timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
-        )
+        # This wait has its own deadline and status: the housekeeping's silence rule (the same
+        # interval) must not race it with a vaguer one.
+        link.last_heard_s = float("inf")
+        try:
+            done, _ = await asyncio.wait(
+                (connected, stream_reader), timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            link.last_heard_s = self.clock.monotonic_s()
         if connected in done:
             return connected.result()
         if failure:  # e.g. a stream message sent before its token reached this broker
