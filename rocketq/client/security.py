@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -87,6 +88,19 @@ class ClientSecurity:
             access_key=env.get("ROCKETQ_ACCESS_KEY", ""),
             secret_key=secret,
         )
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client ``ssl`` context for a plain socket with the same trust and certificate as
+        the channels (None without TLS): the CA file, else the system's roots."""
+        if not self.tls_enabled:
+            return None
+        try:
+            ctx = ssl.create_default_context(cafile=self.tls_ca_file or None)
+            if self.tls_cert_file:
+                ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot use the TLS files: {exc}") from None
+        return ctx
 
     def read_tls_files(self) -> tuple[bytes | None, bytes | None, bytes | None]:
         """(CA, key, certificate) bytes as grpc.ssl_channel_credentials takes them."""

@@ -133,9 +133,9 @@ class BrokerConfig:
     the address the nameservers report for brokerId 0 of this brokerName."""
     ha_listen_port: int = 0
     """[haListenPort] The master's replication data socket (services/broker/ha_wire.py): a TCP
-    port on listenAddress that carries chunks and acks with no gRPC message each. 0 = any free
-    port (each stream's TruncateTo names it), -1 = none (the data stays on the gRPC stream, as
-    it also does when TLS is on)."""
+    port on listenAddress that carries chunks and acks with no gRPC message each, in TLS when
+    the gRPC port has it. 0 = any free port (each stream's TruncateTo names it), -1 = none (the
+    data stays on the gRPC stream)."""
     ha_transfer_batch_size: int = 256 * 1024
     """[haTransferBatchSize] Most commitlog bytes in one replication chunk (<= 1 MiB)."""
     ha_max_in_flight_bytes: int = 4 * 1024 * 1024

@@ -79,6 +79,7 @@ from services.broker.subscription_group_manager import SubscriptionGroupManager
 from services.broker.topic_config_manager import TopicConfigManager
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import ServiceError, invalid, precondition, rpc, rpc_stream
+from services.common.security.tls import ServerContexts
 from services.store.epoch_file import EpochEntry, check_history, consistent_offset
 from services.store.errors import ReplicaRangeError
 from services.store.message_store import MessageStore
@@ -220,16 +221,19 @@ class ReplicationService(replication_pb2_grpc.ReplicationServicer):
         if self.tracker.publish_isr is not None:
             self._isr_task = asyncio.create_task(self._isr_loop(), name="ha-isr-publisher")
 
-    async def open_data_socket(self) -> None:
-        """Bind the data socket (haListenPort on listenAddress), unless it is off (-1) or the
-        gRPC port runs TLS: the socket is plain TCP, so the data then stays on the stream."""
+    async def open_data_socket(self, tls: ServerContexts | None = None) -> None:
+        """Bind the data socket (haListenPort on listenAddress) unless it is off (-1); with
+        ``tls`` (the gRPC port's TLS) it serves TLS too."""
         cfg = self.config
-        if cfg.ha_listen_port < 0 or cfg.tls_cert_file or self.data_listener is not None:
+        if cfg.ha_listen_port < 0 or self.data_listener is not None:
             return
-        listener = ha_wire.DataListener(cfg.listen_host, cfg.ha_listen_port)
+        ssl_context = tls.base if tls is not None else None
+        listener = ha_wire.DataListener(cfg.listen_host, cfg.ha_listen_port, ssl_context)
         port = await listener.start()
         self.data_listener = listener
-        log.info("replication data socket on %s:%d", cfg.listen_host, port)
+        log.info(
+            "replication data socket on %s:%d%s", cfg.listen_host, port, " (TLS)" if tls else ""
+        )
 
     async def stop(self) -> None:
         """End every stream (their slaves reconnect to whoever is master next)."""

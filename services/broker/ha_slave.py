@@ -57,7 +57,7 @@ import grpc
 from rocketq import backoff
 from rocketq._api.rocketq.v1 import replication_pb2, replication_pb2_grpc
 from rocketq.aio import wait_event
-from rocketq.client.security import security_channel
+from rocketq.client.security import default_security, security_channel
 from services.broker import ha_wire
 from services.broker.config import BrokerConfig
 from services.broker.ha_pacing import ACK_PACE_MAX_MS
@@ -411,10 +411,16 @@ class ReplicationClient:
         """Replicate over the master's data socket (ha_wire) until either side closes it;
         the stream, which carries nothing more, then says how it ended."""
         host = addr.rsplit(":", 1)[0].strip("[]")
+        # TLS exactly when this slave's channels use it (the master's socket follows its port).
+        tls = default_security().ssl_context()
         try:
             async with asyncio.timeout(min(idle_s, ha_wire.TOKEN_WAIT_S)):
                 reader, writer = await asyncio.open_connection(
-                    host, truncate.data_port, limit=ha_wire.READ_LIMIT_BYTES
+                    host,
+                    truncate.data_port,
+                    limit=ha_wire.READ_LIMIT_BYTES,
+                    ssl=tls,
+                    server_hostname=host if tls is not None else None,
                 )
         except (OSError, TimeoutError) as exc:
             # A master reached through a proxy or a port mapping: its data port may not be

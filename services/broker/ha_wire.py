@@ -15,9 +15,10 @@ and the stream's status still says why replication ended. The socket carries onl
       ── acks ──▶
       ... either side closes the socket; the Stream then ends with the master's status
 
-The master offers the socket only when its gRPC port runs without TLS (the socket is plain
-TCP, and ``haListenPort`` -1 turns it off); a slave offers to take it unless
-``haDataSocket=false``. Otherwise the data stays on the stream, as before.
+When the gRPC port runs TLS the socket does too, with the same files (re-read on a rotation,
+as the gRPC port does) and the same client-certificate rule; the slave connects with the trust
+and certificate of its own channels. ``haListenPort`` -1 turns the socket off, and a slave
+offers to take it unless ``haDataSocket=false``; otherwise the data stays on the stream.
 
 Layouts, big-endian:
 
@@ -41,6 +42,7 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator
 
@@ -85,9 +87,10 @@ class DataListener:
     """The master's data socket: accepts connections, hands each to the stream whose token it
     sends (:meth:`expect`), and closes any other."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
         self._host = host
         self._port = port
+        self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._waiting: dict[bytes, asyncio.Future[Connection]] = {}
         self.port = 0
@@ -95,7 +98,12 @@ class DataListener:
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(
-            self._accept, self._host, self._port, limit=READ_LIMIT_BYTES
+            self._accept,
+            self._host,
+            self._port,
+            limit=READ_LIMIT_BYTES,
+            ssl=self._ssl,
+            ssl_handshake_timeout=TOKEN_WAIT_S if self._ssl else None,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port

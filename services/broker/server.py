@@ -64,6 +64,7 @@ from services.common import grpc_server
 from services.common.bootstrap import ServiceSpec, run_service
 from services.common.clock import clock_from_env
 from services.common.security.settings import ServiceSecurity
+from services.common.security.tls import ServerContexts
 from services.store.message_store import MessageStore
 
 log = logging.getLogger("rocketq.broker")
@@ -100,7 +101,9 @@ class Broker:
         await self.store.start()
         await self.server.start()
         await self._start_gateway(admin)
-        await self.replication.open_data_socket()  # on every broker: a slave may be promoted
+        # On every broker (a slave may be promoted), with the gRPC port's TLS when it has one.
+        tls = self.security.tls
+        await self.replication.open_data_socket(ServerContexts(tls) if tls.enabled else None)
         self.replication.start()  # masters only: streams to slaves, SYNC_MASTER waits
         self._start_background(admin)
         broker_metrics.install(lambda: runtime_stats(admin), self.offsets, self.store)

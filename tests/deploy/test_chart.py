@@ -310,7 +310,7 @@ def test_masters_drain_before_stopping_within_their_grace_and_new_groups_learn_t
     [
         ({}, 10912),
         ({"broker": {"haListenPort": -1}}, None),
-        (VALUE_SETS["tls"], None),  # the plain TCP socket is not opened with TLS
+        (VALUE_SETS["tls"], 10912),  # in TLS, like the gRPC port
     ],
 )
 def test_brokers_declare_the_replication_data_port(

@@ -9,6 +9,7 @@ own calls use their server certificate as client certificate.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 from collections.abc import Iterator
@@ -143,9 +144,46 @@ async def test_mutual_tls_round_trip_through_every_port(env: Env) -> None:
     async def replicated() -> bool:
         return await _max_offsets(env, env.slave.addr, "tls-orders") == master
 
-    await until(replicated, "the slave caught up over the TLS replication stream", 15)
-    # The bytes themselves went over TLS too: a TLS master opens no plaintext data socket.
-    assert "replication data socket on" not in env.broker.log_path.read_text()
+    await until(replicated, "the slave caught up over TLS", 15)
+    # The bytes themselves went over the data socket, in TLS like the gRPC port: the slave
+    # never fell back to the stream.
+    assert _data_addr(env)
+    assert "is not reachable" not in env.slave.log_path.read_text()
+
+
+def _data_addr(env: Env) -> str:
+    """The master's replication data socket, from its log (TLS, like its gRPC port)."""
+    found = re.search(
+        r"replication data socket on (\S+:\d+) \(TLS\)", env.broker.log_path.read_text()
+    )
+    assert found, "the TLS master opened no TLS data socket"
+    return found.group(1)
+
+
+def _data_socket_answer(env: Env, ctx: ssl.SSLContext | None) -> bytes:
+    """What the data socket sends back to a client that connects (in TLS with ``ctx``, else
+    plain) and sends a token it was never given, until the master closes the connection."""
+    host, port = _data_addr(env).rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        if ctx is None:
+            raw.sendall(bytes(16))
+            return raw.recv(1024)
+        try:
+            with ctx.wrap_socket(raw, server_hostname=host) as tls:
+                tls.sendall(bytes(16))
+                return tls.recv(1024)
+        except (ssl.SSLError, OSError):
+            return b""  # the handshake failed, or the master closed at once
+
+
+async def test_the_data_socket_takes_only_mutual_tls_and_a_token(env: Env) -> None:
+    ctx = ssl.create_default_context(cafile=str(env.ca.ca_file))
+    no_cert = _data_socket_answer(env, ctx)
+    ctx.load_cert_chain(env.client.tls_cert_file, env.client.tls_key_file)
+    assert _data_socket_answer(env, None) == b""  # plaintext: the handshake never completes
+    assert no_cert == b""  # no client certificate, where mutual TLS is required
+    assert _data_socket_answer(env, ctx) == b""  # in TLS, but an unknown token: closed
+    assert "sent an unknown token" in env.broker.log_path.read_text()
 
 
 async def test_plaintext_and_certless_clients_are_refused_with_a_clear_error(env: Env) -> None:
@@ -185,6 +223,7 @@ def _served_serial(env: Env, addr: str) -> int:
 async def test_certificate_rotation_under_traffic(env: Env) -> None:
     await _make_topic(env, "tls-rotate")
     before = _served_serial(env, env.broker.addr)
+    before_data = _served_serial(env, _data_addr(env))
     sent = 0
     stop = asyncio.Event()
 
@@ -204,6 +243,12 @@ async def test_certificate_rotation_under_traffic(env: Env) -> None:
         await until(
             lambda: _served_serial(env, env.broker.addr) != before,
             "new connections shown the new certificate",
+            10,
+        )
+        # The replication data socket follows the same files.
+        await until(
+            lambda: _served_serial(env, _data_addr(env)) != before_data,
+            "new data socket connections shown the new certificate",
             10,
         )
         at_rotation = sent

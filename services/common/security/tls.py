@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
 from dataclasses import dataclass
 
@@ -159,3 +160,43 @@ def add_port(server: grpc.aio.Server, listen: str, tls: TlsConfig) -> int:
     if tls.enabled:
         return int(server.add_secure_port(listen, server_credentials(tls)))
     return int(server.add_insecure_port(listen))
+
+
+class ServerContexts:
+    """An ``ssl`` server context for a plain socket (the replication data socket) that follows
+    its files as the gRPC server's credentials do: each new handshake is served the newest
+    pair that loads (a half-written rotation is ignored until whole), by swapping the context
+    in the SNI callback, which runs before the certificate is chosen.
+
+    ``require`` asks for a client certificate chained to tlsCaFile; ``optional`` and ``none``
+    ask for none, as the gRPC ports do."""
+
+    def __init__(self, tls: TlsConfig) -> None:
+        self.tls = tls
+        self._stamp = _stamp(tls)
+        self.base = self._current = self._context(*load_pair(tls))
+        """The context to listen with: its callback hands each handshake the current one."""
+        self.base.sni_callback = self._pick
+
+    def _context(self, key: bytes, chain: bytes, ca: bytes | None) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        # ssl loads a pair from files only: these are the files load_pair just checked.
+        ctx.load_cert_chain(self.tls.cert_file, self.tls.key_file)
+        if self.tls.client_auth == "require":
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(cadata=(ca or b"").decode("ascii", "replace"))
+        return ctx
+
+    def current(self) -> ssl.SSLContext:
+        stamp = _stamp(self.tls)
+        if stamp != self._stamp:
+            try:
+                self._current = self._context(*load_pair(self.tls))
+                self._stamp = stamp
+            except (ConfigError, ssl.SSLError, OSError) as exc:
+                log.warning("TLS files changed but cannot be used yet (%s); keeping the old", exc)
+        return self._current
+
+    def _pick(self, sslobj: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+        sslobj.context = self.current()
