@@ -19,7 +19,8 @@ at the end counts as written) and its flushed offset. Acks are written by one ta
 stream takes one writer at a time) while another reads.
 
 **The data socket.** When TruncateTo names a data port (``ha_wire``), the slave connects to it
-at the host it reached the master on and takes chunks and confirm offsets there, acking on the
+at the host it reached the master on (in TLS when its channels use TLS) and takes chunks and
+confirm offsets there, each applied by a ``FrameReader`` as soon as it is whole, acking on the
 same socket; the stream then only says how replication ended. A master whose socket cannot be
 reached there (a proxy, a port mapping) gets no offer from this slave for DATA_SOCKET_RETRY_S:
 the data stays on the stream meanwhile.
@@ -413,12 +414,24 @@ class ReplicationClient:
         host = addr.rsplit(":", 1)[0].strip("[]")
         # TLS exactly when this slave's channels use it (the master's socket follows its port).
         tls = default_security().ssl_context()
+
+        def on_frame(
+            kind: int, offset: int, data: bytes, pace_ms: int, confirm: int, version: int
+        ) -> None:
+            if kind == ha_wire.CHUNK:
+                self._apply_chunk(offset, data, pace_ms, pacer)
+            elif kind != ha_wire.CONFIRM:
+                raise ProtocolError(f"data socket frame of unknown kind {kind}")
+            if confirm != ha_wire.NO_CONFIRM:
+                self._apply_confirm(confirm, version)
+
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(min(idle_s, ha_wire.TOKEN_WAIT_S)):
-                reader, writer = await asyncio.open_connection(
+                transport, frames = await loop.create_connection(
+                    lambda: ha_wire.FrameReader(on_frame),
                     host,
                     truncate.data_port,
-                    limit=ha_wire.READ_LIMIT_BYTES,
                     ssl=tls,
                     server_hostname=host if tls is not None else None,
                 )
@@ -430,38 +443,32 @@ class ReplicationClient:
                 f"the master's replication data socket {host}:{truncate.data_port} is not "
                 f"reachable ({type(exc).__name__}: {exc}); the data stays on the stream"
             ) from None
-        ha_wire.no_delay(writer)
-        writer.write(truncate.data_token)
+        ha_wire.no_delay(transport)
+        transport.write(truncate.data_token)
         ended = asyncio.ensure_future(call.read())
-        ended.add_done_callback(lambda _: ha_wire.close(writer))  # the read below sees EOF
+        ended.add_done_callback(lambda _: transport.close())  # the socket's end follows
 
         async def send_ack(ack: replication_pb2.SlaveAck) -> None:
-            writer.write(ha_wire.ACK.pack(ack.max_physical_offset, ack.flushed_offset))
-            await writer.drain()
+            # 16 bytes every few ms: no drain (a master that stops reading goes silent first)
+            transport.write(ha_wire.ACK.pack(ack.max_physical_offset, ack.flushed_offset))
 
         acks = asyncio.create_task(self._ack_loop(send_ack, pacer), name="ha-slave-acks")
-        loop = asyncio.get_running_loop()
-        read, unpack, head_size = reader.readexactly, ha_wire.FRAME.unpack, ha_wire.FRAME.size
         try:
-            async with asyncio.timeout(loop.time() + idle_s) as silence:
-                while True:
-                    try:
-                        head = await read(head_size)
-                        kind, offset, length, pace_ms, confirm, version = unpack(head)
-                        if length > ha_wire.CHUNK_BYTES_MAX or (kind == ha_wire.CONFIRM and length):
-                            raise ProtocolError(f"data socket frame of kind {kind}, {length} bytes")
-                        data = await read(length) if length else b""
-                    except (asyncio.IncompleteReadError, ConnectionError):
-                        break
-                    silence.reschedule(loop.time() + idle_s)
-                    if kind == ha_wire.CHUNK:
-                        self._apply_chunk(offset, data, pace_ms, pacer)
-                    elif kind != ha_wire.CONFIRM:
-                        raise ProtocolError(f"data socket frame of unknown kind {kind}")
-                    if confirm != ha_wire.NO_CONFIRM:
-                        self._apply_confirm(confirm, version)
-                    if acks.done():  # the writer failed: surface its error
-                        await acks
+            # Frames are applied from the transport's read callback (FrameReader); here only
+            # the socket's end and the master's silence are awaited, with no wake per frame.
+            while not frames.ended.done():
+                left_s = frames.last_frame_s + idle_s - loop.time()
+                if left_s <= 0:
+                    raise TimeoutError
+                await asyncio.wait(
+                    (frames.ended, acks), timeout=left_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if acks.done():  # the writer failed: surface its error
+                    await acks
+            try:
+                frames.ended.result()
+            except ha_wire.FrameError as exc:
+                raise ProtocolError(str(exc)) from None
             # The socket ended: the stream says why (EOF after a clean end, else the status).
             async with asyncio.timeout(idle_s):
                 last = await ended
@@ -472,7 +479,7 @@ class ReplicationClient:
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await acks
             ended.cancel()
-            ha_wire.close(writer)
+            transport.close()
 
     @property
     def store_max(self) -> PhysicalOffset:

@@ -44,7 +44,7 @@ import os
 import socket
 import ssl
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +63,16 @@ TOKEN_WAIT_S = 10.0
 """How long a new connection has to send its token (a master waits haHousekeepingInterval for
 its slave's connection after TruncateTo)."""
 READ_LIMIT_BYTES = 4 * 1024 * 1024
-"""The reader's buffer limit: above a chunk (1 MiB at most), so a chunk is read in one go
-rather than with the transport paused and resumed at the default 64 KiB."""
+"""The master's ack reader's buffer limit (a StreamReader; acks are 16 bytes)."""
+READ_ROOM_BYTES = 256 * 1024
+"""What a slave's :class:`FrameReader` offers the transport beyond one whole frame."""
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-def no_delay(writer: asyncio.StreamWriter) -> None:
+def no_delay(end: asyncio.StreamWriter | asyncio.BaseTransport) -> None:
     """Acks and lone chunks are small: send them at once (no Nagle)."""
-    sock = writer.get_extra_info("socket")
+    sock = end.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -81,6 +82,84 @@ def close(writer: asyncio.StreamWriter | None) -> None:
     if writer is not None:
         with contextlib.suppress(Exception):
             writer.close()
+
+
+class FrameError(Exception):
+    """A frame that breaks the layout above (the slave reconnects)."""
+
+
+FrameHandler = Callable[[int, int, bytes, int, int, int], None]
+"""kind, physical_offset, data, ack_pace_ms, confirm_offset, config_version."""
+
+
+class FrameReader(asyncio.BufferedProtocol):
+    """A slave's end of the data socket: the transport reads (and TLS decrypts) straight into
+    one buffer of this protocol's, and each frame goes to ``on_frame`` as soon as it is whole,
+    from the transport's read callback. A StreamReader copied every read into its own buffer
+    and again out of it; under TLS asyncio also copied and joined each record before that.
+
+    ``ended`` completes when the connection closes (None), or with the error of a frame that
+    breaks the layout or that ``on_frame`` raised (the connection is then aborted).
+    ``last_frame_s`` is the loop time of the last whole frame (a silent master is dropped)."""
+
+    def __init__(self, on_frame: FrameHandler) -> None:
+        loop = asyncio.get_running_loop()
+        self._on_frame = on_frame
+        self._buf = bytearray(FRAME.size + CHUNK_BYTES_MAX + READ_ROOM_BYTES)
+        self._view = memoryview(self._buf)
+        self._end = 0
+        """Bytes in the buffer, from its start: at most one partial frame between reads."""
+        self._time = loop.time
+        self.transport: asyncio.Transport | None = None
+        self.ended: asyncio.Future[None] = loop.create_future()
+        self.last_frame_s = loop.time()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view[self._end :]  # never empty: whole frames are taken out at once
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        try:
+            self._take_frames()
+        except Exception as exc:
+            if not self.ended.done():
+                self.ended.set_exception(exc)
+            if self.transport is not None:
+                self.transport.abort()
+
+    def _take_frames(self) -> None:
+        buf, view, start, end = self._buf, self._view, 0, self._end
+        head = FRAME.size
+        unpack = FRAME.unpack_from
+        try:
+            while end - start >= head:
+                kind, offset, length, pace_ms, confirm, version = unpack(buf, start)
+                if length > CHUNK_BYTES_MAX or (kind == CONFIRM and length):
+                    raise FrameError(f"data socket frame of kind {kind}, {length} bytes")
+                if end - start < head + length:
+                    break
+                data = bytes(view[start + head : start + head + length])
+                start += head + length
+                self.last_frame_s = self._time()
+                self._on_frame(kind, offset, data, pace_ms, confirm, version)
+        finally:
+            if start == end:
+                self._end = 0
+            elif start:  # a partial frame: to the front, so the next read has a frame's room
+                kept = end - start
+                buf[:kept] = view[start:end]
+                self._end = kept
+
+    def eof_received(self) -> bool:
+        return False  # close: the master ended the socket
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)  # a reset too: the stream's status says why
 
 
 class DataListener:
