@@ -62,8 +62,6 @@ NO_CONFIRM = -1
 TOKEN_WAIT_S = 10.0
 """How long a new connection has to send its token (a master waits haHousekeepingInterval for
 its slave's connection after TruncateTo)."""
-READ_LIMIT_BYTES = 4 * 1024 * 1024
-"""The master's ack reader's buffer limit (a StreamReader; acks are 16 bytes)."""
 READ_ROOM_BYTES = 256 * 1024
 """What a slave's :class:`FrameReader` offers the transport beyond one whole frame."""
 
@@ -180,7 +178,6 @@ class DataListener:
             self._accept,
             self._host,
             self._port,
-            limit=READ_LIMIT_BYTES,
             ssl=self._ssl,
             ssl_handshake_timeout=TOKEN_WAIT_S if self._ssl else None,
         )

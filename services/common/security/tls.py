@@ -21,7 +21,9 @@ import logging
 import os
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import grpc
 from cryptography import x509
@@ -31,6 +33,8 @@ from services.common.config import ConfigError
 from services.common.security.keys import CLIENT_AUTH_MODES
 
 log = logging.getLogger("rocketq.security")
+
+T = TypeVar("T")
 
 PEM_FILE_MAX_BYTES = 1024 * 1024
 """A certificate chain or key larger than this is not a PEM file someone meant to give."""
@@ -112,22 +116,21 @@ def _stamp(tls: TlsConfig) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-class CertificateWatcher:
-    """grpc's certificate fetcher: a new configuration when the files changed, else None."""
+class CertificateWatcher(Generic[T]):
+    """What a server is configured with, built by ``build(key, chain, ca)`` from the files, and
+    rebuilt when they change: calling it gives a new value, or None while the files are as last
+    loaded (or changed but cannot be used yet). grpc calls the gRPC port's watcher before each
+    new handshake; the data socket's :class:`ServerContexts` calls its own the same way."""
 
-    def __init__(self, tls: TlsConfig) -> None:
+    def __init__(self, tls: TlsConfig, build: Callable[[bytes, bytes, bytes | None], T]) -> None:
         self.tls = tls
+        self._build = build
         self._lock = threading.Lock()  # grpc may call from its own threads
         self._stamp = _stamp(tls)
-        self.initial = self._configuration(*load_pair(tls))
+        self.initial = build(*load_pair(tls))
         self.reloads = 0
 
-    def _configuration(
-        self, key: bytes, chain: bytes, ca: bytes | None
-    ) -> grpc.ServerCertificateConfiguration:
-        return grpc.ssl_server_certificate_configuration([(key, chain)], root_certificates=ca)
-
-    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+    def __call__(self) -> T | None:
         stamp = _stamp(self.tls)
         if stamp == self._stamp:
             return None
@@ -135,8 +138,8 @@ class CertificateWatcher:
             if stamp == self._stamp:
                 return None
             try:
-                loaded = load_pair(self.tls)
-            except ConfigError as exc:
+                built = self._build(*load_pair(self.tls))
+            except (ConfigError, ssl.SSLError, OSError) as exc:
                 # A rotation in progress (key copied, certificate not yet): keep serving the
                 # old pair and look again at the next handshake.
                 log.warning("TLS files changed but cannot be used yet (%s); keeping the old", exc)
@@ -145,11 +148,17 @@ class CertificateWatcher:
             self.reloads += 1
             log.info("TLS certificate reloaded from %s (reload %d)", self.tls.cert_file,
                      self.reloads)  # fmt: skip
-            return self._configuration(*loaded)
+            return built
+
+
+def _grpc_configuration(
+    key: bytes, chain: bytes, ca: bytes | None
+) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration([(key, chain)], root_certificates=ca)
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
-    watcher = CertificateWatcher(tls)
+    watcher = CertificateWatcher(tls, _grpc_configuration)
     return grpc.dynamic_ssl_server_credentials(
         watcher.initial, watcher, require_client_authentication=tls.client_auth == "require"
     )
@@ -164,21 +173,21 @@ def add_port(server: grpc.aio.Server, listen: str, tls: TlsConfig) -> int:
 
 class ServerContexts:
     """An ``ssl`` server context for a plain socket (the replication data socket) that follows
-    its files as the gRPC server's credentials do: each new handshake is served the newest
-    pair that loads (a half-written rotation is ignored until whole), by swapping the context
-    in the SNI callback, which runs before the certificate is chosen.
+    its files as the gRPC port's credentials do (:class:`CertificateWatcher`): each new
+    handshake is served the newest pair that loads, by swapping the context in the SNI
+    callback, which runs before the certificate is chosen (even when the client sends no SNI).
 
     ``require`` asks for a client certificate chained to tlsCaFile; ``optional`` and ``none``
     ask for none, as the gRPC ports do."""
 
     def __init__(self, tls: TlsConfig) -> None:
         self.tls = tls
-        self._stamp = _stamp(tls)
-        self.base = self._current = self._context(*load_pair(tls))
+        self._watcher = CertificateWatcher(tls, self._context)
+        self.base = self._current = self._watcher.initial
         """The context to listen with: its callback hands each handshake the current one."""
         self.base.sni_callback = self._pick
 
-    def _context(self, key: bytes, chain: bytes, ca: bytes | None) -> ssl.SSLContext:
+    def _context(self, _key: bytes, _chain: bytes, ca: bytes | None) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         # ssl loads a pair from files only: these are the files load_pair just checked.
@@ -188,15 +197,8 @@ class ServerContexts:
             ctx.load_verify_locations(cadata=(ca or b"").decode("ascii", "replace"))
         return ctx
 
-    def current(self) -> ssl.SSLContext:
-        stamp = _stamp(self.tls)
-        if stamp != self._stamp:
-            try:
-                self._current = self._context(*load_pair(self.tls))
-                self._stamp = stamp
-            except (ConfigError, ssl.SSLError, OSError) as exc:
-                log.warning("TLS files changed but cannot be used yet (%s); keeping the old", exc)
-        return self._current
-
     def _pick(self, sslobj: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
-        sslobj.context = self.current()
+        rebuilt = self._watcher()
+        if rebuilt is not None:
+            self._current = rebuilt
+        sslobj.context = self._current
