@@ -2,7 +2,7 @@
 
     python -m tools.bench.replication_bench [--quick] [--duration S] [--clients N]
         [--setups "no slave,sync + 1"] [--rounds R] [--lag-duration 0] [--loads "lone 200B"]
-        [--set haSmallChunksInFlightMax=0 ...]
+        [--set haSmallChunksInFlightMax=0 ...] [--cold-memory]
 
 For each of three setups, started fresh on loopback ports with data in a temporary directory
 (a nameserver, a master ``broker-a`` and, in the last two, its slave ``brokerId=1``):
@@ -34,6 +34,12 @@ The client's CPU (this process and its sender processes) is counted too, and the
 client, master and slave share a small machine, throughput follows the total CPU per message,
 so the no-slave total over a setup's total ("CPU ratio") is the throughput ratio a CPU-bound
 run can reach.
+
+Before each setup starts, free memory about the size of what the run will write is touched and
+released (``_page_memory.warm``): on a VM whose host backs memory lazily, the first write to a
+page costs several times a warm one, a slave writes every byte a second time, and without it
+the ratio would depend on which setup ran on colder memory. ``--cold-memory`` skips it; the
+cost of a new page-cache page is printed at the start and before each setup either way.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from rocketq._api.rocketq.v1 import (
 from rocketq.message import new_unique_ids
 from services.common import supervisor
 from services.common.supervisor import Process, StopTimeout
+from tools.bench import _page_memory
 
 TOPIC = "ReplicationBench"
 QUEUES = 8
@@ -75,6 +82,8 @@ LONE_IN_FLIGHT = 1
 LAG_SAMPLE_INTERVAL_S = 0.5
 PACED_IN_FLIGHT_MAX = 64
 """Paced batches in flight at most; beyond it the rate is what the machine sustains."""
+WRITTEN_BYTES_PER_S_MAX = 256 << 20
+"""What master and slave write together at most, sizing the memory warmed before a setup."""
 
 
 # ---- processes -----------------------------------------------------------------------------
@@ -428,6 +437,7 @@ def run(
     rounds: int = 1,
     loads: tuple[Load, ...] = LOADS,
     keys: dict[str, str] | None = None,
+    warm_memory: bool = True,
 ) -> None:
     """``rounds`` > 1 interleaves the setups (no slave, sync + 1, no slave, ...) so a ratio
     compares runs made under the same machine load; the table shows each setup's median."""
@@ -438,7 +448,12 @@ def run(
     results: dict[str, dict[str, list[LoadResult]]] = {load.name: {} for load in loads}
     lag: LagResult | None = None
     print(f"loadavg at start: {os.getloadavg()[0]:.2f}, cores: {os.cpu_count()}", flush=True)
+    print(f"a new page-cache page costs {_page_memory.probe_us_per_kib():.2f} us/KiB", flush=True)
+    warm_bytes = int(duration_s * len(loads) * WRITTEN_BYTES_PER_S_MAX) + (1 << 30)
     for setup in setups:
+        warmed = _page_memory.warm(warm_bytes) if warm_memory else 0
+        cost = _page_memory.probe_us_per_kib()
+        print(f"  ({warmed >> 30} GiB of memory warmed; a new page costs {cost:.2f} us/KiB)")
         base = Path(tempfile.mkdtemp(prefix="rocketq-repl-bench-"))
         try:
             setup.start(base)
@@ -502,6 +517,11 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a broker config key for master and slave (repeatable), e.g. haListenPort=-1",
     )
+    parser.add_argument(
+        "--cold-memory",
+        action="store_true",
+        help="do not warm free memory before each setup (see the module's notes)",
+    )
     args = parser.parse_args()
     keys = dict(item.split("=", 1) for item in args.set if "=" in item)
     if len(keys) != len(args.set):
@@ -526,6 +546,7 @@ def main() -> None:
         max(1, args.rounds),
         chosen,
         keys,
+        warm_memory=not args.cold_memory,
     )
 
 
