@@ -1,6 +1,6 @@
 """RocketQ side by side with Redis Streams, NATS JetStream and RabbitMQ on this machine.
 
-    python -m tools.bench.peers [--quick] [--only NAME ...]     (make bench-peers)
+    python -m tools.bench.peers [--quick] [--only NAME ...] [--cold-memory]   (make bench-peers)
 
 Installs Debian's redis-server, nats-server and rabbitmq-server when missing (apt-get), starts
 each on 127.0.0.1 with a fresh data directory, then runs the same three phases against every
@@ -18,14 +18,19 @@ Redis 7 Streams with AOF everysec and always, NATS JetStream (file store), Rabbi
 queue, persistent messages, publisher confirms). Everything it started is stopped by pid
 (the peer's own session for helpers such as epmd) and its directory removed. One table at the
 end, with each figure's ratio to the best peer (for latency, best / figure: above 1 is better).
-``--quick``: 3 s produce, 20 s drain limit, 300 latency sends. Figures are printed, never
-asserted; the machine is shared, so say what else ran when you quote them. Never run in CI.
+Before each system starts, free memory about the size of what it will write is touched and
+released (``_page_memory.warm``), so that no system pays for a VM's first touches of memory that
+another one did not (``--cold-memory`` skips it; what a new page-cache page costs is printed
+either way). ``--quick``: 3 s produce, 20 s drain limit, 300 latency sends. Figures are
+printed, never asserted; the machine is shared, so say what else ran when you quote them. Never
+run in CI.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import shutil
 import sys
@@ -36,10 +41,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.bench import _page_memory
 from tools.bench import _peer_systems as systems
 from tools.bench._peer_systems import Clock, Driver, Phases
 
 BODY_BYTES = 1024
+WRITTEN_BYTES_PER_S_MAX = 256 << 20
+"""What a system writes at most while producing, sizing the memory warmed before it starts."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ class Plan:
     drain_limit_s: float
     latency_sends: int
     warmup_sends: int = 50
+    warm_memory: bool = True
 
 
 FULL = Plan(produce_s=10.0, drain_limit_s=60.0, latency_sends=2000)
@@ -132,6 +141,10 @@ async def run_phases(driver: Driver, plan: Plan) -> Phases:
 
 async def bench_one(key: str, plan: Plan, root: Path) -> Phases | None:
     print(f"== {key}", flush=True)
+    if plan.warm_memory:
+        warmed = _page_memory.warm(int(plan.produce_s * WRITTEN_BYTES_PER_S_MAX) + (1 << 30))
+        print(f"  ({warmed >> 30} GiB of memory warmed)", flush=True)
+    print(f"  (a new page-cache page costs {_page_memory.probe_us_per_kib():.2f} us/KiB)")
     workdir = root / key
     driver: Driver | None = None
     try:
@@ -211,11 +224,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="3 s produce, 300 latency sends")
     parser.add_argument("--only", nargs="+", choices=sorted(SYSTEMS), help="run only these")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get peers")
+    parser.add_argument(
+        "--cold-memory", action="store_true", help="do not warm free memory before each system"
+    )
     args = parser.parse_args(argv)
     keys = args.only or list(SYSTEMS)
     if not args.no_install and any(not k.startswith("rocketq") for k in keys):
         systems.ensure_installed()
-    plan = QUICK if args.quick else FULL
+    plan = dataclasses.replace(QUICK if args.quick else FULL, warm_memory=not args.cold_memory)
     print(f"before: {_load()}", flush=True)
     rows = asyncio.run(main_async(keys, plan))
     peers = {r.name for r in rows if not r.name.startswith("RocketQ")}
