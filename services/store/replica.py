@@ -537,12 +537,14 @@ class ReplicaWriter:
             received = whole_end
         if not data:
             return received
-        data = bytes(data)
-        buf = self.pending + data if self.pending else data
+        # One copy: the caller's buffer is reused once this returns, so the chunk is copied,
+        # behind the partial tail when there is one (the bytes written are that copy's end).
+        held = len(self.pending)
+        buf = self.pending + data if held else bytes(data)
         good, runs, reqs, problem = decode_chunk(
             buf, whole_end, cl.file_size_bytes, self._topics, self._tag_codes
         )
-        cl.append_raw(received, data)
+        cl.append_raw(received, memoryview(buf)[held:] if held else buf)
         if good and self.pending:  # the old partial is whole now: give it its header back
             _write_at(cl, whole_end, buf[: min(_HEADER_BYTES, len(self.pending))])
         if problem is None:
