@@ -612,6 +612,37 @@ def test_a_bad_field_inside_a_producer_batch_decodes_as_record_by_record(
         assert fast == _decoded(bytes(buf), 0, file_bytes, fast=False)
 
 
+@pytest.mark.parametrize("body_bytes", [None, 200], ids=["sizes vary", "one size"])
+def test_the_numpy_read_takes_every_whole_record_of_producer_batches(
+    make_pair: Callable[..., Pair], body_bytes: int | None
+) -> None:
+    # Records of one size are read through strided views of the chunk, others by gathers;
+    # both must take every whole record (not decline and leave them to the slow path) and
+    # give what the record-by-record read gives.
+    pair = make_pair(seed=7)
+    pair.plain = pair.uniform = True
+    pair.body_bytes = body_bytes
+    pair.write(40)
+    m = pair.master
+    file_bytes = m.commitlog.file_size_bytes
+    bounds = pair.boundaries()
+    record_end = dict(zip(bounds, [*bounds[1:], m.commitlog.max_offset], strict=True))
+    for at in bounds[:: max(1, len(bounds) // 8)]:
+        data = m.read_replica(at, file_bytes)  # up to the file's end: records, then a BLANK
+        topics = {t.encode(): t for t in TOPICS}
+        fast = replica._decode_fast(data, at, file_bytes, topics, replica.TagCodes())
+        whole = [b for b in bounds if at <= b < at + len(data) and not _is_blank(m, b)]
+        if len(whole) < replica.FAST_RECORDS_MIN:
+            continue
+        assert fast is not None, at
+        end, runs = fast
+        assert sum(len(run.physical_offsets) for run in runs) == len(whole)
+        assert at + end == record_end[whole[-1]]
+        assert _decoded(data, at, file_bytes, fast=True) == _decoded(
+            data, at, file_bytes, fast=False
+        )
+
+
 @settings(
     max_examples=200,
     deadline=None,
