@@ -106,6 +106,7 @@ class MappedFile:
         readonly: bool = False,
         write_by_syscall: bool = False,
         zero_ahead: bool = False,
+        reserve_ahead_bytes: int = RESERVE_AHEAD_BYTES,
     ) -> None:
         self.path = path
         self.file_size_bytes = file_size_bytes
@@ -113,6 +114,8 @@ class MappedFile:
         """Appends go through ``pwrite`` instead of the map (see :meth:`append`)."""
         self.zero_ahead = zero_ahead
         """Space is reserved by writing zeros, not by fallocate (see the module doc)."""
+        self.reserve_ahead_bytes = reserve_ahead_bytes
+        """Space fallocated past a write that needs more."""
         self.file_from_offset = FileStartOffset(int(path.name))
         self.readonly = readonly
         existed = path.exists()
@@ -183,7 +186,7 @@ class MappedFile:
             ahead = min(self.file_size_bytes, end + ZERO_AHEAD_BYTES)
         else:
             start = min(self.wrote_position, self.reserved_position)
-            ahead = min(self.file_size_bytes, end + RESERVE_AHEAD_BYTES)
+            ahead = min(self.file_size_bytes, end + self.reserve_ahead_bytes)
         for target in (ahead, end) if ahead > end else (end,):
             try:
                 self._reserve_range(start, target)
@@ -300,12 +303,14 @@ class MappedFileQueue:
         readonly: bool = False,
         write_by_syscall: bool = False,
         zero_ahead: bool = False,
+        reserve_ahead_bytes: int = RESERVE_AHEAD_BYTES,
     ) -> None:
         if file_size_bytes <= 0:
             raise ValueError("file_size_bytes must be positive")
         self.readonly = readonly
         self.write_by_syscall = write_by_syscall
         self.zero_ahead = zero_ahead
+        self.reserve_ahead_bytes = reserve_ahead_bytes
         self.directory = directory
         self.file_size_bytes = file_size_bytes
         self.create_ahead = create_ahead
@@ -349,6 +354,7 @@ class MappedFileQueue:
                 readonly=self.readonly,
                 write_by_syscall=self.write_by_syscall,
                 zero_ahead=self.zero_ahead,
+                reserve_ahead_bytes=self.reserve_ahead_bytes,
             )
             # Until recovery says otherwise, a loaded file counts as full and flushed.
             mf.wrote_position = mf.flushed_position = self.file_size_bytes
@@ -421,6 +427,7 @@ class MappedFileQueue:
                 self.file_size_bytes,
                 write_by_syscall=self.write_by_syscall,
                 zero_ahead=self.zero_ahead,
+                reserve_ahead_bytes=self.reserve_ahead_bytes,
             )
         self.files.append(mf)
         return mf
