@@ -97,9 +97,9 @@ assert _V4_DTYPE.itemsize == _V4.size
 _SIZE_MAGIC_DTYPE = _numpy_dtype(codec.SIZE_MAGIC.format, ("size", "magic"))
 _NO_RECORDS = np.zeros(0, dtype=np.int64)
 FAST_RECORDS_MIN = 8
-"""From this many whole records on, a chunk's headers are read and checked by numpy (one gather
-of every header, ~35 µs per chunk) rather than one unpack and a dozen comparisons per record;
-below it the fixed cost does not pay."""
+"""From this many whole records on, a chunk's headers are read and checked by numpy (one read
+of every header, a strided view or a gather, ~35 µs per chunk) rather than one unpack and a
+dozen comparisons per record; below it the fixed cost does not pay."""
 
 
 def read_replica(commitlog: CommitLog, physical_offset: PhysicalOffset, max_bytes: int) -> bytes:
@@ -183,7 +183,7 @@ def _whole_records(buf: bytes, pos: int = 0) -> list[int]:
     return starts
 
 
-def _record_starts(buf: bytes, raw: np.ndarray) -> np.ndarray:
+def _record_starts(buf: bytes) -> np.ndarray:
     """:func:`_whole_records` for a numpy read. A producer's batch is records of one size, so
     the first record's size is taken as a guess for all: one strided view of the buffer checks
     every guessed header at once, and only from the first one that does not match does the walk
@@ -225,7 +225,7 @@ def _decode_fast(
     (those take the record-by-record path), or when any check fails (:func:`decode_chunk` then
     reads them one by one and names the problem). Returns (where they end, the runs)."""
     raw = np.frombuffer(buf, dtype=np.uint8)
-    at = _record_starts(buf, raw)
+    at = _record_starts(buf)
     if len(at) < FAST_RECORDS_MIN:
         return None
     head = _rows(buf, raw, at, _V4.size).view(_V4_DTYPE)[:, 0]
