@@ -118,7 +118,12 @@ class AckPacer:
         return self._last_sent_ms + gap - self._now_ms()
 
     def sent(self, offset: PhysicalOffset) -> None:
+        """An ack for ``offset`` went out. Below what was written, the store was cut back (a
+        chunk refused for lack of room drops the partial record before it): nothing past it
+        is left to ack, and without forgetting it every ack would ask for the next at once,
+        in a loop that never waits (the data socket's acks do not wait for the writer)."""
         self.acked = offset
+        self.written = min(self.written, offset)
         self._last_sent_ms = self._now_ms()
 
 

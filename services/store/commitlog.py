@@ -35,12 +35,15 @@ from services.store.mapped_file import DiskFullError, MappedFile, MappedFileQueu
 from services.store.types import DispatchRequest, DispatchRun, PhysicalOffset, QueueOffset
 
 DEFAULT_COMMITLOG_FILE_BYTES = 1024 * 1024 * 1024
-RESERVE_AHEAD_BYTES = 4 * 1024 * 1024
+RESERVE_AHEAD_BYTES = 1024 * 1024
 """Space fallocated past a write that needs more. The commitlog is one file written at a time,
-in appends of up to a replicated chunk (256 KiB), so it reserves far more than a consume queue
+in appends of up to a replicated chunk (256 KiB), so it reserves more than a consume queue
 (64 KiB): at 64 KiB a slave under load called fallocate for every chunk, ~350 times a second,
 and the calls blocked its event loop for ~6 % of the time (strace: p90 0.7 ms, the longest
-4 ms, while the flush thread's fdatasyncs ran); at 4 MiB, ~40 times a second, ~0.5 %."""
+4 ms, while the flush thread's fdatasyncs ran); at 1 MiB, 389 calls and 84 ms in 3 s where
+64 KiB took 1 044 and 195 ms (4 MiB: 129 and 15). Not more than 1 MiB, what SYNC_FLUSH's zeros
+run ahead too: on a nearly full volume the look-ahead is room that consume queues and index
+files cannot have, and at 4 MiB a small volume refused writes it had room for."""
 TRANSACTION_MASK = codec.SysFlag.TRANSACTION_MASK
 NOT_QUEUED = frozenset({codec.SysFlag.TRANSACTION_PREPARED, codec.SysFlag.TRANSACTION_ROLLBACK})
 """Transaction types whose records get no consume-queue unit and queue offset 0."""

@@ -30,6 +30,7 @@ import grpc
 import pytest
 
 from rocketq._api.rocketq.v1 import messaging_pb2_grpc
+from services.store.commitlog import RESERVE_AHEAD_BYTES as COMMITLOG_RESERVE_AHEAD_BYTES
 from tests.integration.cluster import ServiceProcess, start_nameserver
 from tests.integration.replication_support import (
     Sent,
@@ -174,11 +175,12 @@ async def test_sync_master_answers_slave_timeout_while_the_slave_disk_is_full(
 
             sent = await _prepare(master, slave)
             assert {status_name(s.status) for s in sent} == {"SEND_OK"}
-            # Fill, then one large batch the slave cannot store, then single sends.
+            # Fill, then one large batch the slave cannot store (more than the room its
+            # commitlog had reserved ahead before the fill), then single sends.
             assert disk.fill() == 0
             stuck = await send_load(
                 master.addr, TOPICS[:1], 1, batches_per_queue=1, batch_size=64,
-                body_bytes=4000, tag="big",
+                body_bytes=COMMITLOG_RESERVE_AHEAD_BYTES // 64 + 4000, tag="big",
             )  # fmt: skip
             stuck += await _single_sends(master.addr, 3, "while-full")
             statuses = [status_name(s.status) for s in stuck]

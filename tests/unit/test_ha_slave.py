@@ -98,6 +98,17 @@ def test_ack_pacer_written_offset_never_goes_back() -> None:
     assert pacer.written == 500
 
 
+def test_ack_pacer_after_the_store_was_cut_back_waits_for_the_heartbeat() -> None:
+    # A chunk refused for lack of room drops the partial record before it: the ack then says
+    # less than was written. The pacer must not ask for the next ack at once, forever.
+    pacer = AckPacer(ManualClock(), heartbeat_ms=5000)
+    pacer.note_written(500)
+    pacer.sent(300)
+    assert pacer.wait_ms() == pytest.approx(5000)
+    pacer.note_written(400)  # the master resends from 300
+    assert pacer.wait_ms() <= 0
+
+
 def test_a_master_whose_data_socket_was_unreachable_gets_no_offer_for_a_while() -> None:
     clock = ManualClock()
     offers = DataSocketOffers(clock)
