@@ -95,7 +95,6 @@ def _numpy_dtype(fmt: str, names: tuple[str, ...]) -> np.dtype:
 _V4_DTYPE = _numpy_dtype(_V4.format, _V4_FIELDS)
 assert _V4_DTYPE.itemsize == _V4.size
 _SIZE_MAGIC_DTYPE = _numpy_dtype(codec.SIZE_MAGIC.format, ("size", "magic"))
-_NO_RECORDS = np.zeros(0, dtype=np.int64)
 FAST_RECORDS_MIN = 8
 """From this many whole records on, a chunk's headers are read and checked by numpy (one read
 of every header, a strided view or a gather, ~35 µs per chunk) rather than one unpack and a
@@ -183,17 +182,19 @@ def _whole_records(buf: bytes, pos: int = 0) -> list[int]:
     return starts
 
 
-def _record_starts(buf: bytes) -> np.ndarray:
-    """:func:`_whole_records` for a numpy read. A producer's batch is records of one size, so
-    the first record's size is taken as a guess for all: one strided view of the buffer checks
-    every guessed header at once, and only from the first one that does not match does the walk
-    go record by record (a chunk of mixed sizes pays a few µs for nothing)."""
+def _record_starts(buf: bytes) -> np.ndarray | None:
+    """:func:`_whole_records` for a numpy read, or None for fewer than FAST_RECORDS_MIN (a
+    chunk of a few records builds no array at all). A producer's batch is records of one size,
+    so the first record's size is taken as a guess for all: one strided view of the buffer
+    checks every guessed header at once, and only from the first one that does not match does
+    the walk go record by record (a chunk of mixed sizes pays a few µs for nothing)."""
     n = len(buf)
     if n < _HEADER_BYTES:
-        return _NO_RECORDS
+        return None
     size, magic = codec.SIZE_MAGIC.unpack_from(buf, 0)
     if magic != MESSAGE_MAGIC or size < codec.RECORD_MIN_BYTES or n // size < FAST_RECORDS_MIN:
-        return np.array(_whole_records(buf), dtype=np.int64)
+        starts = _whole_records(buf)
+        return np.array(starts, dtype=np.int64) if len(starts) >= FAST_RECORDS_MIN else None
     count = n // size
     at = np.arange(0, count * size, size, dtype=np.int64)
     head = np.ndarray((count,), _SIZE_MAGIC_DTYPE, buf, 0, (size,))  # a view: no copy
@@ -202,6 +203,8 @@ def _record_starts(buf: bytes) -> np.ndarray:
         return at
     same_end = int(same.argmin())  # the first guess that missed; the ones before it are whole
     rest = _whole_records(buf, same_end * size)
+    if same_end + len(rest) < FAST_RECORDS_MIN:
+        return None
     return np.concatenate((at[:same_end], np.array(rest, dtype=np.int64)))
 
 
@@ -224,10 +227,10 @@ def _decode_fast(
     dispatch takes as columns); None when there are too few to pay, when one is a transaction's
     (those take the record-by-record path), or when any check fails (:func:`decode_chunk` then
     reads them one by one and names the problem). Returns (where they end, the runs)."""
-    raw = np.frombuffer(buf, dtype=np.uint8)
     at = _record_starts(buf)
-    if len(at) < FAST_RECORDS_MIN:
+    if at is None:
         return None
+    raw = np.frombuffer(buf, dtype=np.uint8)
     head = _rows(buf, raw, at, _V4.size).view(_V4_DTYPE)[:, 0]
     size = head["size"].astype(np.int64)
     here = at + base
