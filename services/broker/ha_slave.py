@@ -192,8 +192,9 @@ class SlaveReplica:
         self.store.set_confirm_offset(target if bound is None else min(bound, target))
         self.master_known_offset = max(self.master_known_offset, target)
 
-    def apply_chunk(self, physical_offset: int, data: bytes) -> PhysicalOffset:
-        """Write a chunk's data at our max offset; returns the new max offset."""
+    def apply_chunk(self, physical_offset: int, data: bytes | memoryview) -> PhysicalOffset:
+        """Write a chunk's data at our max offset (``data`` is not kept); returns the new max
+        offset."""
         ours = self.store.commitlog.max_offset
         if physical_offset != ours:
             raise ProtocolError(
@@ -421,7 +422,7 @@ class ReplicationClient:
         tls = default_security().ssl_context()
 
         def on_frame(
-            kind: int, offset: int, data: bytes, pace_ms: int, confirm: int, version: int
+            kind: int, offset: int, data: memoryview, pace_ms: int, confirm: int, version: int
         ) -> None:
             if kind == ha_wire.CHUNK:
                 self._apply_chunk(offset, data, pace_ms, pacer)
@@ -502,7 +503,9 @@ class ReplicationClient:
         else:
             raise ProtocolError(f"unexpected {kind} after the stream started")
 
-    def _apply_chunk(self, offset: int, data: bytes, pace_ms: int, pacer: AckPacer) -> None:
+    def _apply_chunk(
+        self, offset: int, data: bytes | memoryview, pace_ms: int, pacer: AckPacer
+    ) -> None:
         pacer.note_written(self.replica.apply_chunk(offset, data), pace_ms)
         self._written.set()
         if self._store_full:

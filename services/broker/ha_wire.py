@@ -86,8 +86,10 @@ class FrameError(Exception):
     """A frame that breaks the layout above (the slave reconnects)."""
 
 
-FrameHandler = Callable[[int, int, bytes, int, int, int], None]
-"""kind, physical_offset, data, ack_pace_ms, confirm_offset, config_version."""
+FrameHandler = Callable[[int, int, memoryview, int, int, int], None]
+"""kind, physical_offset, data, ack_pace_ms, confirm_offset, config_version. ``data`` is a view
+of the reader's buffer, valid only during the call: a handler that keeps the bytes copies them
+(a slave's store copies each chunk once, behind its partial tail)."""
 
 
 class FrameReader(asyncio.BufferedProtocol):
@@ -140,7 +142,7 @@ class FrameReader(asyncio.BufferedProtocol):
                     raise FrameError(f"data socket frame of kind {kind}, {length} bytes")
                 if end - start < head + length:
                     break
-                data = bytes(view[start + head : start + head + length])
+                data = view[start + head : start + head + length]
                 start += head + length
                 self.last_frame_s = self._time()
                 self._on_frame(kind, offset, data, pace_ms, confirm, version)

@@ -550,8 +550,9 @@ class ReplicaWriter:
             received = whole_end
         if not data:
             return received
-        # One copy: the caller's buffer is reused once this returns, so the chunk is copied,
-        # behind the partial tail when there is one (the bytes written are that copy's end).
+        # One copy: the caller's buffer is reused once this returns (a data-socket frame is a
+        # view of the reader's buffer), so the chunk is copied, behind the partial tail when
+        # there is one (the bytes written are that copy's end).
         held = len(self.pending)
         buf = self.pending + data if held else bytes(data)
         good, runs, reqs, problem = decode_chunk(
