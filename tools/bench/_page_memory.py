@@ -31,6 +31,9 @@ _GIB = 1 << 30
 _PAGE = mmap.PAGESIZE
 _PROBE_CHUNK_BYTES = 160 * 1024  # about what a replicated chunk of 1 KiB messages writes at once
 _HEADROOM_BYTES = 2 * _GIB  # never warm the memory the run itself needs for its processes
+WRITTEN_BYTES_PER_S_MAX = 256 << 20
+"""What a benchmark's servers write at most together (master and slave, or one peer system),
+sizing the memory :func:`prepare` warms."""
 
 
 def available_bytes() -> int:
@@ -83,3 +86,11 @@ def warm(size_bytes: int) -> int:
     child.start()
     child.join()
     return size if child.exitcode == 0 else 0
+
+
+def prepare(write_s: float, *, warm_memory: bool = True) -> str:
+    """Before a setup that writes for about ``write_s`` seconds: warm enough free memory for
+    it (unless ``warm_memory`` is off), then probe; the line to print about both."""
+    warmed = warm(int(write_s * WRITTEN_BYTES_PER_S_MAX) + _GIB) if warm_memory else 0
+    cost = probe_us_per_kib()
+    return f"({warmed >> 30} GiB of memory warmed; a new page-cache page costs {cost:.2f} us/KiB)"

@@ -19,7 +19,7 @@ queue, persistent messages, publisher confirms). Everything it started is stoppe
 (the peer's own session for helpers such as epmd) and its directory removed. One table at the
 end, with each figure's ratio to the best peer (for latency, best / figure: above 1 is better).
 Before each system starts, free memory about the size of what it will write is touched and
-released (``_page_memory.warm``), so that no system pays for a VM's first touches of memory that
+released (``_page_memory.prepare``), so that no system pays for a VM's first touches of memory that
 another one did not (``--cold-memory`` skips it; what a new page-cache page costs is printed
 either way). ``--quick``: 3 s produce, 20 s drain limit, 300 latency sends. Figures are
 printed, never asserted; the machine is shared, so say what else ran when you quote them. Never
@@ -46,8 +46,6 @@ from tools.bench import _peer_systems as systems
 from tools.bench._peer_systems import Clock, Driver, Phases
 
 BODY_BYTES = 1024
-WRITTEN_BYTES_PER_S_MAX = 256 << 20
-"""What a system writes at most while producing, sizing the memory warmed before it starts."""
 
 
 @dataclass(frozen=True)
@@ -141,10 +139,7 @@ async def run_phases(driver: Driver, plan: Plan) -> Phases:
 
 async def bench_one(key: str, plan: Plan, root: Path) -> Phases | None:
     print(f"== {key}", flush=True)
-    if plan.warm_memory:
-        warmed = _page_memory.warm(int(plan.produce_s * WRITTEN_BYTES_PER_S_MAX) + (1 << 30))
-        print(f"  ({warmed >> 30} GiB of memory warmed)", flush=True)
-    print(f"  (a new page-cache page costs {_page_memory.probe_us_per_kib():.2f} us/KiB)")
+    print(" ", _page_memory.prepare(plan.produce_s, warm_memory=plan.warm_memory), flush=True)
     workdir = root / key
     driver: Driver | None = None
     try:

@@ -36,7 +36,7 @@ so the no-slave total over a setup's total ("CPU ratio") is the throughput ratio
 run can reach.
 
 Before each setup starts, free memory about the size of what the run will write is touched and
-released (``_page_memory.warm``): on a VM whose host backs memory lazily, the first write to a
+released (``_page_memory.prepare``): on a VM whose host backs memory lazily, the first write to a
 page costs several times a warm one, a slave writes every byte a second time, and without it
 the ratio would depend on which setup ran on colder memory. ``--cold-memory`` skips it; the
 cost of a new page-cache page is printed at the start and before each setup either way.
@@ -82,8 +82,6 @@ LONE_IN_FLIGHT = 1
 LAG_SAMPLE_INTERVAL_S = 0.5
 PACED_IN_FLIGHT_MAX = 64
 """Paced batches in flight at most; beyond it the rate is what the machine sustains."""
-WRITTEN_BYTES_PER_S_MAX = 256 << 20
-"""What master and slave write together at most, sizing the memory warmed before a setup."""
 
 
 # ---- processes -----------------------------------------------------------------------------
@@ -449,11 +447,8 @@ def run(
     lag: LagResult | None = None
     print(f"loadavg at start: {os.getloadavg()[0]:.2f}, cores: {os.cpu_count()}", flush=True)
     print(f"a new page-cache page costs {_page_memory.probe_us_per_kib():.2f} us/KiB", flush=True)
-    warm_bytes = int(duration_s * len(loads) * WRITTEN_BYTES_PER_S_MAX) + (1 << 30)
     for setup in setups:
-        warmed = _page_memory.warm(warm_bytes) if warm_memory else 0
-        cost = _page_memory.probe_us_per_kib()
-        print(f"  ({warmed >> 30} GiB of memory warmed; a new page costs {cost:.2f} us/KiB)")
+        print(" ", _page_memory.prepare(duration_s * len(loads), warm_memory=warm_memory))
         base = Path(tempfile.mkdtemp(prefix="rocketq-repl-bench-"))
         try:
             setup.start(base)
