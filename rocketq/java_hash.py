@@ -150,9 +150,27 @@ def _unsigned_hashes(keys: list[str]) -> np.ndarray:
 
 def index_key_hashes_array(keys: list[str]) -> np.ndarray:
     """:func:`index_key_hash` of every key, as an ``int64`` numpy array (for vectorised callers)."""
-    h = _unsigned_hashes(keys)
-    high = h >= _TWO_POW_31
-    result = np.where(high, _TWO_POW_32 - h, h)
+    return _key_hashes_from_unsigned(_unsigned_hashes(keys))
+
+
+def index_key_hashes_of_rows(prefix: str, rows: np.ndarray) -> np.ndarray | None:
+    """:func:`index_key_hash` of ``prefix`` + each row of ``rows`` (an ``(n, L)`` ``uint8``
+    array of ASCII keys, one per row), as an ``int64`` array, without a ``str`` per key; None
+    when ``prefix`` is not ASCII. Java's hash of a concatenation is the first part's hash times
+    ``31^L`` plus the second's, so the prefix is hashed once."""
+    if not prefix.isascii():
+        return None
+    length = rows.shape[1]
+    head = (_hash_units(prefix.encode("ascii")) * pow(31, length, _TWO_POW_32)) & _MASK32
+    unsigned = ((rows.astype(np.uint64) @ _powers_desc(length)) + np.uint64(head)) & np.uint64(
+        _MASK32
+    )
+    return _key_hashes_from_unsigned(unsigned.astype(np.int64))
+
+
+def _key_hashes_from_unsigned(h: np.ndarray) -> np.ndarray:
+    """:func:`_key_hash_from_unsigned` of every element of ``h`` (``int64``)."""
+    result = np.where(h >= _TWO_POW_31, _TWO_POW_32 - h, h)
     result[h == _TWO_POW_31] = 0  # the Integer.MIN_VALUE case, as in index_key_hash
     return result
 
@@ -172,6 +190,7 @@ __all__ = [
     "index_key_hash",
     "index_key_hashes",
     "index_key_hashes_array",
+    "index_key_hashes_of_rows",
     "java_string_hash",
     "java_string_hashes",
 ]

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -51,6 +52,10 @@ only what recovery rebuilds anyway (it re-dispatches from the index's endPhyoffs
 
 _NAME_DIGITS = 17
 _NAME_BUMP_MAX = 100_000  # 100 s of bumped names; needing more means something is very wrong
+
+
+_BATCH_HASH_MIN = 16
+"""Fewer keys than this are hashed one by one (index_key_hash), not as a numpy batch."""
 
 
 def format_index_file_name(timestamp_ms: int) -> str:
@@ -105,10 +110,16 @@ class IndexService:
         self._files: list[IndexFile] = []
         self._last_name_ms = -1  # newest 17-digit name seen, so a new name sorts after it
         self._loaded = False
-        self._keys: list[str] = []
+        self._keys: list[str | int] = []
         self._offsets: list[int] = []
         self._stamps: list[int] = []
-        """Queued entries, in dispatch order (see PENDING_KEYS_MAX); written by :meth:`drain`."""
+        """Queued entries, in dispatch order (see PENDING_KEYS_MAX); written by :meth:`drain`.
+        The keys are all ``str`` (hashed in one batch when written) or, once a run brought its
+        hashes (``DispatchRun.index_hashes``: a slave), all ``int``, their index hashes: keys
+        queued after it are hashed as they come (on a slave, the few records of each chunk its
+        batch reader declined), until the queue is empty again."""
+        self._hashed = False
+        """Whether the queued keys are index hashes (ints) rather than strings."""
         self._queued_end = -1
         """Offset of the last record whose keys were queued (-1: none since the last drain)."""
         self.problems: list[str] = []
@@ -214,6 +225,7 @@ class IndexService:
         self._ensure_loaded()
         end = self._indexed_end()
         keys, offsets, stamps = self._keys, self._offsets, self._stamps
+        queued = len(keys)
         skipped = _SKIPPED_TRANSACTIONS
         for req in reqs:
             offset = req.commitlog_offset
@@ -231,7 +243,7 @@ class IndexService:
                 offsets.extend([offset] * len(more))
                 stamps.extend([req.store_timestamp_ms] * len(more))
                 end = offset
-        self._queued_and_maybe_written(end)
+        self._queued_and_maybe_written(end, queued)
 
     def build_index_run(self, run: DispatchRun) -> None:
         """:meth:`build_index_batch` for records given as columns: the same keys, files and
@@ -242,13 +254,21 @@ class IndexService:
             self.build_index_batch(run.requests())  # a re-dispatch: skip what is in
             return
         failpoints.inject("dispatch_before_index")
+        if run.index_hashes is not None:  # a slave's batch: hashed from the records' bytes
+            self._hash_queued(len(self._keys))
+            self._keys.extend(run.index_hashes.tolist())
+            self._offsets.extend(phys)
+            self._stamps.extend(run.store_timestamps_ms)
+            self._queued_and_maybe_written(phys[-1])
+            return
         uniq_keys = run.uniq_keys
+        queued = len(self._keys)
         if all(uniq_keys) and not any(run.keys):  # the common case: one key per record
             prefix = run.topic + "#"
             self._keys.extend([prefix + u for u in uniq_keys])
             self._offsets.extend(phys)
             self._stamps.extend(run.store_timestamps_ms)
-            self._queued_and_maybe_written(phys[-1])
+            self._queued_and_maybe_written(phys[-1], queued)
             return
         end = self._indexed_end()
         for uniq, more, offset, stamp in zip(
@@ -260,9 +280,13 @@ class IndexService:
                 self._offsets.extend([offset] * len(mine))
                 self._stamps.extend([stamp] * len(mine))
                 end = offset
-        self._queued_and_maybe_written(end)
+        self._queued_and_maybe_written(end, queued)
 
-    def _queued_and_maybe_written(self, end: int) -> None:
+    def _queued_and_maybe_written(self, end: int, queued: int | None = None) -> None:
+        """``queued``: the queue's length before the keys just added, as strings (hashed now
+        if the queue is one of hashes)."""
+        if self._hashed and queued is not None:
+            self._hash_queued(queued)
         if self._keys:
             self._queued_end = end
             if len(self._keys) >= PENDING_KEYS_MAX:
@@ -275,7 +299,12 @@ class IndexService:
         if not self._keys:
             return
         self._ensure_loaded()
-        hashes = index_key_hashes_array(self._keys)
+        keys = self._keys
+        hashes = (
+            np.array(keys, dtype=np.int64)
+            if self._hashed
+            else index_key_hashes_array(cast(list[str], keys))
+        )
         offsets = np.array(self._offsets, dtype=np.int64)
         stamps = np.array(self._stamps, dtype=np.int64)
         done = 0
@@ -293,6 +322,18 @@ class IndexService:
             del self._keys[:done], self._offsets[:done], self._stamps[:done]
             if not self._keys:
                 self._queued_end = -1
+                self._hashed = False
+
+    def _hash_queued(self, start: int) -> None:
+        """Make the queue one of hashes (see ``_keys``), hashing the strings from ``start``."""
+        if not self._hashed:
+            start = 0
+            self._hashed = True
+        tail = cast(list[str], self._keys[start:])
+        if len(tail) >= _BATCH_HASH_MIN:
+            self._keys[start:] = index_key_hashes_array(tail).tolist()
+        elif tail:  # a few: a batch's numpy set-up costs more than hashing them one by one
+            self._keys[start:] = [index_key_hash(key) for key in tail]
 
     def query(
         self, topic: str, key: str, max_num: int, begin_ts_ms: int, end_ts_ms: int
@@ -363,6 +404,7 @@ class IndexService:
         except DiskFullError as exc:
             _log.warning("index: %d queued entries dropped at close: %s", len(self._keys), exc)
         self._keys, self._offsets, self._stamps = [], [], []
+        self._hashed = False
         self._queued_end = -1
         for index_file in self._files:
             index_file.close()

@@ -38,12 +38,12 @@ from __future__ import annotations
 import itertools
 import re
 import struct
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, overload
 
 import numpy as np
 
-from rocketq import codec
+from rocketq import codec, java_hash
 from rocketq.codec import BLANK_MAGIC, MESSAGE_MAGIC
 from services.store.commitlog import NOT_QUEUED, TRANSACTION_MASK, CommitLog
 from services.store.consume_queue import CQ_UNIT, CQ_UNIT_BYTES, PRE_BLANK_SIZE, ConsumeQueue
@@ -263,15 +263,22 @@ def _decode_fast(
     names = _topics(buf, raw, body_end + 1, topic_end, topics)
     if names is None:
         return None  # a topic not seen yet: the slow path decodes and checks it
-    props = _uniform_properties(buf, raw, props_at, ends, tag_codes)
-    if props is None:
+    uniform = _uniform_properties(buf, raw, props_at, ends, tag_codes)
+    uniqs: Sequence[str]
+    index_hashes = None
+    if uniform is None:
         each = [
             _record_properties(buf, cur, end, tag_codes)
             for cur, end in zip(props_at.tolist(), ends.tolist(), strict=True)
         ]
         tags_codes, keys, uniqs = (list(column) for column in zip(*each, strict=True))
     else:
-        tags_codes, keys, uniqs = props
+        count = len(at)
+        tags_codes, keys = [uniform.tags_code] * count, [uniform.keys] * count
+        width = uniform.ids.shape[1]
+        uniqs = FixedWidthStrings(uniform.ids.tobytes().decode("ascii"), width, count)
+        if isinstance(names, str) and width and not uniform.keys:
+            index_hashes = java_hash.index_key_hashes_of_rows(names + "#", uniform.ids)
     queue_id, queue_offset = head["queue_id"], head["queue_offset"]
     cut = (queue_id[1:] != queue_id[:-1]) | (queue_offset[1:] != queue_offset[:-1] + 1)
     if isinstance(names, list):
@@ -292,6 +299,7 @@ def _decode_fast(
             uniqs[i:j],
             flags[i:j],
             PhysicalOffset(phys[j - 1] + sizes[j - 1]),
+            index_hashes[i:j] if index_hashes is not None else None,
         )
         for i, j in itertools.pairwise(bounds)
     ]
@@ -315,8 +323,49 @@ def _topics(
     return None if None in names else names  # type: ignore[return-value]
 
 
-PropertyColumns = tuple[list[int], list[str], list[str]]
-"""The TAGS codes, KEYS values and UNIQ_KEY values of records, one per record in each list."""
+class UniformProperties(NamedTuple):
+    """What the properties of a producer's batch share, and their UNIQ_KEYs."""
+
+    tags_code: int
+    keys: str
+    ids: np.ndarray
+    """One row per record: its UNIQ_KEY value, ASCII bytes (``uint8``), all of one length."""
+
+
+class FixedWidthStrings(Sequence[str]):
+    """``count`` strings of ``width`` characters laid end to end in ``text``, each cut only when
+    read: a slave's UNIQ_KEY column, whose index entries come from the bytes (most are never
+    read as strings at all)."""
+
+    __slots__ = ("_count", "_start", "_text", "_width")
+
+    def __init__(self, text: str, width: int, count: int, start: int = 0) -> None:
+        self._text = text
+        self._width = width
+        self._count = count
+        self._start = start
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._count)
+            if step != 1:
+                return [self[k] for k in range(start, stop, step)]
+            return FixedWidthStrings(
+                self._text, self._width, max(0, stop - start), self._start + start
+            )
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(i)
+        at = (self._start + i) * self._width
+        return self._text[at : at + self._width]
 
 
 def _record_properties(buf: bytes, cur: int, end: int, tag_codes: TagCodes) -> tuple[int, str, str]:
@@ -352,11 +401,11 @@ def _record_properties(buf: bytes, cur: int, end: int, tag_codes: TagCodes) -> t
 
 def _uniform_properties(
     buf: bytes, raw: np.ndarray, starts: np.ndarray, ends: np.ndarray, tag_codes: TagCodes
-) -> PropertyColumns | None:
+) -> UniformProperties | None:
     """:func:`_record_properties` of records whose properties are the same bytes but for an
     ASCII UNIQ_KEY value of one length (a producer's batch: same tags and keys, a unique id
-    each), as columns: the first record's TAGS and KEYS stand for all, the ids are cut from one
-    decoded string. None for any other records.
+    each): the first record's TAGS and KEYS stand for all, the ids are rows of the records'
+    bytes. None for any other records.
 
     Why one search stands for all: with no \\x01 or \\x02 inside the ids, every name search
     finds in each record what it finds in the first (a match cannot start or end inside an
@@ -384,12 +433,8 @@ def _uniform_properties(
         and not ((ids == 1) | (ids == 2)).any()
     ):
         return None
-    width = value_end - value_at
-    text = ids.tobytes().decode("ascii")
     tags_code, keys, _ = _record_properties(buf, cur, end, tag_codes)
-    n = len(lengths)
-    uniqs = [text[k : k + width] for k in range(0, n * width, width)] if width else [""] * n
-    return [tags_code] * n, [keys] * n, uniqs
+    return UniformProperties(tags_code, keys, ids)
 
 
 class TagCodes(dict[bytes, int]):

@@ -8,8 +8,12 @@ its own ``NewType`` and every variable says which it is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, NewType
+from typing import TYPE_CHECKING, NamedTuple, NewType
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PhysicalOffset = NewType("PhysicalOffset", int)
 """Byte position in the commitlog, counted from the start of its first-ever file."""
@@ -58,10 +62,14 @@ class DispatchRun(NamedTuple):
     tags_codes: list[int]
     store_timestamps_ms: list[int]
     keys: list[str]
-    uniq_keys: list[str]
+    uniq_keys: Sequence[str]
     sys_flags: list[int]
     end_offset: PhysicalOffset
     """Just past the last record."""
+    index_hashes: np.ndarray | None = None
+    """The index hash of ``topic#uniq_key`` of every record (``int64``), when the reader
+    computed them from the records' bytes and no record has KEYS (a slave's producer
+    batches); None: the index hashes the strings itself."""
 
     def requests(self) -> list[DispatchRequest]:
         """The same records as DispatchRequests (for a listener or a re-dispatch)."""

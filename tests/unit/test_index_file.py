@@ -9,6 +9,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from rocketq.java_hash import (
     index_key_hash,
     index_key_hashes,
+    index_key_hashes_of_rows,
     java_string_hash,
     java_string_hashes,
 )
@@ -39,7 +41,7 @@ from services.store.index_service import (
     parse_index_file_name,
 )
 from services.store.mapped_file import DiskFullError
-from services.store.types import DispatchRequest, PhysicalOffset, QueueOffset
+from services.store.types import DispatchRequest, DispatchRun, PhysicalOffset, QueueOffset
 
 pytestmark = pytest.mark.unit
 
@@ -113,6 +115,26 @@ def test_batch_hash_many_uniform_keys() -> None:
     keys = [f"TopicTest#{i:032X}" for i in range(5000)] + ["TopicTest#é", "x", "polygenelubricants"]
     assert index_key_hashes(keys) == [index_key_hash(k) for k in keys]
     assert index_key_hashes(keys)[-1] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(alphabet="AZaz09_-%|#", max_size=30),
+    st.integers(0, 40).flatmap(
+        lambda width: st.lists(st.binary(min_size=width, max_size=width), min_size=1, max_size=20)
+    ),
+)
+def test_hashes_of_byte_rows_equal_the_hashes_of_the_strings(prefix: str, ids: list[bytes]) -> None:
+    # A slave hashes ``topic#uniq`` from the records' bytes: one row of ASCII bytes per key.
+    ascii_ids = [bytes(b & 0x7F for b in raw) for raw in ids]
+    rows = np.frombuffer(b"".join(ascii_ids), dtype=np.uint8).reshape(len(ids), -1)
+    hashes = index_key_hashes_of_rows(prefix, rows)
+    assert hashes is not None
+    assert hashes.tolist() == [index_key_hash(prefix + raw.decode("ascii")) for raw in ascii_ids]
+
+
+def test_hashes_of_byte_rows_decline_a_prefix_that_is_not_ascii() -> None:
+    assert index_key_hashes_of_rows("Tópico#", np.zeros((2, 4), dtype=np.uint8)) is None
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -256,6 +278,53 @@ def test_several_keys_per_message_and_uniq_key(service: IndexService) -> None:
     for key in ("a", "b", "c", "U1"):
         assert service.query("T", key, 10, 0, FAR_FUTURE_MS) == [0]
     assert service.query("T", "", 10, 0, FAR_FUTURE_MS) == []
+
+
+def _hashed_run(first: int, ts_ms: int, uniqs: list[str]) -> DispatchRun:
+    """Records at ``first``, ``first + 100``, … of topic T, their index hashes already known
+    (as a slave reads them from a producer's batch)."""
+    rows = np.frombuffer("".join(uniqs).encode("ascii"), dtype=np.uint8).reshape(len(uniqs), -1)
+    phys = [first + 100 * i for i in range(len(uniqs))]
+    n = len(uniqs)
+    return DispatchRun(
+        "T", 0, QueueOffset(0), phys, [100] * n, [0] * n, [ts_ms] * n, [""] * n, uniqs,
+        [0] * n, PhysicalOffset(phys[-1] + 100), index_key_hashes_of_rows("T#", rows),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("drained_between", [False, True], ids=["one queue", "drained between"])
+def test_keys_hashed_from_the_bytes_index_as_their_strings_would(
+    tmp_path: Path, drained_between: bool
+) -> None:
+    # A slave queues hashed runs and, between them, records its batch reader declined (with
+    # KEYS, or a chunk's partial record completed): its index files hold the same bytes as
+    # when every key is queued as a string.
+    uniq_runs = [[f"{r:02d}{i:030X}" for i in range(n)] for r, n in enumerate((40, 3, 700))]
+    as_strings, hashed = (
+        IndexService(tmp_path / name, clock=ManualClock(T0_MS), **SMALL) for name in ("s", "h")
+    )
+    for svc in (as_strings, hashed):
+        svc.load()
+    offset = 0
+    for r, uniqs in enumerate(uniq_runs):
+        declined = _req(offset, T0_MS + r, keys="order k2", uniq=f"D{r}")
+        for svc in (as_strings, hashed):
+            svc.build_index(declined)
+        offset += 100
+        run = _hashed_run(offset, T0_MS + r, uniqs)
+        as_strings.build_index_batch(run._replace(index_hashes=None).requests())
+        hashed.build_index_run(run)
+        offset = run.end_offset
+        if drained_between:
+            for svc in (as_strings, hashed):
+                svc.drain()
+    for svc in (as_strings, hashed):
+        svc.close()
+    names = sorted(p.name for p in (tmp_path / "s").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "h").iterdir())
+    assert len(names) >= 2  # 700 keys roll the small files
+    for name in names:
+        assert (tmp_path / "h" / name).read_bytes() == (tmp_path / "s" / name).read_bytes()
 
 
 def test_hash_collisions_return_both_offsets(service: IndexService) -> None:

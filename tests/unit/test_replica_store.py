@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rocketq import codec
+from rocketq.java_hash import index_key_hash
 from rocketq.validation import TRANS_HALF_TOPIC
 from services.common.clock import ManualClock
 from services.store import replica
@@ -33,7 +34,7 @@ from services.store.message_store import (
     StoreError,
 )
 from services.store.recovery import scan
-from services.store.types import DispatchRequest
+from services.store.types import DispatchRequest, DispatchRun
 
 pytestmark = pytest.mark.unit
 
@@ -65,6 +66,10 @@ class Pair:
         self.body_bytes: int | None = None
         """One body length for every message: with ``uniform``, records all of one size (the
         numpy read's guess that every record has the first one's size holds)."""
+        self.batch_keys = "k1 k2"
+        """With ``uniform``: the KEYS of every message ("": none, so a slave hashes the index
+        keys of a chunk of one topic from its bytes)."""
+        self.topics = TOPICS
 
     def config(self, name: str) -> StoreConfig:
         return StoreConfig(
@@ -105,13 +110,11 @@ class Pair:
         if rng.random() < 0.3:
             props["userProp"] = "v" * rng.randrange(40)
         if self.uniform:  # a producer's batch: one tag and key set, a unique id each
-            tags, keys = "TagA", "k1 k2"
-            props = {
-                codec.Prop.TAGS: tags,
-                codec.Prop.KEYS: keys,
-                codec.Prop.UNIQ_KEY: f"U{self.seq:06d}",
-            }
-        topic, sys_flag, prepared = rng.choice(TOPICS), 0, 0
+            tags, keys = "TagA", self.batch_keys
+            props = {codec.Prop.TAGS: tags, codec.Prop.UNIQ_KEY: f"U{self.seq:06d}"}
+            if keys:
+                props[codec.Prop.KEYS] = keys
+        topic, sys_flag, prepared = rng.choice(self.topics), 0, 0
         kind = 1.0 if self.plain else rng.random()  # plain: no transactions
         if kind < 0.1:
             topic, sys_flag = TRANS_HALF_TOPIC, SysFlag.TRANSACTION_PREPARED
@@ -140,7 +143,7 @@ class Pair:
     def write(self, batches: int) -> None:
         rng = self.rng
         for _ in range(batches):
-            queue = (rng.choice(TOPICS), rng.randrange(4)) if self.uniform else None
+            queue = (rng.choice(self.topics), rng.randrange(4)) if self.uniform else None
             self.master.append([self.message(queue) for _ in range(rng.randint(1, 12))])
             self.clock.advance_ms(self.rng.randrange(3))
 
@@ -182,7 +185,8 @@ class Pair:
                 assert s.commitlog.queue_offsets.get(key, 0) == m.commitlog.queue_offsets[key]
         for key, sq in s.queues.queues.items():
             assert key in m.queues.queues or sq.max_offset == 0, key
-        for business_key in sorted(set(self.keys))[:12]:
+        uniqs = [f"U{seq:06d}" for seq in range(1, self.seq + 1, max(1, self.seq // 12))]
+        for business_key in sorted(set(self.keys))[:12] + uniqs:
             for topic in TOPICS:
                 got = s.query_by_key(topic, business_key, 64, 0, 1 << 62)
                 want = m.query_by_key(topic, business_key, 64, 0, 1 << 62)
@@ -234,6 +238,49 @@ def test_random_chunks_make_identical_stores(
     assert seen["slave"] == seen["master"]
     assert any(r.keys for r in seen["slave"])
     assert any(r.sys_flag & SysFlag.TRANSACTION_MASK for r in seen["slave"])
+
+
+@pytest.mark.parametrize("max_chunk", [4000, 300 * 1024])
+def test_a_slave_indexes_the_ids_of_producer_batches_from_their_bytes(
+    make_pair: Callable[..., Pair], max_chunk: int
+) -> None:
+    # Batches of one topic with no KEYS: the slave's batch reader hands the index the hashes of
+    # topic#UNIQ_KEY, computed from the records' bytes; its index answers as the master's does.
+    pair = make_pair(seed=11)
+    pair.plain = pair.uniform = True
+    pair.batch_keys, pair.topics = "", TOPICS[:1]
+    hashed: list[int] = []
+    index = pair.slave.dispatcher.index
+    assert index is not None
+    build_run = index.build_index_run
+
+    def spy(run: DispatchRun) -> None:
+        if run.index_hashes is not None:
+            hashed.extend(run.index_hashes.tolist())
+            assert run.index_hashes.tolist() == [
+                index_key_hash(f"{run.topic}#{uniq}") for uniq in run.uniq_keys
+            ]
+        build_run(run)
+
+    index.build_index_run = spy  # type: ignore[method-assign]
+    pair.write(60)
+    pair.copy(max_chunk)
+    pair.assert_identical()
+    # Most records took the hashed path; in small chunks fewer (a chunk of a few records is
+    # read record by record, and the index hashes those keys as strings).
+    assert len(hashed) > (pair.seq // 2 if max_chunk > 100_000 else 0)
+
+
+def test_fixed_width_strings_cut_their_text_only_when_read() -> None:
+    ids = replica.FixedWidthStrings("aaabbbcccddd", 3, 4)
+    assert list(ids) == ["aaa", "bbb", "ccc", "ddd"] and len(ids) == 4
+    assert (ids[0], ids[-1]) == ("aaa", "ddd")
+    middle = ids[1:3]
+    assert list(middle) == ["bbb", "ccc"] and middle[-1] == "ccc"
+    assert list(ids[::2]) == ["aaa", "ccc"] and list(ids[5:]) == []
+    with pytest.raises(IndexError):
+        middle[2]
+    assert list(replica.FixedWidthStrings("", 0, 3)) == ["", "", ""]
 
 
 def test_chunks_end_inside_records_and_wait_for_the_rest(make_pair: Callable[..., Pair]) -> None:

@@ -46,6 +46,8 @@ from services.store.message_store import MessageStore
 from services.store.types import PhysicalOffset
 
 BODY = os.urandom(1024)
+REPLICA_CHUNK_BYTES = 256 * 1024
+"""haTransferBatchSize: the chunks a master ships while sends keep it busy."""
 TOPIC = "BenchTopic"
 QUEUES = 8
 
@@ -223,23 +225,30 @@ async def bench_reads(root: Path, total: int) -> None:
     await store.shutdown()
 
 
-async def bench_replica_apply(root: Path, total: int, batch: int, profile: bool = False) -> None:
-    """A slave's write path: a master's commitlog read back in chunks of one ``batch`` each
-    (what a replication stream carries when every send is shipped at once) and appended to a
-    second store, which checks and dispatches (consume queues, index) every record."""
-    master = fresh_store(root, f"master-{batch}", FlushDiskType.ASYNC_FLUSH)
+async def bench_replica_apply(
+    root: Path, total: int, batch: int, profile: bool = False, chunk_bytes: int = 0
+) -> None:
+    """A slave's write path: a master's commitlog of sends of ``batch`` messages read back in
+    chunks of one send each (what a replication stream carries when every send is shipped at
+    once), or of ``chunk_bytes`` (what a busy master ships: chunks end inside records), and
+    appended to a second store, which checks and dispatches (consume queues, index) every
+    record."""
+    label = f"{chunk_bytes // 1024} KiB chunks of sends of {batch}" if chunk_bytes else ""
+    master = fresh_store(root, f"master-{batch}-{chunk_bytes}", FlushDiskType.ASYNC_FLUSH)
     await master.start()
     n = (total // batch) * batch
     for q in range(n // batch):
         await master.put(make_messages(batch, q % QUEUES))
-    chunk_bytes = (master.commitlog.max_offset - master.commitlog.min_offset) * batch // n
+    if not chunk_bytes:
+        chunk_bytes = (master.commitlog.max_offset - master.commitlog.min_offset) * batch // n
+        label = f"chunks of {batch} records"
     chunks: list[bytes] = []
     offset = master.commitlog.min_offset
     while data := master.read_replica(offset, chunk_bytes):
         chunks.append(data)
         offset = PhysicalOffset(offset + len(data))
     await master.shutdown()
-    slave = fresh_store(root, f"slave-{batch}", FlushDiskType.ASYNC_FLUSH)
+    slave = fresh_store(root, f"slave-{batch}-{chunk_bytes}", FlushDiskType.ASYNC_FLUSH)
     await slave.start()
     prof = cProfile.Profile() if profile else None
     at = slave.commitlog.max_offset
@@ -251,7 +260,7 @@ async def bench_replica_apply(root: Path, total: int, batch: int, profile: bool 
     if prof:
         prof.disable()
     dt, cpu_s = time.perf_counter() - t0, time.thread_time() - cpu0
-    report(f"slave apply, chunks of {batch} records", n, dt, sum(map(len, chunks)))
+    report(f"slave apply, {label}", n, dt, sum(map(len, chunks)))
     print(f"    {cpu_s * 1e6 / n:.1f} us CPU per record (this thread; wall {dt * 1e6 / n:.1f} us)")
     await slave.shutdown()
     if prof:
@@ -337,7 +346,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages")
     ap.add_argument("--profile", action="store_true", help="cProfile the batch-256 append")
     ap.add_argument(
-        "--only-replica", action="store_true", help="only the slave apply cases (1 and 32)"
+        "--only-replica", action="store_true", help="only the slave apply cases (1, 32, 256 KiB)"
     )
     ap.add_argument(
         "--only-reads", action="store_true", help="only the pull read case (µs per message)"
@@ -360,6 +369,9 @@ def main() -> None:
         if args.only_replica:
             for batch in (1, 32):
                 asyncio.run(bench_replica_apply(root, total // 4, batch, args.profile))
+            asyncio.run(
+                bench_replica_apply(root, total // 2, 128, args.profile, REPLICA_CHUNK_BYTES)
+            )
             return
         if args.only_reads:
             asyncio.run(bench_pull_reads(root, total))
@@ -382,6 +394,7 @@ def main() -> None:
         asyncio.run(bench_pull_reads(root, total // 2))
         for batch in (1, 32):
             asyncio.run(bench_replica_apply(root, total // 4, batch))
+        asyncio.run(bench_replica_apply(root, total // 2, 128, chunk_bytes=REPLICA_CHUNK_BYTES))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
