@@ -8,6 +8,7 @@ services.common.bootstrap) — or fails with the tail of its log if it exits fir
 in time. :func:`launch` does the same for any command with a caller-given readiness check (etcd
 answers ``/health``). A :class:`Process` can then be stopped (SIGTERM, SIGKILL after a
 timeout), killed, paused, restarted with the same command, and asked whether it is alive.
+:func:`children_die_with_this_process` has the kernel stop them if this process dies first.
 
 The repository root goes first on the child's ``PYTHONPATH``, so the services import from this
 checkout whatever the child's working directory.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +35,10 @@ POLL_INTERVAL_S = 0.02
 LOG_TAIL_LINES = 60
 ROOT = Path(__file__).resolve().parents[2]
 """The repository (or installed tree) root that holds the ``services`` package."""
+
+_DIE_WITH_US: list[str] = []
+"""The argv prefix that has the kernel stop a child when this process dies (see
+:func:`children_die_with_this_process`); empty until then."""
 
 Readiness = Callable[["Process"], "str | None"]
 """Returns the process's address once it is ready, None while it is not yet."""
@@ -134,6 +140,21 @@ def read_ready_file(sp: Process) -> str | None:
     return None
 
 
+def children_die_with_this_process() -> None:
+    """From now on, the kernel sends SIGTERM to every child this process starts when this
+    process dies, however it dies: a benchmark killed with SIGKILL (or a terminal closed on
+    it) leaves no brokers running behind it. ``setpriv --pdeathsig`` (util-linux) sets the
+    signal in the child before it execs the service.
+
+    The kernel ties the signal to the *thread* that started the child, not the process: call
+    this only where children are started from the main thread (a benchmark's ``main``), never
+    where a worker thread that ends first may start one (its children would be stopped with
+    it). A no-op where setpriv is missing."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        _DIE_WITH_US[:] = [setpriv, "--pdeathsig", "TERM"]
+
+
 def launch(
     name: str,
     argv: list[str],
@@ -158,7 +179,7 @@ def launch(
         ready_file.unlink(missing_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [*(prefix or []), *argv],
+            [*_DIE_WITH_US, *(prefix or []), *argv],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -138,6 +138,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    supervisor.children_die_with_this_process()  # a killed bench leaves nothing running
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--body-bytes", type=int, default=1024)

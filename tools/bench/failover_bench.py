@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common import supervisor
 from tools.bench._ha_group import Group, Traffic, ha_group, prepare, wait_in_sync, wait_master
 
 TARGET_S = 10.0
@@ -136,6 +137,7 @@ async def bench(base: Path, args: argparse.Namespace) -> list[Run]:
 
 
 def main() -> None:
+    supervisor.children_die_with_this_process()  # a killed bench leaves nothing running
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 runs, short windows (~1 min)")
     parser.add_argument("--runs", type=int, default=5)

@@ -290,6 +290,7 @@ def suite(
 
 
 def main() -> None:
+    supervisor.children_die_with_this_process()  # a killed bench leaves nothing running
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--namesrv", help="bench this cluster instead of starting one")
     parser.add_argument("--messages", type=int, help=f"backlog size (default {MESSAGES_DEFAULT})")

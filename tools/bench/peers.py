@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common import supervisor
 from tools.bench import _page_memory
 from tools.bench import _peer_systems as systems
 from tools.bench._peer_systems import Clock, Driver, Phases
@@ -215,6 +216,7 @@ async def main_async(keys: list[str], plan: Plan) -> list[Phases]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    supervisor.children_die_with_this_process()  # a killed bench leaves nothing running
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 s produce, 300 latency sends")
     parser.add_argument("--only", nargs="+", choices=sorted(SYSTEMS), help="run only these")

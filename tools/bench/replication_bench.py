@@ -490,6 +490,7 @@ def run(
 
 
 def main() -> None:
+    supervisor.children_die_with_this_process()  # a killed bench leaves nothing running
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per load")
     parser.add_argument("--lag-duration", type=float, default=20.0, help="seconds at the rate")

@@ -39,7 +39,7 @@ from rocketq.client.consumer import (
 )
 from rocketq.client.security import ClientSecurity, set_default_security
 from rocketq.message import ReceivedMessage
-from services.common import launch
+from services.common import launch, supervisor
 from services.common.security.certs import TestCA
 from services.common.supervisor import Process
 from tools.bench._security_cpu import cpu_per_call
@@ -165,6 +165,7 @@ def _best(into: dict[str, float], got: dict[str, float]) -> None:
 
 
 def main() -> None:
+    supervisor.children_die_with_this_process()  # a killed bench leaves nothing running
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=6.0, help="seconds per produce run")
     parser.add_argument("--quick", action="store_true", help="3-second runs, one round")

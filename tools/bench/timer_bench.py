@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from rocketq.cli._bench import ensure_topic
-from services.common import launch
+from services.common import launch, supervisor
 from services.common.supervisor import Process, StopTimeout
 from tools.bench._timer_bench_load import (
     DUE_PROP,
@@ -336,6 +336,7 @@ def start_services(base: Path, started: list[Process]) -> None:
 
 
 def main() -> None:
+    supervisor.children_die_with_this_process()  # a killed bench leaves nothing running
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"{PENDING_QUICK:,} timers")
     parser.add_argument("--pending", type=int, help=f"timers (default {PENDING_DEFAULT:,})")
