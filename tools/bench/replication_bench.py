@@ -426,6 +426,13 @@ def _median(runs: list[LoadResult] | None) -> LoadResult | None:
     return sorted(runs, key=lambda r: r.rate)[(len(runs) - 1) // 2]
 
 
+def _paired_ratios(runs: list[LoadResult], base: list[LoadResult]) -> list[float]:
+    """Each round's throughput over the no-slave run of the same round (the setups of a round
+    run back to back, so a pair shares the machine's state; drift between rounds, such as
+    memory going cold, cancels out of each ratio)."""
+    return [r.rate / b.rate for r, b in zip(runs, base, strict=False) if b.rate]
+
+
 def run(
     duration_s: float,
     lag_duration_s: float,
@@ -482,6 +489,12 @@ def run(
                 assert mid is not None
                 line = _line(label, mid, _median(runs_of.get("no slave")))
                 print(line, f"(median of {runs})" if runs > 1 else "")
+                paired = _paired_ratios(runs_of[label], runs_of.get("no slave", []))
+                if label != "no slave" and len(paired) > 1:
+                    print(
+                        f"  {'':<12} round by round {' '.join(f'{x:.2f}x' for x in paired)}, "
+                        f"median {statistics.median(paired):.2f}x"
+                    )
     print(f"Replication lag, ASYNC_MASTER + 1 slave, batches of {BATCH_SIZE}")
     if lag is not None:
         for line in _lag_lines(lag):
