@@ -24,6 +24,8 @@ Slave write path, per chunk
    decode: a slave must keep up with a busy master on one core. A chunk of enough plain
    records is read by numpy and dispatched as runs of one queue (``DispatchRun``: columns, as
    a master dispatches a producer's batch), anything else one DispatchRequest per record.
+   When such a chunk holds one topic and no KEYS, the index is handed the hashes of its
+   ``topic#UNIQ_KEY`` keys, computed from the ids' bytes (``DispatchRun.index_hashes``).
 4. On a failed check the good prefix is written and dispatched, the bad bytes and everything
    after them are dropped, and :class:`ReplicaCorruptError` is raised: the slave's store is
    consistent and the stream restarts from its end.
