@@ -54,10 +54,6 @@ _NAME_DIGITS = 17
 _NAME_BUMP_MAX = 100_000  # 100 s of bumped names; needing more means something is very wrong
 
 
-_BATCH_HASH_MIN = 16
-"""Fewer keys than this are hashed one by one (index_key_hash), not as a numpy batch."""
-
-
 def format_index_file_name(timestamp_ms: int) -> str:
     """``yyyyMMddHHmmssSSS`` of ``timestamp_ms`` in UTC (17 digits)."""
     seconds, millis = divmod(timestamp_ms, _SECOND_MS)
@@ -330,10 +326,8 @@ class IndexService:
             start = 0
             self._hashed = True
         tail = cast(list[str], self._keys[start:])
-        if len(tail) >= _BATCH_HASH_MIN:
+        if tail:
             self._keys[start:] = index_key_hashes_array(tail).tolist()
-        elif tail:  # a few: a batch's numpy set-up costs more than hashing them one by one
-            self._keys[start:] = [index_key_hash(key) for key in tail]
 
     def query(
         self, topic: str, key: str, max_num: int, begin_ts_ms: int, end_ts_ms: int

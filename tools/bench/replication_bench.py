@@ -489,8 +489,10 @@ def run(
                 assert mid is not None
                 line = _line(label, mid, _median(runs_of.get("no slave")))
                 print(line, f"(median of {runs})" if runs > 1 else "")
+                if label == "no slave":
+                    continue
                 paired = _paired_ratios(runs_of[label], runs_of.get("no slave", []))
-                if label != "no slave" and len(paired) > 1:
+                if len(paired) > 1:
                     print(
                         f"  {'':<12} round by round {' '.join(f'{x:.2f}x' for x in paired)}, "
                         f"median {statistics.median(paired):.2f}x"
