@@ -149,7 +149,9 @@ def children_die_with_this_process() -> None:
     The kernel ties the signal to the *thread* that started the child, not the process: call
     this only where children are started from the main thread (a benchmark's ``main``), never
     where a worker thread that ends first may start one (its children would be stopped with
-    it). A no-op where setpriv is missing."""
+    it). A no-op where setpriv is missing. A process killed in the instant between starting a
+    child and setpriv's exec of the service still orphans it; :func:`spawn` waits for the
+    service to be ready, long past that instant."""
     setpriv = shutil.which("setpriv")
     if setpriv is not None:
         _DIE_WITH_US[:] = [setpriv, "--pdeathsig", "TERM"]

@@ -30,6 +30,15 @@ time.sleep(60)
 """
 
 
+def _running(pid: int, program: str) -> bool:
+    """True once ``pid`` runs ``program``: setpriv has set the signal and exec'd it (a parent
+    killed before that moment leaves an orphan the kernel was never asked to stop)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == program
+    except OSError:
+        return False
+
+
 def _alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie (an orphan is reaped by init)."""
     try:
@@ -68,7 +77,7 @@ def start_parent(tmp_path: Path) -> Iterator[StartParent]:
 @pytest.mark.skipif(supervisor.shutil.which("setpriv") is None, reason="needs util-linux setpriv")
 def test_children_die_with_a_benchmark_killed_by_sigkill(start_parent: StartParent) -> None:
     parent, child = start_parent("guarded")
-    assert _alive(child)
+    until_sync(lambda: _running(child, "sleep"), "the child to run its program")
     parent.kill()
     parent.wait()
     until_sync(lambda: not _alive(child), "the child to get SIGTERM from the kernel")
@@ -76,6 +85,7 @@ def test_children_die_with_a_benchmark_killed_by_sigkill(start_parent: StartPare
 
 def test_without_the_call_children_outlive_a_killed_parent(start_parent: StartParent) -> None:
     parent, child = start_parent("unguarded")
+    until_sync(lambda: _running(child, "sleep"), "the child to run its program")
     parent.kill()
     parent.wait()
     assert _alive(child)  # what the call is for (the fixture kills it)
