@@ -14,7 +14,10 @@ Measures, in-process on this machine, with RocketMQ's default file sizes:
 * a broker pull's read: CPU µs per message of get_messages with the broker's pull limits
   (256 messages / 256 KiB per call) over batches of 128 per queue and over single sends, with
   and without a tags filter (``--only-reads`` runs just these);
-* index query latency (query_by_key for random unique keys).
+* index query latency (query_by_key for random unique keys);
+* a slave's apply of replicated chunks, CPU µs per record (``--only-replica`` runs just these):
+  chunks of one send of 1 and of 32 records, and 256 KiB chunks of sends of 128 with 1 KiB
+  bodies and with mixed ones (512-1536 B).
 
 Where the time goes: ``--profile`` runs the batch-256 case under cProfile and prints the top.
 """
@@ -46,13 +49,19 @@ from services.store.message_store import MessageStore
 from services.store.types import PhysicalOffset
 
 BODY = os.urandom(1024)
+MIXED_BODY_BYTES = (512, 1536)
+"""Body sizes of the replica case with mixed bodies (1 KiB on average): records of a batch
+that differ in size take the decode's gathers instead of its strided views."""
 REPLICA_CHUNK_BYTES = 256 * 1024
 """haTransferBatchSize: the chunks a master ships while sends keep it busy."""
 TOPIC = "BenchTopic"
 QUEUES = 8
 
 
-def make_messages(n: int, queue_id: int = 0, tag: str = "TagA") -> list[MessageToStore]:
+def make_messages(
+    n: int, queue_id: int = 0, tag: str = "TagA", rng: random.Random | None = None
+) -> list[MessageToStore]:
+    """``n`` messages of 1 KiB bodies, or (with ``rng``) of MIXED_BODY_BYTES bodies."""
     out = []
     now = int(time.time() * 1000)
     props_base = {codec.Prop.TAGS: tag, codec.Prop.WAIT_STORE_MSG_OK: "true"}
@@ -64,7 +73,7 @@ def make_messages(n: int, queue_id: int = 0, tag: str = "TagA") -> list[MessageT
             MessageToStore(
                 topic=TOPIC,
                 queue_id=queue_id,
-                body=BODY,
+                body=BODY if rng is None else (BODY * 2)[: rng.randint(*MIXED_BODY_BYTES)],
                 properties=codec.encode_properties(props),
                 tags_code=tags_code,
                 uniq_key=uniq,
@@ -226,19 +235,28 @@ async def bench_reads(root: Path, total: int) -> None:
 
 
 async def bench_replica_apply(
-    root: Path, total: int, batch: int, profile: bool = False, chunk_bytes: int = 0
+    root: Path,
+    total: int,
+    batch: int,
+    profile: bool = False,
+    chunk_bytes: int = 0,
+    mixed: bool = False,
 ) -> None:
     """A slave's write path: a master's commitlog of sends of ``batch`` messages read back in
     chunks of one send each (what a replication stream carries when every send is shipped at
     once), or of ``chunk_bytes`` (what a busy master ships: chunks end inside records), and
     appended to a second store, which checks and dispatches (consume queues, index) every
-    record."""
+    record. ``mixed``: bodies of MIXED_BODY_BYTES, not all 1 KiB."""
     label = f"{chunk_bytes // 1024} KiB chunks of sends of {batch}" if chunk_bytes else ""
-    master = fresh_store(root, f"master-{batch}-{chunk_bytes}", FlushDiskType.ASYNC_FLUSH)
+    if mixed:
+        label += ", mixed bodies"
+    name = f"{batch}-{chunk_bytes}{'-mixed' if mixed else ''}"
+    master = fresh_store(root, f"master-{name}", FlushDiskType.ASYNC_FLUSH)
     await master.start()
     n = (total // batch) * batch
+    rng = random.Random(n) if mixed else None
     for q in range(n // batch):
-        await master.put(make_messages(batch, q % QUEUES))
+        await master.put(make_messages(batch, q % QUEUES, rng=rng))
     if not chunk_bytes:
         chunk_bytes = (master.commitlog.max_offset - master.commitlog.min_offset) * batch // n
         label = f"chunks of {batch} records"
@@ -248,7 +266,7 @@ async def bench_replica_apply(
         chunks.append(data)
         offset = PhysicalOffset(offset + len(data))
     await master.shutdown()
-    slave = fresh_store(root, f"slave-{batch}-{chunk_bytes}", FlushDiskType.ASYNC_FLUSH)
+    slave = fresh_store(root, f"slave-{name}", FlushDiskType.ASYNC_FLUSH)
     await slave.start()
     prof = cProfile.Profile() if profile else None
     at = slave.commitlog.max_offset
@@ -369,9 +387,12 @@ def main() -> None:
         if args.only_replica:
             for batch in (1, 32):
                 asyncio.run(bench_replica_apply(root, total // 4, batch, args.profile))
-            asyncio.run(
-                bench_replica_apply(root, total // 2, 128, args.profile, REPLICA_CHUNK_BYTES)
-            )
+            for mixed in (False, True):
+                asyncio.run(
+                    bench_replica_apply(
+                        root, total // 2, 128, args.profile, REPLICA_CHUNK_BYTES, mixed
+                    )
+                )
             return
         if args.only_reads:
             asyncio.run(bench_pull_reads(root, total))
@@ -394,7 +415,12 @@ def main() -> None:
         asyncio.run(bench_pull_reads(root, total // 2))
         for batch in (1, 32):
             asyncio.run(bench_replica_apply(root, total // 4, batch))
-        asyncio.run(bench_replica_apply(root, total // 2, 128, chunk_bytes=REPLICA_CHUNK_BYTES))
+        for mixed in (False, True):
+            asyncio.run(
+                bench_replica_apply(
+                    root, total // 2, 128, chunk_bytes=REPLICA_CHUNK_BYTES, mixed=mixed
+                )
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
