@@ -136,8 +136,11 @@ class BrokerConfig:
     port on listenAddress that carries chunks and acks with no gRPC message each, in TLS when
     the gRPC port has it. 0 = any free port (each stream's TruncateTo names it), -1 = none (the
     data stays on the gRPC stream)."""
-    ha_transfer_batch_size: int = 256 * 1024
-    """[haTransferBatchSize] Most commitlog bytes in one replication chunk (<= 1 MiB)."""
+    ha_transfer_batch_size: int = 512 * 1024
+    """[haTransferBatchSize] Most commitlog bytes in one replication chunk (<= 1 MiB). A slave
+    spends ~300 µs on each chunk besides its records (one decode and dispatch of columns), so
+    a busy master ships big ones: at 512 KiB a slave spent 0.4-0.7 µs less CPU per 1 KiB
+    message than at 256 KiB (replication_bench, SDK load). RocketMQ's default is 32 KiB."""
     ha_max_in_flight_bytes: int = 4 * 1024 * 1024
     """[haMaxInFlightBytes] Bytes a master sends a slave beyond its last ack before waiting."""
     ha_send_heartbeat_interval_ms: int = 5000

@@ -37,7 +37,7 @@ from services.store.types import DispatchRequest, DispatchRun, PhysicalOffset, Q
 DEFAULT_COMMITLOG_FILE_BYTES = 1024 * 1024 * 1024
 RESERVE_AHEAD_BYTES = 1024 * 1024
 """Space fallocated past a write that needs more. The commitlog is one file written at a time,
-in appends of up to a replicated chunk (256 KiB), so it reserves more than a consume queue
+in appends of up to a replicated chunk (512 KiB), so it reserves more than a consume queue
 (64 KiB): at 64 KiB a slave under load called fallocate for every chunk, ~350 times a second,
 and the calls blocked its event loop for ~6 % of the time (strace: p90 0.7 ms, the longest
 4 ms, while the flush thread's fdatasyncs ran); at 1 MiB, 389 calls and 84 ms in 3 s where

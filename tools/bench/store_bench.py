@@ -16,7 +16,7 @@ Measures, in-process on this machine, with RocketMQ's default file sizes:
   and without a tags filter (``--only-reads`` runs just these);
 * index query latency (query_by_key for random unique keys);
 * a slave's apply of replicated chunks, CPU µs per record (``--only-replica`` runs just these):
-  chunks of one send of 1 and of 32 records, and 256 KiB chunks of sends of 128 with 1 KiB
+  chunks of one send of 1 and of 32 records, and 512 KiB chunks of sends of 128 with 1 KiB
   bodies and with mixed ones (512-1536 B).
 
 Where the time goes: ``--profile`` runs the batch-256 case under cProfile and prints the top.
@@ -52,7 +52,8 @@ BODY = os.urandom(1024)
 MIXED_BODY_BYTES = (512, 1536)
 """Body sizes of the replica case with mixed bodies (1 KiB on average): records of a batch
 that differ in size take the decode's gathers instead of its strided views."""
-REPLICA_CHUNK_BYTES = 256 * 1024
+REPLICA_CHUNK_BYTES = 512 * 1024
+"""What a busy master ships (haTransferBatchSize's default)."""
 """haTransferBatchSize: the chunks a master ships while sends keep it busy."""
 TOPIC = "BenchTopic"
 QUEUES = 8
