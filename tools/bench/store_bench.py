@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from rocketq import codec
+from services.broker.config import BrokerConfig
 from services.store.commitlog import MessageToStore
 from services.store.config import StoreConfig
 from services.store.flush import FlushDiskType
@@ -52,9 +53,8 @@ BODY = os.urandom(1024)
 MIXED_BODY_BYTES = (512, 1536)
 """Body sizes of the replica case with mixed bodies (1 KiB on average): records of a batch
 that differ in size take the decode's gathers instead of its strided views."""
-REPLICA_CHUNK_BYTES = 512 * 1024
-"""What a busy master ships (haTransferBatchSize's default)."""
-"""haTransferBatchSize: the chunks a master ships while sends keep it busy."""
+REPLICA_CHUNK_BYTES = BrokerConfig.ha_transfer_batch_size
+"""What a busy master ships: haTransferBatchSize's default."""
 TOPIC = "BenchTopic"
 QUEUES = 8
 
