@@ -37,6 +37,7 @@ invariant recovery restores after a torn tail.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import struct
@@ -225,6 +226,39 @@ def _rows(buf: bytes, starts: np.ndarray, width: int) -> np.ndarray:
     return rows
 
 
+def _crcs_hold(buf: bytes, body_at: np.ndarray, body_len: np.ndarray, crcs: np.ndarray) -> bool:
+    """Whether the bodies at ``body_at`` have their stored (31-bit) CRCs. Bodies of one length,
+    a producer's batch, are checked together: a CRC-32 is linear apart from a constant of the
+    length, so the XOR of n bodies' CRCs is the CRC of their XOR, plus the CRC of that many
+    zero bytes when n is even. One numpy fold and one CRC call replace a call per record
+    (0.45 µs each in a chunk); anything else is checked record by record.
+
+    Folding keeps what a slave checks for: damage to the bytes between the master's check of
+    each record (as it was sent, or as the master made it) and this one, on a disk, in memory
+    or on the wire. Damage within one record changes the fold exactly as it changes that
+    record's CRC, so it is caught as surely; only damage to two or more records whose effects
+    cancel would pass, one chance in 2**31 for damage at random. A fold that fails sends the
+    chunk to the record-by-record read, which names the record."""
+    length = int(body_len[0])
+    if len(body_at) > 1 and (body_len == length).all():
+        folded = np.bitwise_xor.reduce(_rows(buf, body_at, length), axis=0)
+        crc = codec.crc32(folded.tobytes())
+        if len(body_at) % 2 == 0:
+            crc ^= _zeros_crc(length)
+        return bool(crc & 0x7FFFFFFF == int(np.bitwise_xor.reduce(crcs)))
+    crc32, mv = codec.crc32, memoryview(buf)
+    ends = (body_at + body_len).tolist()
+    actual = [crc32(mv[b:e]) for b, e in zip(body_at.tolist(), ends, strict=True)]
+    return bool(((np.array(actual, dtype=np.int64) & 0x7FFFFFFF) == crcs).all())
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros_crc(length: int) -> int:
+    """The CRC of ``length`` zero bytes: the constant a fold of an even number of bodies of
+    that length lacks (see :func:`_crcs_hold`)."""
+    return codec.crc32(bytes(length))
+
+
 def _decode_fast(
     buf: bytes, base: int, file_size_bytes: int, topics: dict[bytes, str], tag_codes: TagCodes
 ) -> tuple[int, list[DispatchRun]] | None:
@@ -261,10 +295,7 @@ def _decode_fast(
     props_len = (raw[topic_end].astype(np.int64) << 8) | raw[topic_end + 1]
     if not (props_at + props_len == ends).all():
         return None
-    mv = memoryview(buf)
-    crc32 = codec.crc32
-    crcs = [crc32(mv[b:e]) for b, e in zip(body_at.tolist(), body_end.tolist(), strict=True)]
-    if not ((np.array(crcs, dtype=np.int64) & 0x7FFFFFFF) == head["crc"]).all():
+    if not _crcs_hold(buf, body_at, head["body_len"], head["crc"]):
         return None
     names = _topics(buf, body_end + 1, topic_end, topics)
     if names is None:

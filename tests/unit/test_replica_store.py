@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -632,6 +633,30 @@ def _decoded(
     with mock.patch.object(replica, "FAST_RECORDS_MIN", fast_min):
         got = replica.decode_chunk(data, at, file_bytes, topics, replica.TagCodes())
     return got.good, got.all_requests(), got.problem
+
+
+@pytest.mark.parametrize("lengths", [[40] * 2, [40] * 7, [40] * 8, [40, 41, 40]])
+def test_bodies_of_one_length_are_checked_against_their_crcs_together(lengths: list[int]) -> None:
+    # A slave folds the bodies of one length into one CRC (a CRC-32 is linear but for a
+    # constant of the length, which an even count leaves in); other lengths are checked one
+    # by one. Either way, every changed byte of any body, and every changed CRC, is caught.
+    rng = random.Random(len(lengths) * 100 + lengths[-1])
+    gap = 5  # bytes between bodies, as a record's other fields lie between them
+    bodies = [rng.randbytes(n) for n in lengths]
+    buf = bytearray(b"".join(bytes(gap) + body for body in bodies))
+    starts = [gap + sum(lengths[:i]) + gap * i for i in range(len(lengths))]
+    body_at, body_len = np.array(starts, np.int64), np.array(lengths, np.int64)
+    crcs = np.array([codec.crc32(body) & 0x7FFFFFFF for body in bodies], np.int64)
+
+    assert replica._crcs_hold(bytes(buf), body_at, body_len, crcs)
+    for rec, at in enumerate(starts):
+        for pos in range(at, at + lengths[rec], 7):
+            buf[pos] ^= 1 << (pos % 8)
+            assert not replica._crcs_hold(bytes(buf), body_at, body_len, crcs), (rec, pos)
+            buf[pos] ^= 1 << (pos % 8)
+        wrong = crcs.copy()
+        wrong[rec] ^= 1 << (rec % 31)
+        assert not replica._crcs_hold(bytes(buf), body_at, body_len, wrong), rec
 
 
 @pytest.mark.parametrize("body_bytes", [None, 200], ids=["sizes vary", "one size"])
