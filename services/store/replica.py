@@ -15,8 +15,9 @@ Slave write path, per chunk
    (and the bytes after it as a torn tail to cut), never half a record that happens to pass
    its checks (the CRC covers only the body: a record cut inside its properties would).
 2. Every whole record is checked: magic, TOTALSIZE against the file's remaining room, the
-   stored physical offset against where it lands, every length field, the body CRC. A BLANK
-   must reach exactly the file's end. The checked prefix is written (``CommitLog.append_raw``).
+   stored physical offset against where it lands, every length field, the body CRC (the bodies
+   of one length in a chunk by one fold: :func:`_crcs_hold`). A BLANK must reach exactly the
+   file's end. The checked prefix is written (``CommitLog.append_raw``).
 3. The records are dispatched exactly as on the master: the queue offset stored inside each
    record is used as is (never re-assigned), so consume-queue units and queue offsets match.
    Only the fields dispatch needs are read (topic, queue id and offset, store time, sys flag,
