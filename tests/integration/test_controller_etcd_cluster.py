@@ -62,9 +62,10 @@ RIDE_THROUGH_TTL_S = 8
 last refresh was sent, refreshes every TTL/3) to outlast etcd's leader election (one to two
 election timeouts) plus the controller's retry to a surviving member. With the default 3 s the
 margin measured here was only 0.3-0.7 s of lease left at worst. 5 s was not enough on a loaded
-CI host either: there the two surviving members took 3.1 s to elect a leader (the first
-answer after the kill said "leader changed"), and the last refresh had gone out before the
-kill, so the lease ran out. At 8 s a refresh may wait up to ~5 s for the new leader."""
+CI host either: there the two survivors both stood for election at once, split the vote, and
+elected a leader only in the next round, 3.1 s after the kill (etcd's logs); the lease's last
+refresh had gone out 1.3 s before the kill, so it ran out. At 8 s, a refresh may wait about
+5 s for the new leader: a split vote and one more round."""
 REPLICAS = 2
 ELECTION_TIMEOUT_S = 1.0
 """etcd's --election-timeout (start_etcd_cluster's default). A leader cut off from its quorum
