@@ -33,7 +33,9 @@ disturbs far less than throughput; ``--rounds`` interleaves the setups and repor
 The client's CPU (this process and its sender processes) is counted too, and the total: when
 client, master and slave share a small machine, throughput follows the total CPU per message,
 so the no-slave total over a setup's total ("CPU ratio") is the throughput ratio a CPU-bound
-run can reach.
+run can reach. Last on the line, the master's event-loop thread: the share of the run it spent
+on a CPU, and waiting in the run queue for one (schedstat) - what the other processes on the
+same cores cost the loop every producer waits on.
 
 Before each setup starts, free memory about the size of what the run will write is touched and
 released (``_page_memory.prepare``): on a VM whose host backs memory lazily, the first write to a
@@ -183,6 +185,9 @@ class LoadResult:
     elapsed_s: float = 0.0
     cpu_us_per_msg: dict[str, float] = field(default_factory=dict)
     """Server CPU (user + system) per acknowledged message, by process (master, slave)."""
+    master_loop: tuple[float, float] | None = None
+    """Shares of the run's wall time the master's event-loop thread spent on a CPU and
+    waiting in the run queue for one (None where /proc has no schedstat)."""
 
     def merge(self, other: LoadResult) -> None:
         self.messages += other.messages
@@ -370,6 +375,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def loop_sched_s(pid: int) -> tuple[float, float] | None:
+    """Seconds process ``pid``'s main thread (a service's event loop) has spent on a CPU and
+    runnable but waiting for one (/proc/PID/task/PID/schedstat); None without schedstat.
+
+    With client, master and slave on two cores, the wait says how much of the master's
+    throughput goes to sharing them: the master's loop is what a producer waits on."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except OSError:
+        return None
+    return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+
+
 def client_cpu_s() -> float:
     """User + system CPU seconds of this process and its joined sender processes (with
     ``--clients`` > 1 that includes their interpreter start-up: about a second of CPU each)."""
@@ -390,6 +408,11 @@ def _line(label: str, r: LoadResult, base: LoadResult | None) -> str:
         f"p50 {r.pct_ms(0.5):6.2f} ms  p99 {r.pct_ms(0.99):7.2f} ms  cpu/msg "
         + " ".join(f"{who} {us:.1f} us" for who, us in r.cpu_us_per_msg.items())
         + f" (total {total:.1f} us{ceiling})"
+        + (
+            f"  master loop on-CPU {r.master_loop[0]:.0%} waiting {r.master_loop[1]:.0%}"
+            if r.master_loop
+            else ""
+        )
         + extra
     )
 
@@ -465,11 +488,15 @@ def run(
                 servers = {p.name: p.pid for p in setup.procs[1:]}
                 cpu0 = {who: cpu_s(pid) for who, pid in servers.items()}
                 client0 = client_cpu_s()
+                loop0, wall0 = loop_sched_s(servers["master"]), time.monotonic()
                 r = run_load(setup.master, load, duration_s, clients)
                 r.cpu_us_per_msg["client"] = (client_cpu_s() - client0) * 1e6 / max(1, r.messages)
                 for who, pid in servers.items():
                     used_s = cpu_s(pid) - cpu0[who]
                     r.cpu_us_per_msg[who] = used_s * 1e6 / max(1, r.messages)
+                loop1, wall_s = loop_sched_s(servers["master"]), time.monotonic() - wall0
+                if loop0 and loop1:
+                    r.master_loop = ((loop1[0] - loop0[0]) / wall_s, (loop1[1] - loop0[1]) / wall_s)
                 results[name].setdefault(setup.label, []).append(r)
                 print(_line(setup.label, r, _median(results[name].get("no slave"))), f"[{name}]")
             if setup.label == "async + 1" and lag is None and lag_duration_s > 0:
