@@ -407,7 +407,7 @@ class MessagingService(messaging_pb2_grpc.MessagingServicer):
     ) -> messaging_pb2.ConsumerSendBackResponse:
         return await self.send_backs.send_back(request)
 
-    # -- later issues ----------------------------------------------------------------------
+    # -- transactions ----------------------------------------------------------------------
     @rpc
     async def EndTransaction(
         self, request: messaging_pb2.EndTransactionRequest, context: Context
