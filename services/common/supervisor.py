@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 KILL_WAIT_S = 10.0
@@ -285,18 +287,23 @@ def cmdline_has(pid: int, marker: str) -> bool:
     """Whether process ``pid`` runs with ``marker`` as one of its arguments (a recycled pid
     running something else does not)."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        return marker in psutil.Process(pid).cmdline()
+    except psutil.Error:  # gone, a zombie, or not ours to read
         return False
-    return marker.encode() in cmdline
 
 
-def _is_zombie(pid: int) -> bool:
+def pid_state(pid: int) -> str | None:
+    """The kernel's state of process ``pid`` (``psutil.STATUS_*``: running, sleeping, stopped,
+    zombie, ...); None once it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+        return str(psutil.Process(pid).status())
+    except psutil.NoSuchProcess:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` runs: a zombie (exited, not yet reaped) counts as gone."""
+    return pid_state(pid) not in (None, psutil.STATUS_ZOMBIE)
 
 
 def stop_pid(
@@ -314,7 +321,7 @@ def stop_pid(
             done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
             if done:
                 return True
-        if not still_ours(pid) or _is_zombie(pid):
+        if not still_ours(pid) or not pid_alive(pid):
             return True
         time.sleep(POLL_INTERVAL_S)
     with contextlib.suppress(ProcessLookupError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from tests.support.cli import (
     REPO_ROOT,
     ROCKETQ_SCRIPT,
-    alive,
     dev_pids,
     dev_up,
     json_lines,
@@ -16,7 +15,6 @@ from tests.support.cli import (
 __all__ = [
     "REPO_ROOT",
     "ROCKETQ_SCRIPT",
-    "alive",
     "dev_pids",
     "dev_up",
     "json_lines",

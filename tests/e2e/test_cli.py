@@ -14,7 +14,8 @@ import pytest
 
 from rocketq.client.consumer import ConsumeContext, ConsumeResult, PushConsumer, PushConsumerConfig
 from rocketq.message import ReceivedMessage
-from tests.e2e.conftest import alive, dev_up, json_lines, ok, rocketq
+from services.common.supervisor import pid_alive
+from tests.e2e.conftest import dev_up, json_lines, ok, rocketq
 from tests.support.until import until, until_sync
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +52,7 @@ def test_dev_up_proves_a_round_trip_before_saying_running(dev: Dev) -> None:
     assert "sent 3 messages, consumed 3 back" in dev.up_stdout
     assert "RocketQ is running" in dev.up_stdout
     assert dev.namesrv in dev.up_stdout
-    assert all(alive(pid) for pid in dev.pids)
+    assert all(pid_alive(pid) for pid in dev.pids)
     brokers = json.loads(dev("cluster", "list", "--json"))
     assert [(b["broker_name"], b["broker_id"]) for b in brokers] == [("broker-a", 0)]
     assert brokers[0]["stats"]["role"] == "ASYNC_MASTER"
@@ -176,7 +177,7 @@ def test_bad_input_is_a_clear_error(dev: Dev) -> None:
 def test_dev_down_stops_both_processes(dev: Dev) -> None:
     out = ok("dev", "down", "--dir", str(dev.base))
     assert "RocketQ stopped" in out
-    until_sync(lambda: not any(alive(pid) for pid in dev.pids), "both processes gone", 10)
+    until_sync(lambda: not any(pid_alive(pid) for pid in dev.pids), "both processes gone", 10)
     assert not (dev.base / "pids.json").exists()
     again = rocketq("dev", "down", "--dir", str(dev.base))
     assert again.returncode != 0 and "no detached RocketQ" in again.stderr

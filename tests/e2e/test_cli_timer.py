@@ -26,7 +26,8 @@ from rocketq.client.consumer import (
     PushConsumerConfig,
 )
 from rocketq.message import ReceivedMessage
-from tests.e2e.conftest import alive, dev_up, json_lines, ok, rocketq
+from services.common.supervisor import pid_alive
+from tests.e2e.conftest import dev_up, json_lines, ok, rocketq
 from tests.support.until import until, until_sync
 
 pytestmark = pytest.mark.e2e
@@ -71,7 +72,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
 def test_dev_up_reports_the_timer_wheel(dev: Dev) -> None:
     assert "RocketQ is running" in dev.up_stdout
     assert set(dev.processes) == {"namesrv", "broker", "timer"}
-    assert all(alive(pid) for pid in dev.processes.values())
+    assert all(pid_alive(pid) for pid in dev.processes.values())
     assert f"timer-wheel {dev.timer}  (data {dev.base / 'timer-0'})" in dev.up_stdout
     assert f"ROCKETQ_TIMER={dev.timer}" in dev.up_stdout
     assert (dev.base / "timer-0").is_dir()
@@ -227,4 +228,5 @@ async def test_dlq_list_and_resend(dev: Dev) -> None:
 def test_dev_down_stops_every_process(dev: Dev) -> None:
     out = rocketq("dev", "down", "--dir", str(dev.base))
     assert out.returncode == 0 and "RocketQ stopped" in out.stdout
-    until_sync(lambda: not any(alive(p) for p in dev.processes.values()), "every process gone", 10)
+    pids = dev.processes.values()
+    until_sync(lambda: not any(pid_alive(p) for p in pids), "every process gone", 10)

@@ -8,7 +8,6 @@ One runner for the e2e and robustness tests (tests/e2e/conftest.py re-exports it
 - ``json_lines(text)`` parses the one-JSON-object-per-line output of ``--json`` commands.
 - ``dev_up(base, *args)`` runs ``rocketq dev up --dir BASE ARGS`` for a module fixture and, on
   exit, ``dev down`` plus a SIGKILL of every process it started, so no server outlives a test.
-- ``alive(pid)`` is true while the process runs (a zombie counts as gone).
 
 It invokes ``Path(sys.executable).with_name("rocketq")`` — the console script of the
 environment running the tests — never a module path, so the tests do not depend on where the
@@ -77,15 +76,6 @@ def ok(
 def json_lines(text: str) -> list[dict[str, Any]]:
     """One JSON object per non-blank line, as ``--json`` commands print them."""
     return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def dev_pids(base: Path) -> dict[str, int]:

@@ -33,7 +33,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from services.common.clock import CLOCK_ORIGIN_ENV, CLOCK_SPEED_ENV, ScaledClock
+from services.common.supervisor import pid_state
 from tests.integration import cluster as spawning
 from tests.integration.cluster import ServiceProcess
 from tests.support.until import until
@@ -112,12 +115,8 @@ class Group:
 
 
 def is_stopped(sp: ServiceProcess) -> bool:
-    """Whether the kernel shows ``sp`` stopped (SIGSTOP taken: state T in /proc)."""
-    try:
-        stat = Path(f"/proc/{sp.proc.pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+    """Whether the kernel shows ``sp`` stopped (SIGSTOP taken)."""
+    return pid_state(sp.proc.pid) in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
 def stop_all(processes: list[ServiceProcess]) -> None:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from services.common import supervisor
@@ -34,18 +35,9 @@ def _running(pid: int, program: str) -> bool:
     """True once ``pid`` runs ``program``: setpriv has set the signal and exec'd it (a parent
     killed before that moment leaves an orphan the kernel was never asked to stop)."""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() == program
-    except OSError:
+        return psutil.Process(pid).name() == program
+    except psutil.Error:
         return False
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (an orphan is reaped by init)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 StartParent = Callable[[str], tuple[subprocess.Popen[str], int]]
@@ -70,7 +62,7 @@ def start_parent(tmp_path: Path) -> Iterator[StartParent]:
 
     yield start
     for pid in started:
-        if _alive(pid):
+        if supervisor.pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -80,7 +72,7 @@ def test_children_die_with_a_benchmark_killed_by_sigkill(start_parent: StartPare
     until_sync(lambda: _running(child, "sleep"), "the child to run its program")
     parent.kill()
     parent.wait()
-    until_sync(lambda: not _alive(child), "the child to get SIGTERM from the kernel")
+    until_sync(lambda: not supervisor.pid_alive(child), "the child to get SIGTERM from the kernel")
 
 
 def test_without_the_call_children_outlive_a_killed_parent(start_parent: StartParent) -> None:
@@ -88,4 +80,4 @@ def test_without_the_call_children_outlive_a_killed_parent(start_parent: StartPa
     until_sync(lambda: _running(child, "sleep"), "the child to run its program")
     parent.kill()
     parent.wait()
-    assert _alive(child)  # what the call is for (the fixture kills it)
+    assert supervisor.pid_alive(child)  # what the call is for (the fixture kills it)

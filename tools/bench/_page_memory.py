@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 _MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap module does not name it
 _GIB = 1 << 30
 _PAGE = mmap.PAGESIZE
@@ -37,12 +39,8 @@ sizing the memory :func:`prepare` warms."""
 
 
 def available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (0 where there is none)."""
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    """The kernel's estimate of memory available without swapping (MemAvailable)."""
+    return int(psutil.virtual_memory().available)
 
 
 def probe_us_per_kib(mib: int = 256, directory: str | None = None) -> float:

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from rocketq.cli._bench import ensure_topic
 from rocketq.client.consumer import (
     ConsumeFromWhere,
@@ -60,31 +62,24 @@ async def _produce(namesrv: tuple[str, ...], count: int, body: bytes) -> None:
         await producer.close()
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used, from /proc; 0 when unreadable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _drain(
     namesrv: tuple[str, ...], group: str, count: int, batch: int, broker_pid: int
 ) -> str:
     done = asyncio.Event()
     n = 0
-    # process CPU, wall time and the broker's CPU at the first message, and at the last
+    broker = psutil.Process(broker_pid)
+    # process CPU, wall time and the broker's CPU (user + system) at the first message, and at
+    # the last
     first: list[float] = []
     last: list[float] = []
 
     async def listener(msgs: list[Any], _ctx: Any) -> ConsumeResult:
         nonlocal n
         if not first:
-            first.extend((time.process_time(), time.perf_counter(), _cpu_s(broker_pid)))
+            first.extend((time.process_time(), time.perf_counter(), sum(broker.cpu_times()[:2])))
         n += len(msgs)
         if n >= count and not last:
-            last.extend((time.process_time(), time.perf_counter(), _cpu_s(broker_pid)))
+            last.extend((time.process_time(), time.perf_counter(), sum(broker.cpu_times()[:2])))
             done.set()
         return ConsumeResult.CONSUME_SUCCESS
 

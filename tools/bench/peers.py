@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -40,6 +41,8 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from services.common import supervisor
 from tools.bench import _page_memory
@@ -79,15 +82,12 @@ def _percentile(sorted_ms: list[float], q: float) -> float:
 
 
 def _server_cpu_s(driver: Driver) -> float:
-    """CPU seconds the system's server processes have used (user + system, from /proc)."""
-    total = 0
+    """CPU seconds the system's server processes have used (user + system)."""
+    total = 0.0
     for sp in driver.processes:
-        try:
-            fields = Path(f"/proc/{sp.pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / os.sysconf("SC_CLK_TCK")
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(psutil.Process(sp.pid).cpu_times()[:2])
+    return total
 
 
 class CpuMeter:

@@ -60,6 +60,7 @@ from multiprocessing.queues import Queue as MpQueue
 from pathlib import Path
 
 import grpc
+import psutil
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
@@ -370,9 +371,8 @@ async def paced_with_lag(addr: str, rate: float, duration_s: float) -> LagResult
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (/proc/PID/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process ``pid``."""
+    return sum(psutil.Process(pid).cpu_times()[:2])
 
 
 def loop_sched_s(pid: int) -> tuple[float, float] | None:

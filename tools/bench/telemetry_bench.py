@@ -44,11 +44,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
-from rocketq._api.rocketq.v1 import common_pb2, messaging_pb2
+import psutil
+
+from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.cli._bench import ConsumeOptions, ProduceOptions, run_consume, run_produce
 from rocketq.cli._bench_stats import Summary
 from rocketq.client import _tracing
-from rocketq.message import MessageQueue
+from rocketq.client.producer._sender import prepare_message
+from rocketq.message import Message, MessageQueue
+from rocketq.validation import AUTO_CREATE_TOPIC_KEY, MESSAGE_MAX_BYTES
 from services.cli.dev import dev_down, dev_up
 from services.common.etcd import free_port
 from services.common.telemetry import messaging as server_hooks
@@ -85,11 +89,14 @@ def _hook_costs_us(calls: int = 20_000) -> dict[str, float]:
     client's send span (one message), the broker's Send wrapper (a one-message request that
     carries the trace context), the consumer's process span (one message)."""
     props: dict[str, str] = {}
-    pb = common_pb2.Message(topic=TOPIC, body=b"x" * 1024)
-    item = SimpleNamespace(pb=pb, msg_id="0")
+    item = prepare_message(
+        Message(TOPIC, b"x" * 1024),
+        create_topic_key=AUTO_CREATE_TOPIC_KEY,
+        max_size_bytes=MESSAGE_MAX_BYTES,
+    )
     with _tracing.send_span(TOPIC, [item]):
-        props.update(pb.properties)
-    request = messaging_pb2.SendRequest(messages=[pb])
+        props.update(item.props)
+    request = messaging_pb2.SendRequest(messages=[item.pb])
     response = messaging_pb2.SendResponse()
     response.results.add(msg_id="0")
     mq = MessageQueue(TOPIC, "broker-a", 0)
@@ -128,12 +135,6 @@ def _hook_costs_us(calls: int = 20_000) -> dict[str, float]:
     }
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (/proc/PID/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _client(mode: str, namesrv: str, broker_pid: int, duration_s: float, spans: str) -> Figures:
 
     _install_telemetry(mode, spans)
@@ -155,16 +156,18 @@ def _client(mode: str, namesrv: str, broker_pid: int, duration_s: float, spans: 
         ),
     }
 
+    broker = psutil.Process(broker_pid)  # cpu_times()[:2]: its user and system seconds
+
     async def measure() -> Figures:
         out: Figures = {}
         for name, run in runs.items():
-            client0, broker0 = time.process_time(), _cpu_s(broker_pid)
+            client0, broker0 = time.process_time(), sum(broker.cpu_times()[:2])
             summary = await run()
             count = max(summary.count, 1)
             out[name] = {
                 "tps": summary.tps,
                 "client_us": (time.process_time() - client0) / count * 1e6,
-                "broker_us": (_cpu_s(broker_pid) - broker0) / count * 1e6,
+                "broker_us": (sum(broker.cpu_times()[:2]) - broker0) / count * 1e6,
             }
         out["hooks_us"] = hooks
         return out

@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
+from services.common.supervisor import pid_alive
+
 log = logging.getLogger(__name__)
 
 SUBNET = "10.77.0"
@@ -258,19 +260,6 @@ def _kill_inside(ns: str) -> None:
         log.warning("killed pid %d still running in namespace %s", pid, ns)
     deadline = time.monotonic() + KILL_WAIT_S
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if _alive(p)]
+        pids = [p for p in pids if pid_alive(p)]
         if pids:
             time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie child of ours counts as gone (its Popen owner reaps it).
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
