@@ -22,6 +22,7 @@ from typing import Any
 
 from rocketq import codec
 from rocketq.codec import Prop
+from rocketq.properties import find_property
 
 #: Highest delay level a client lets through: a broker's messageDelayLevel may define up to 64
 #: levels (18 by default, SPEC §8.1; level 1 = 1 s), and the broker refuses a level it lacks.
@@ -125,11 +126,16 @@ class ReceivedMessage:
 
     @property
     def tags(self) -> str:
-        return self.properties.get(Prop.TAGS, "")
+        return self.get_property(Prop.TAGS) or ""
 
     @property
     def keys(self) -> list[str]:
-        return [k for k in self.properties.get(Prop.KEYS, "").split(" ") if k]
+        return [k for k in (self.get_property(Prop.KEYS) or "").split(" ") if k]
+
+    def get_property(self, name: str) -> str | None:
+        """``properties.get(name)``; a pulled message whose properties were not read yet
+        finds this one in its record without decoding the others."""
+        return self.properties.get(name)
 
     @property
     def message_queue(self) -> MessageQueue:
@@ -188,6 +194,11 @@ def inflate(body: bytes, at: int) -> bytes:
 _RECEIVED_FIELDS = tuple(f.name for f in dataclasses.fields(ReceivedMessage))
 _SLOT = {name: ReceivedMessage.__dict__[name] for name in _RECEIVED_FIELDS}
 """The slot descriptor of each field: a lazy message's property reads and writes through it."""
+_GET_PROPERTIES = _SLOT["properties"].__get__
+_SET_PROPERTIES = _SLOT["properties"].__set__
+_PROPERTIES_READ: dict[str, str] = {}
+"""A pulled message's ``_extra`` once its properties are in their slot (decoded or assigned):
+asking for a property then costs a test, where an unset slot would raise AttributeError."""
 
 
 class _PulledMessage(ReceivedMessage):
@@ -199,6 +210,7 @@ class _PulledMessage(ReceivedMessage):
     _buf: bytes
     _pos: int
     _extra: dict[str, str] | None
+    """The pull's extra properties until the message's own are read, then _PROPERTIES_READ."""
 
     def __repr__(self) -> str:
         return "ReceivedMessage" + ReceivedMessage.__repr__(self).removeprefix("_PulledMessage")
@@ -229,11 +241,34 @@ class _PulledMessage(ReceivedMessage):
         props = codec.decode_properties(self._buf[props_at : self._pos + self.store_size_bytes])
         if self._extra:
             props.update(self._extra)
-        _fill_unset(self, "properties", props)
+        _SET_PROPERTIES(self, props)
+        self._extra = _PROPERTIES_READ
 
     def _fill_msg_id(self) -> None:
-        uniq = self.properties.get(Prop.UNIQ_KEY)
+        uniq = self.get_property(Prop.UNIQ_KEY)
         _fill_unset(self, "msg_id", uniq if uniq is not None else self.offset_msg_id)
+
+    def get_property(self, name: str) -> str | None:
+        extra = self._extra
+        if extra is _PROPERTIES_READ:
+            return _GET_PROPERTIES(self, None).get(name)  # type: ignore[no-any-return]
+        if extra and name in extra:  # the extras win, as in _fill_properties
+            return extra[name]
+        _, _, _, _, props_at = codec.record_spans(
+            self._buf, self._pos, self.store_size_bytes, self.sys_flag
+        )
+        return find_property(self._buf, props_at, self._pos + self.store_size_bytes, name)
+
+
+def _read_properties(self: _PulledMessage) -> dict[str, str]:
+    if self._extra is not _PROPERTIES_READ:
+        self._fill_properties()
+    return _GET_PROPERTIES(self, None)  # type: ignore[no-any-return]
+
+
+def _write_properties(self: _PulledMessage, value: dict[str, str]) -> None:
+    _SET_PROPERTIES(self, value)
+    self._extra = _PROPERTIES_READ
 
 
 def _fill_unset(msg: ReceivedMessage, name: str, value: object) -> None:
@@ -270,7 +305,9 @@ for _name in (
     "offset_msg_id",
 ):
     setattr(_PulledMessage, _name, _lazy_field(_name, _PulledMessage._fill_fixed))
-_PulledMessage.properties = _lazy_field("properties", _PulledMessage._fill_properties)  # type: ignore[assignment]
+_PulledMessage.properties = property(  # type: ignore[assignment]
+    _read_properties, _write_properties, doc="``properties``, decoded when first asked"
+)
 _PulledMessage.msg_id = _lazy_field("msg_id", _PulledMessage._fill_msg_id)  # type: ignore[assignment]
 del _name
 

@@ -91,3 +91,22 @@ def decode_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
         if sep:
             props[name] = value
     return props
+
+
+def find_property(raw: bytes, start: int, end: int, name: str) -> str | None:
+    """The value of property ``name`` in the encoded properties ``raw[start:end]``, as
+    :func:`decode_properties` of those bytes would give it (the last one of that name), without
+    decoding the others: a consumer that asks for one property of a pulled message (its tag,
+    its id, its trace context) pays for that one."""
+    if "\ufffd" in name:  # it may stand for bytes that are not UTF-8: decode them all
+        return decode_properties(raw[start:end]).get(name)
+    key = name.encode()
+    at = raw.rfind(b"\x02" + key + b"\x01", start, end)
+    if at >= 0:
+        at += len(key) + 2
+    elif raw.startswith(key + b"\x01", start, end):
+        at = start + len(key) + 1
+    else:
+        return None
+    stop = raw.find(b"\x02", at, end)
+    return raw[at : end if stop < 0 else stop].decode("utf-8", errors="replace")

@@ -11,6 +11,7 @@ broker's store span in the broker process, to the consumer's process span.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -30,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -244,6 +245,42 @@ async def test_a_batch_sent_as_records_carries_its_send_span_to_the_consumer(env
     assert heads == {f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}"}
     processes = client_spans(env, f"process {topic}")
     assert processes and all(sp.context.trace_id == ctx.trace_id for sp in processes)
+
+
+async def test_an_async_listener_runs_inside_its_process_span_across_awaits(env: Env) -> None:
+    # A coroutine listener takes the consumer's fast path (batches of a pulled run, the call
+    # run by hand until it suspends): its span must be current before and after its awaits,
+    # and a listener that raises leaves the error on its span.
+    topic, group = "TelemetryAsyncListener", "cg-telemetry-async-listener"
+    await make_topic(env, topic)
+    seen: dict[bytes, tuple[int, int]] = {}  # body -> current span id before and after an await
+
+    async def listener(msgs: list[ReceivedMessage], _ctx: ConsumeContext) -> ConsumeResult:
+        before = trace.get_current_span().get_span_context().span_id
+        await asyncio.sleep(0)  # suspends: other tasks run before the call goes on
+        after = trace.get_current_span().get_span_context().span_id
+        seen.setdefault(msgs[0].body, (before, after))
+        if msgs[0].body == b"fails":
+            raise RuntimeError("the listener refuses this one")
+        return ConsumeResult.CONSUME_SUCCESS
+
+    async with producer(env, "async-listener") as p:
+        await p.send_batch([Message(topic, b"first"), Message(topic, b"second")])
+        await p.send(Message(topic, b"fails"))
+    pc = consumer(env, group, topic, listener)
+    await pc.start()
+    try:
+        await until(lambda: len(seen) == 3, "each message's first listener call", 20)
+    finally:
+        await pc.close()
+
+    spans = {sp.context.span_id: sp for sp in client_spans(env, f"process {topic}")}
+    for body, (before, after) in seen.items():
+        assert before == after and before in spans, f"{body!r} ran outside its process span"
+    failed = spans[seen[b"fails"][0]]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert [e.name for e in failed.events] == ["exception"]
+    assert spans[seen[b"first"][0]].status.status_code is StatusCode.UNSET
 
 
 async def test_a_dead_letter_joins_the_original_trace(env: Env) -> None:

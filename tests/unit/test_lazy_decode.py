@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from rocketq import codec
 from rocketq.codec import CorruptRecord, HostAddress, Prop, SysFlag
 from rocketq.message import ReceivedMessage, decode_records
+from rocketq.properties import find_property
 
 pytestmark = pytest.mark.unit
 
@@ -101,6 +102,37 @@ def test_a_field_assigned_before_its_first_read_keeps_the_assigned_value() -> No
     assert n.store_host == "elsewhere:1" and n.born_host == str(V4) and n.reconsume_times == 2
     m.properties = {"only": "this"}
     assert m.msg_id == m.offset_msg_id  # no UNIQ_KEY in what was assigned
+
+
+_PROPERTY_TEXT = st.text(st.sampled_from("ab\u00e9\x01\x02"), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    raw=st.lists(
+        st.one_of(_PROPERTY_TEXT.map(str.encode), st.sampled_from([b"\xff", b"\xc3"])),
+        max_size=12,
+    ).map(b"".join),
+    name=_PROPERTY_TEXT.filter(lambda n: "\x01" not in n and "\x02" not in n),
+)
+def test_one_property_is_found_as_decoding_them_all_finds_it(raw: bytes, name: str) -> None:
+    # any bytes, separators and broken UTF-8 among them, and a name given twice: the last wins
+    framed = b"junk" + raw + b"junk"
+    want = codec.decode_properties(raw)
+    for n in {name, *want}:
+        assert find_property(framed, 4, 4 + len(raw), n) == want.get(n), n
+
+
+def test_a_pulled_message_reads_one_property_without_decoding_them_all() -> None:
+    bounds = {Prop.MIN_OFFSET: "0", Prop.MAX_OFFSET: "42", "k": "from the pull"}
+    buf = record(1, props={Prop.TAGS: "t", Prop.UNIQ_KEY: "U1", "k": "v", "e": ""}) + record(2)
+    for m, full in zip(decode_records(buf, "b", bounds), eager(buf), strict=True):
+        full.properties.update(bounds)
+        for name in (Prop.TAGS, Prop.UNIQ_KEY, Prop.MAX_OFFSET, "k", "e", "missing"):
+            assert m.get_property(name) == full.properties.get(name), name
+        assert (m.tags, m.keys, m.msg_id) == (full.tags, full.keys, full.msg_id)
+        m.properties = {"only": "this"}  # assigned: what it holds from then on
+        assert m.get_property("only") == "this" and m.get_property(Prop.TAGS) is None
 
 
 def test_copies_and_pickles_are_plain_messages_without_the_pulled_buffer() -> None:

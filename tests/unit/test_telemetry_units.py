@@ -8,7 +8,6 @@ import io
 import json
 import logging
 import math
-from types import SimpleNamespace
 
 import pytest
 from opentelemetry import trace
@@ -17,6 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rocketq.client import _tracing
+from rocketq.message import ReceivedMessage
 from services.broker import config as broker_config
 from services.common import logs
 from services.common.telemetry import fast, gauges, state
@@ -196,12 +196,16 @@ def test_the_committed_dashboard_is_the_generated_one() -> None:
     assert committed == dashboard_json(), "run: python -m tools.dashboard json"
 
 
+def received(properties: dict[str, str]) -> ReceivedMessage:
+    return ReceivedMessage("T", b"", properties, 0, 0, 0, "", "", 0, 0, "", "")
+
+
 def test_an_unsampled_message_gives_the_listener_its_context_without_a_span(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_tracing, "_follows_parents", lambda: True)
     unsampled = TRACEPARENT[:-2] + "00"
-    msgs = [SimpleNamespace(properties={"TRACE_CONTEXT": unsampled}) for _ in range(3)]
+    msgs = [received({"TRACE_CONTEXT": unsampled}) for _ in range(3)]
     ctx = _tracing._unsampled_parent(msgs)
     assert ctx is not None
     fast_read = trace.get_current_span(ctx).get_span_context()
@@ -210,10 +214,7 @@ def test_an_unsampled_message_gives_the_listener_its_context_without_a_span(
     assert fast_read == trace.get_current_span(full_read).get_span_context()
     assert not fast_read.trace_flags.sampled
     # sampled, mixed or missing contexts take the span path
-    assert (
-        _tracing._unsampled_parent([SimpleNamespace(properties={"TRACE_CONTEXT": TRACEPARENT})])
-        is None
-    )
-    assert _tracing._unsampled_parent([*msgs, SimpleNamespace(properties={})]) is None
+    assert _tracing._unsampled_parent([received({"TRACE_CONTEXT": TRACEPARENT})]) is None
+    assert _tracing._unsampled_parent([*msgs, received({})]) is None
     monkeypatch.setattr(_tracing, "_follows_parents", lambda: False)
     assert _tracing._unsampled_parent(msgs) is None

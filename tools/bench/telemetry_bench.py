@@ -51,7 +51,7 @@ from rocketq.cli._bench import ConsumeOptions, ProduceOptions, run_consume, run_
 from rocketq.cli._bench_stats import Summary
 from rocketq.client import _tracing
 from rocketq.client.producer._sender import prepare_message
-from rocketq.message import Message, MessageQueue
+from rocketq.message import Message, MessageQueue, ReceivedMessage
 from rocketq.validation import AUTO_CREATE_TOPIC_KEY, MESSAGE_MAX_BYTES
 from services.cli.dev import dev_down, dev_up
 from services.common.etcd import free_port
@@ -100,7 +100,7 @@ def _hook_costs_us(calls: int = 20_000) -> dict[str, float]:
     response = messaging_pb2.SendResponse()
     response.results.add(msg_id="0")
     mq = MessageQueue(TOPIC, "broker-a", 0)
-    msg = SimpleNamespace(properties=dict(props), msg_id="0", reconsume_times=0)
+    msg = ReceivedMessage(TOPIC, item.body, dict(props), 0, 0, 0, "0", "", 0, 0, "", "")
 
     async def stored(_req: object, _peer: str) -> messaging_pb2.SendResponse:
         return response

@@ -289,7 +289,7 @@ class ConsumeService:
         try:
             while waiting and not self._closed:
                 if self._executor is None:
-                    if waiting[0].run is not None and not _tracing.enabled():
+                    if waiting[0].run is not None:
                         await self._consume_job(waiting[0])
                         continue
                     job, i, j = self._take()
@@ -503,8 +503,9 @@ class ConsumeService:
 
     async def _consume_job(self, job: _Job) -> None:
         """:meth:`_consume` of the batches of ``job``, a pulled job whose run the ProcessQueue
-        knows, without tracing, while it is the FIFO's head: each batch is still one listener
-        call with a context as new, released by its index in the run.
+        knows, while it is the FIFO's head: each batch is still one listener call with a
+        context as new (inside its process span when tracing is on), released by its index in
+        the run.
 
         This is the path of nearly every listener call (issue 16), so :meth:`_take`,
         :meth:`_add_worker` and :meth:`_done` are written out in one loop over the job rather
@@ -526,6 +527,7 @@ class ConsumeService:
         listener = self._listener
         waiting = self._waiting
         success = ConsumeResult.CONSUME_SUCCESS
+        traced = _tracing.enabled()
         lo = hi = 0  # batches lo .. hi-1 succeeded without suspending and wait to be released
         spare: ConsumeContext | None = None  # a used context as good as new (see below)
         try:
@@ -542,6 +544,12 @@ class ConsumeService:
                 context = spare if spare is not None else ConsumeContext(mq)
                 spare = None
                 start_ms = -1  # set when the call suspends
+                # Entered and left by hand: a `with` would cost every untraced call too. The
+                # span stays current while the call is suspended (the task's own context).
+                span = _tracing.process_span(self._group, mq, msgs[i:j]) if traced else None
+                if span is not None:
+                    span.__enter__()
+                error: BaseException | None = None
                 try:
                     outcome = listener(msgs[i:j], context)
                     rest: Awaitable[Any] | None = None  # the rest of a call that suspends
@@ -560,11 +568,20 @@ class ConsumeService:
                         lo = hi = self._release_done(job, lo, hi)
                         start_ms = pq.start_slice(run, i, j - i)
                         outcome = await rest
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    self._listener_raised(j - i, mq, exc)
+                except BaseException as exc:  # the span records it, as a `with` would
+                    error = exc
+                    if not isinstance(exc, Exception):
+                        raise  # cancelled: this worker stops
                     outcome = None
+                finally:
+                    if span is None:
+                        pass
+                    elif error is None:
+                        span.__exit__(None, None, None)
+                    else:
+                        span.__exit__(type(error), error, error.__traceback__)
+                if error is not None:
+                    self._listener_raised(j - i, mq, error)
                 if outcome is not success or context.ack_index is not None or pq.dropped:
                     lo = hi = self._release_done(job, lo, hi)
                     outcome = self._as_result(outcome)
