@@ -267,12 +267,8 @@ async def test_an_async_listener_runs_inside_its_process_span_across_awaits(env:
     async with producer(env, "async-listener") as p:
         await p.send_batch([Message(topic, b"first"), Message(topic, b"second")])
         await p.send(Message(topic, b"fails"))
-    pc = consumer(env, group, topic, listener)
-    await pc.start()
-    try:
+    async with consumer(env, group, topic, listener):
         await until(lambda: len(seen) == 3, "each message's first listener call", 20)
-    finally:
-        await pc.close()
 
     spans = {sp.context.span_id: sp for sp in client_spans(env, f"process {topic}")}
     for body, (before, after) in seen.items():
