@@ -574,12 +574,11 @@ class ConsumeService:
                         raise  # cancelled: this worker stops
                     outcome = None
                 finally:
-                    if span is None:
-                        pass
-                    elif error is None:
-                        span.__exit__(None, None, None)
-                    else:
-                        span.__exit__(type(error), error, error.__traceback__)
+                    if span is not None:
+                        if error is None:
+                            span.__exit__(None, None, None)
+                        else:
+                            span.__exit__(type(error), error, error.__traceback__)
                 if error is not None:
                     self._listener_raised(j - i, mq, error)
                 if outcome is not success or context.ack_index is not None or pq.dropped:
