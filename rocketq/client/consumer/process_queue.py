@@ -378,7 +378,7 @@ class ProcessQueue:
         return size
 
     def _update_acc_count(self, last: ReceivedMessage) -> None:
-        max_offset = last.properties.get(Prop.MAX_OFFSET, "")
+        max_offset = last.get_property(Prop.MAX_OFFSET) or ""  # the pull's, not decoding the rest
         if max_offset.isdigit():
             self.msg_acc_count = max(0, int(max_offset) - last.queue_offset)
 
