@@ -245,8 +245,9 @@ class _PulledMessage(ReceivedMessage):
         self._extra = _PROPERTIES_READ
 
     def _fill_msg_id(self) -> None:
+        # Set, not _fill_unset: only its lazy read calls this, having found the slot unset.
         uniq = self.get_property(Prop.UNIQ_KEY)
-        _fill_unset(self, "msg_id", uniq if uniq is not None else self.offset_msg_id)
+        _SLOT["msg_id"].__set__(self, uniq if uniq is not None else self.offset_msg_id)
 
     def get_property(self, name: str) -> str | None:
         extra = self._extra
