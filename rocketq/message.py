@@ -196,6 +196,14 @@ _SLOT = {name: ReceivedMessage.__dict__[name] for name in _RECEIVED_FIELDS}
 """The slot descriptor of each field: a lazy message's property reads and writes through it."""
 _GET_PROPERTIES = _SLOT["properties"].__get__
 _SET_PROPERTIES = _SLOT["properties"].__set__
+_SET_BORN_MS, _SET_STORE_MS, _SET_BORN_HOST, _SET_STORE_HOST = (
+    _SLOT[name].__set__
+    for name in ("born_timestamp_ms", "store_timestamp_ms", "born_host", "store_host")
+)
+_SET_RECONSUME, _SET_PREPARED, _SET_OFFSET_MSG_ID = (
+    _SLOT[name].__set__
+    for name in ("reconsume_times", "prepared_transaction_offset", "offset_msg_id")
+)
 _PROPERTIES_READ: dict[str, str] = {}
 """A pulled message's ``_extra`` once its properties are in their slot (decoded or assigned):
 asking for a property then costs a test, where an unset slot would raise AttributeError."""
@@ -223,16 +231,16 @@ class _PulledMessage(ReceivedMessage):
         born_ms, born_ip, born_port, store_ms, store_ip, store_port, reconsume, prepared = (
             codec.record_host_fields(self._buf, self._pos, self.sys_flag)
         )
-        for name, value in (
-            ("born_timestamp_ms", born_ms),
-            ("store_timestamp_ms", store_ms),
-            ("born_host", codec.host_text(born_ip, born_port)),
-            ("store_host", codec.host_text(store_ip, store_port)),
-            ("reconsume_times", reconsume),
-            ("prepared_transaction_offset", prepared),
-            ("offset_msg_id", codec.offset_msg_id_of(store_ip, store_port, self.commitlog_offset)),
-        ):
-            _fill_unset(self, name, value)
+        # All seven are unset here: a lazy field's write fills them first (see _lazy_field).
+        _SET_BORN_MS(self, born_ms)
+        _SET_STORE_MS(self, store_ms)
+        _SET_BORN_HOST(self, codec.host_text(born_ip, born_port))
+        _SET_STORE_HOST(self, codec.host_text(store_ip, store_port))
+        _SET_RECONSUME(self, reconsume)
+        _SET_PREPARED(self, prepared)
+        _SET_OFFSET_MSG_ID(
+            self, codec.offset_msg_id_of(store_ip, store_port, self.commitlog_offset)
+        )
 
     def _fill_properties(self) -> None:
         _, _, _, _, props_at = codec.record_spans(
@@ -245,7 +253,6 @@ class _PulledMessage(ReceivedMessage):
         self._extra = _PROPERTIES_READ
 
     def _fill_msg_id(self) -> None:
-        # Set, not _fill_unset: only its lazy read calls this, having found the slot unset.
         uniq = self.get_property(Prop.UNIQ_KEY)
         _SLOT["msg_id"].__set__(self, uniq if uniq is not None else self.offset_msg_id)
 
@@ -272,15 +279,10 @@ def _write_properties(self: _PulledMessage, value: dict[str, str]) -> None:
     self._extra = _PROPERTIES_READ
 
 
-def _fill_unset(msg: ReceivedMessage, name: str, value: object) -> None:
-    slot = _SLOT[name]
-    try:
-        slot.__get__(msg, None)  # set already (assigned before its first read): keep it
-    except AttributeError:
-        slot.__set__(msg, value)
-
-
 def _lazy_field(name: str, fill: Callable[[_PulledMessage], None]) -> property:
+    """A field read from the pulled record by ``fill``, which sets every field of its group
+    at once. The fields of a group are all set or all unset, so a fill sets them without
+    asking which: a write to an unset field fills its group first, then replaces the value."""
     get, put = _SLOT[name].__get__, _SLOT[name].__set__
 
     def read(self: _PulledMessage) -> Any:
@@ -291,6 +293,10 @@ def _lazy_field(name: str, fill: Callable[[_PulledMessage], None]) -> property:
             return get(self, None)
 
     def write(self: _PulledMessage, value: Any) -> None:
+        try:
+            get(self, None)
+        except AttributeError:
+            fill(self)
         put(self, value)
 
     return property(read, write, doc=f"``{name}``, read from the pulled record when first asked")
