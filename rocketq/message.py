@@ -196,14 +196,26 @@ _SLOT = {name: ReceivedMessage.__dict__[name] for name in _RECEIVED_FIELDS}
 """The slot descriptor of each field: a lazy message's property reads and writes through it."""
 _GET_PROPERTIES = _SLOT["properties"].__get__
 _SET_PROPERTIES = _SLOT["properties"].__set__
-_SET_BORN_MS, _SET_STORE_MS, _SET_BORN_HOST, _SET_STORE_HOST = (
-    _SLOT[name].__set__
-    for name in ("born_timestamp_ms", "store_timestamp_ms", "born_host", "store_host")
+_FIXED_FIELDS = (
+    "born_timestamp_ms",
+    "store_timestamp_ms",
+    "born_host",
+    "store_host",
+    "reconsume_times",
+    "prepared_transaction_offset",
+    "offset_msg_id",
 )
-_SET_RECONSUME, _SET_PREPARED, _SET_OFFSET_MSG_ID = (
-    _SLOT[name].__set__
-    for name in ("reconsume_times", "prepared_transaction_offset", "offset_msg_id")
-)
+"""A pulled message's fields read from its record's fixed part, all at once (``_fill_fixed``)."""
+(
+    _SET_BORN_MS,
+    _SET_STORE_MS,
+    _SET_BORN_HOST,
+    _SET_STORE_HOST,
+    _SET_RECONSUME,
+    _SET_PREPARED,
+    _SET_OFFSET_MSG_ID,
+) = (_SLOT[name].__set__ for name in _FIXED_FIELDS)
+_SET_MSG_ID = _SLOT["msg_id"].__set__
 _PROPERTIES_READ: dict[str, str] = {}
 """A pulled message's ``_extra`` once its properties are in their slot (decoded or assigned):
 asking for a property then costs a test, where an unset slot would raise AttributeError."""
@@ -254,7 +266,7 @@ class _PulledMessage(ReceivedMessage):
 
     def _fill_msg_id(self) -> None:
         uniq = self.get_property(Prop.UNIQ_KEY)
-        _SLOT["msg_id"].__set__(self, uniq if uniq is not None else self.offset_msg_id)
+        _SET_MSG_ID(self, uniq if uniq is not None else self.offset_msg_id)
 
     def get_property(self, name: str) -> str | None:
         extra = self._extra
@@ -302,15 +314,7 @@ def _lazy_field(name: str, fill: Callable[[_PulledMessage], None]) -> property:
     return property(read, write, doc=f"``{name}``, read from the pulled record when first asked")
 
 
-for _name in (
-    "born_timestamp_ms",
-    "store_timestamp_ms",
-    "born_host",
-    "store_host",
-    "reconsume_times",
-    "prepared_transaction_offset",
-    "offset_msg_id",
-):
+for _name in _FIXED_FIELDS:
     setattr(_PulledMessage, _name, _lazy_field(_name, _PulledMessage._fill_fixed))
 _PulledMessage.properties = property(  # type: ignore[assignment]
     _read_properties, _write_properties, doc="``properties``, decoded when first asked"
