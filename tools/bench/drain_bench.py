@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from rocketq.cli._bench import ensure_topic
 from rocketq.client.consumer import (
     ConsumeFromWhere,
@@ -36,6 +34,7 @@ from rocketq.client.consumer import (
 from rocketq.client.producer import Producer, ProducerConfig
 from rocketq.message import Message
 from services.common import launch, supervisor
+from tools.bench._process_cpu import cpu_s
 
 TOPIC = "DrainBench"
 QUEUES = 8
@@ -67,19 +66,17 @@ async def _drain(
 ) -> str:
     done = asyncio.Event()
     n = 0
-    broker = psutil.Process(broker_pid)
-    # process CPU, wall time and the broker's CPU (user + system) at the first message, and at
-    # the last
+    # process CPU, wall time and the broker's CPU at the first message, and at the last
     first: list[float] = []
     last: list[float] = []
 
     async def listener(msgs: list[Any], _ctx: Any) -> ConsumeResult:
         nonlocal n
         if not first:
-            first.extend((time.process_time(), time.perf_counter(), sum(broker.cpu_times()[:2])))
+            first.extend((time.process_time(), time.perf_counter(), cpu_s(broker_pid)))
         n += len(msgs)
         if n >= count and not last:
-            last.extend((time.process_time(), time.perf_counter(), sum(broker.cpu_times()[:2])))
+            last.extend((time.process_time(), time.perf_counter(), cpu_s(broker_pid)))
             done.set()
         return ConsumeResult.CONSUME_SUCCESS
 

@@ -48,6 +48,7 @@ from services.common import supervisor
 from tools.bench import _page_memory
 from tools.bench import _peer_systems as systems
 from tools.bench._peer_systems import Clock, Driver, Phases
+from tools.bench._process_cpu import cpu_s
 
 BODY_BYTES = 1024
 
@@ -86,7 +87,7 @@ def _server_cpu_s(driver: Driver) -> float:
     total = 0.0
     for sp in driver.processes:
         with contextlib.suppress(psutil.NoSuchProcess):
-            total += sum(psutil.Process(sp.pid).cpu_times()[:2])
+            total += cpu_s(sp.pid)
     return total
 
 

@@ -60,7 +60,6 @@ from multiprocessing.queues import Queue as MpQueue
 from pathlib import Path
 
 import grpc
-import psutil
 
 from rocketq import codec
 from rocketq._api.rocketq.v1 import (
@@ -74,6 +73,7 @@ from rocketq.message import new_unique_ids
 from services.common import supervisor
 from services.common.supervisor import Process, StopTimeout
 from tools.bench import _page_memory
+from tools.bench._process_cpu import cpu_s
 
 TOPIC = "ReplicationBench"
 QUEUES = 8
@@ -368,11 +368,6 @@ async def paced_with_lag(addr: str, rate: float, duration_s: float) -> LagResult
 
 
 # ---- report --------------------------------------------------------------------------------
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid``."""
-    return sum(psutil.Process(pid).cpu_times()[:2])
 
 
 def loop_sched_s(pid: int) -> tuple[float, float] | None:

@@ -44,8 +44,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
-
 from rocketq._api.rocketq.v1 import messaging_pb2
 from rocketq.cli._bench import ConsumeOptions, ProduceOptions, run_consume, run_produce
 from rocketq.cli._bench_stats import Summary
@@ -57,6 +55,7 @@ from services.cli.dev import dev_down, dev_up
 from services.common.etcd import free_port
 from services.common.telemetry import messaging as server_hooks
 from services.common.telemetry import setup as telemetry_setup
+from tools.bench._process_cpu import cpu_s
 
 TOPIC = "TelemetryBench"
 MODES = ("plain", "off", "sampled", "always-on")
@@ -156,18 +155,16 @@ def _client(mode: str, namesrv: str, broker_pid: int, duration_s: float, spans: 
         ),
     }
 
-    broker = psutil.Process(broker_pid)  # cpu_times()[:2]: its user and system seconds
-
     async def measure() -> Figures:
         out: Figures = {}
         for name, run in runs.items():
-            client0, broker0 = time.process_time(), sum(broker.cpu_times()[:2])
+            client0, broker0 = time.process_time(), cpu_s(broker_pid)
             summary = await run()
             count = max(summary.count, 1)
             out[name] = {
                 "tps": summary.tps,
                 "client_us": (time.process_time() - client0) / count * 1e6,
-                "broker_us": (sum(broker.cpu_times()[:2]) - broker0) / count * 1e6,
+                "broker_us": (cpu_s(broker_pid) - broker0) / count * 1e6,
             }
         out["hooks_us"] = hooks
         return out
